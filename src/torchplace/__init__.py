@@ -1,0 +1,84 @@
+"""torchplace: know where every tensor lives.
+
+Explicit, validated, fast and portable device handling for PyTorch. The public API is flat:
+`torchplace.device("cuda:1")`, `torchplace.to_device(batch, dev)`, `torchplace.save(...)`.
+
+Names load on first use (PEP 562), so `import torchplace` and the CLI's fact-reading commands
+stay fast and never import torch or start CUDA until something needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    # errors
+    "TorchplaceError": "torchplace.errors",
+    "DeviceError": "torchplace.errors",
+    "DeviceMismatchError": "torchplace.errors",
+    "DeviceLeakError": "torchplace.errors",
+    "CheckpointError": "torchplace.errors",
+    "DistributedError": "torchplace.errors",
+    "LeaseError": "torchplace.errors",
+    "SnapshotError": "torchplace.errors",
+    # facts
+    "Facts": "torchplace.hardware.facts",
+    "read_facts": "torchplace.hardware.facts",
+    "visible_devices": "torchplace.hardware.visible",
+    # placement: resolve and scope (issue 2)
+    "device": "torchplace.placement.resolve",
+    "on": "torchplace.placement.scope",
+    "guard": "torchplace.placement.scope",
+    # placement: moving data (issue 3)
+    "to_device": "torchplace.placement.transfer",
+    "DeviceLoader": "torchplace.placement.loader",
+    "place": "torchplace.placement.split",
+    # checks (issue 4)
+    "strict": "torchplace.checks.strict",
+    "watch": "torchplace.checks.watch",
+    "explain": "torchplace.checks.explain",
+    # checkpoints (issue 5)
+    "save": "torchplace.checkpoint.api",
+    "load": "torchplace.checkpoint.api",
+    # many GPUs (issue 6)
+    "pick": "torchplace.distributed.pick",
+    # policies (issue 7)
+    "precision_for": "torchplace.policy.precision",
+    "configure_threads": "torchplace.policy.threads",
+    "seed_everything": "torchplace.policy.determinism",
+    "deterministic": "torchplace.policy.determinism",
+    "memory_report": "torchplace.memory",
+    "track_memory": "torchplace.memory",
+    "diagnose_oom": "torchplace.memory",
+    "find_batch_size": "torchplace.memory",
+}
+# public submodules reachable as attributes
+_SUBMODULES = {"dist": "torchplace.distributed.group"}
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES])
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        value: Any = importlib.import_module(_SUBMODULES[name])
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    else:
+        raise AttributeError(f"module 'torchplace' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
+
+
+if TYPE_CHECKING:  # static checkers see the real objects
+    from .errors import (CheckpointError, DeviceError, DeviceLeakError, DeviceMismatchError,  # noqa: F401
+                         DistributedError, LeaseError, SnapshotError, TorchplaceError)
+    from .placement.resolve import device  # noqa: F401
+    from .placement.scope import guard, on  # noqa: F401

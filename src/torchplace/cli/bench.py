@@ -1,0 +1,56 @@
+"""`torchplace bench NAME`: run one benchmark, print a ratio table, write JSON."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+
+BENCHES: dict[str, tuple[str, str]] = {
+    "doctor": ("torchplace.bench.doctor", "doctor's wall time vs torch.utils.collect_env"),
+    "transfer": ("torchplace.bench.transfer", "host->device copies: naive, pinned, accelerate, to_device"),
+    "loader": ("torchplace.bench.loader", "training-like loop: naive, pinned, DeviceLoader vs ideal"),
+    "strict": ("torchplace.bench.strict", "cost of strict mode and watch on real training steps"),
+    "checkpoint": ("torchplace.bench.checkpoint", "save/load vs torch.save/torch.load and a raw write"),
+    "ddp": ("torchplace.bench.ddp", "one GPU vs DataParallel vs DDP through torchplace run"),
+    "cpu": ("torchplace.bench.cpu", "CPU inference at default vs configured threads"),
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("bench", help="measure torchplace against the naive way and common tools")
+    benches = parser.add_subparsers(dest="bench", metavar="NAME")
+    for name, (module, help_) in BENCHES.items():
+        p = benches.add_parser(name, help=help_)
+        p.add_argument("--json", action="store_true", help="print the result as JSON")
+        p.add_argument("--out", metavar="DIR", help="also write the JSON result under DIR")
+        p.set_defaults(func=_run, bench_module=module)
+        try:  # bench modules import torch lazily, so this stays cheap
+            importlib.import_module(module).add_arguments(p)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+    parser.set_defaults(func=lambda args: parser.print_help() or 2)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ..bench.common import machine_info, write_result
+    from ..errors import TorchplaceError
+
+    try:
+        module = importlib.import_module(args.bench_module)
+    except ModuleNotFoundError as exc:
+        raise TorchplaceError(f"benchmark {args.bench!r} is not available in this build ({exc}).") from None
+    result = module.run(args)
+    result.machine = result.machine or machine_info()
+    result.fill_ratios()
+    path = write_result(result, args.out)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=1))
+    else:
+        from .render import bench_table
+
+        bench_table(result)
+        if path:
+            print(f"wrote {path}")
+    return 0

@@ -1,0 +1,1 @@
+"""Facts: what exists on this machine. Pure reads; nothing here initializes CUDA."""

@@ -1,0 +1,306 @@
+"""Physical GPUs as NVML reports them, as typed records that serialize to a JSON snapshot.
+
+`read_topology()` asks NVML (never CUDA). `Topology.from_dict` / `load_snapshot` rebuild the
+same records from a snapshot captured on another machine, so every layer above runs on either.
+Indices here are *physical* (NVML's, which is nvidia-smi's and PCI bus order).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import SnapshotError
+from . import nvml
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class MigInstance:
+    """One MIG instance (a slice of a physical GPU) that CUDA can see as a device."""
+
+    uuid: str
+    gpu_instance_id: int | None = None
+    compute_instance_id: int | None = None
+    memory_total: int | None = None
+    name: str | None = None
+
+
+@dataclass
+class GpuProcess:
+    """A compute process on a GPU; `user` is None when the OS will not say."""
+
+    pid: int
+    used_memory: int | None = None
+    user: str | None = None
+    name: str | None = None
+
+
+@dataclass
+class GpuRecord:
+    """Everything NVML says about one physical GPU. None means unknown; `unknown` says why."""
+
+    index: int
+    uuid: str
+    name: str | None = None
+    pci_bus_id: str | None = None
+    compute_capability: list[int] | None = None
+    memory_total: int | None = None
+    memory_used: int | None = None
+    memory_free: int | None = None
+    utilization: int | None = None
+    mig_mode: str | None = None  # "enabled", "disabled", or None when unknown/unsupported
+    mig: list[MigInstance] = field(default_factory=list)
+    processes: list[GpuProcess] | None = None
+    cores: int | None = None
+    max_sm_clock_mhz: int | None = None
+    numa_node: int | None = None
+    cpu_affinity: list[int] | None = None
+    unknown: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def physical_index(self) -> int:
+        return self.index
+
+    def speed_key(self) -> tuple[int, str]:
+        """Sort key approximating CUDA's FASTEST_FIRST: more cores x clock first, then bus id."""
+        speed = (self.cores or 0) * (self.max_sm_clock_mhz or 0)
+        cc = tuple(self.compute_capability or (0, 0))
+        return (-(speed or cc[0] * 100 + cc[1]), self.pci_bus_id or "")
+
+    def describe(self) -> str:
+        return f"{self.name or 'unknown GPU'}, {self.uuid}"
+
+
+@dataclass
+class Link:
+    """How two physical GPUs reach each other."""
+
+    a: int
+    b: int
+    p2p: str | None = None  # "ok", "not supported", ... or None
+    nvlinks: int | None = None
+    path: str | None = None  # NVML common ancestor: "internal", "single", "multiple", "hostbridge", "node", "system"
+
+    def label(self) -> str:
+        if self.nvlinks:
+            return f"NV{self.nvlinks}"
+        return {"internal": "SELF", "single": "PIX", "multiple": "PXB", "hostbridge": "PHB",
+                "node": "NODE", "system": "SYS"}.get(self.path or "", "?")
+
+
+@dataclass
+class Topology:
+    """The physical GPUs of one machine plus what NVML reports about the driver."""
+
+    gpus: list[GpuRecord] = field(default_factory=list)
+    links: list[Link] = field(default_factory=list)
+    driver_version: str | None = None
+    cuda_driver_version: str | None = None
+    nvml_error: str | None = None
+    captured_at: str | None = None
+    hostname: str | None = None
+    source: str = "live"  # "live" or the snapshot path
+
+    @property
+    def nvml_available(self) -> bool:
+        return self.nvml_error is None
+
+    def link(self, a: int, b: int) -> Link | None:
+        for item in self.links:
+            if {item.a, item.b} == {a, b}:
+                return item
+        return None
+
+    def by_uuid(self, uuid: str) -> GpuRecord | None:
+        return next((g for g in self.gpus if g.uuid == uuid), None)
+
+    def heterogeneous(self) -> bool:
+        """True when the GPUs differ in name or capability (orderings may then disagree)."""
+        kinds = {(g.name, tuple(g.compute_capability or ())) for g in self.gpus}
+        return len(kinds) > 1
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("source")
+        return {"schema": SCHEMA_VERSION, **data}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "snapshot") -> "Topology":
+        if not isinstance(data, dict) or "gpus" not in data:
+            raise SnapshotError(f"{source}: a snapshot needs a top-level object with a 'gpus' list.")
+        schema = data.get("schema", SCHEMA_VERSION)
+        if schema != SCHEMA_VERSION:
+            raise SnapshotError(f"{source}: snapshot schema {schema} is not supported "
+                                f"(this torchplace reads schema {SCHEMA_VERSION}).")
+        try:
+            gpus = []
+            for raw in data["gpus"]:
+                raw = dict(raw)
+                raw["mig"] = [MigInstance(**m) for m in raw.get("mig") or []]
+                procs = raw.get("processes")
+                raw["processes"] = None if procs is None else [GpuProcess(**p) for p in procs]
+                known = {f for f in GpuRecord.__dataclass_fields__}
+                gpus.append(GpuRecord(**{k: v for k, v in raw.items() if k in known}))
+            links = [Link(**item) for item in data.get("links", [])]
+        except (TypeError, KeyError) as exc:
+            raise SnapshotError(f"{source}: malformed GPU record ({exc}).") from exc
+        fields_ = {k: data.get(k) for k in ("driver_version", "cuda_driver_version", "nvml_error",
+                                            "captured_at", "hostname")}
+        return cls(gpus=gpus, links=links, source=source, **fields_)
+
+
+def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a snapshot file as a dict, with an error that names the file on failure."""
+    p = Path(path)
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        raise SnapshotError(f"Snapshot {p} does not exist. Capture one with "
+                            "`torchplace doctor --json > snap.json` on the machine to describe.") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SnapshotError(f"Snapshot {p} could not be read as JSON: {exc}.") from exc
+
+
+# --------------------------------------------------------------------------- live reading
+
+_PATHS = {0: "internal", 10: "single", 20: "multiple", 30: "hostbridge", 40: "node", 50: "system"}
+_P2P = {0: "ok", 1: "chipset not supported", 2: "GPU not supported", 3: "IOH topology not supported",
+        4: "disabled by registry key", 5: "not supported", 6: "unknown"}
+
+
+def _record(index: int, handle: Any, unknown_reasons: dict[str, str]) -> GpuRecord:
+    pynvml = nvml.start().value
+
+    def read(name: str, fn: str, *args: Any) -> Any:
+        reading = nvml.call(fn, handle, *args)
+        if not reading.ok:
+            unknown_reasons[name] = reading.reason or "unknown"
+        return reading.value
+
+    uuid = nvml.text(read("uuid", "nvmlDeviceGetUUID")) or f"unknown-{index}"
+    gpu = GpuRecord(index=index, uuid=uuid, unknown=unknown_reasons)
+    gpu.name = nvml.text(read("name", "nvmlDeviceGetName"))
+    pci = read("pci_bus_id", "nvmlDeviceGetPciInfo")
+    if pci is not None:
+        gpu.pci_bus_id = nvml.text(pci.busId)
+    cc = read("compute_capability", "nvmlDeviceGetCudaComputeCapability")
+    gpu.compute_capability = list(cc) if cc is not None else None
+    mem = read("memory", "nvmlDeviceGetMemoryInfo")
+    if mem is not None:
+        gpu.memory_total, gpu.memory_used, gpu.memory_free = int(mem.total), int(mem.used), int(mem.free)
+    util = read("utilization", "nvmlDeviceGetUtilizationRates")
+    gpu.utilization = int(util.gpu) if util is not None else None
+    gpu.cores = read("cores", "nvmlDeviceGetNumGpuCores")
+    gpu.max_sm_clock_mhz = read("max_sm_clock_mhz", "nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_SM)
+    gpu.numa_node = read("numa_node", "nvmlDeviceGetNumaNodeId")
+    affinity = read("cpu_affinity", "nvmlDeviceGetCpuAffinity", max(1, (os.cpu_count() or 64) // 64 + 1))
+    if affinity is not None:
+        cpus = [w * 64 + bit for w, word in enumerate(affinity) for bit in range(64) if (int(word) >> bit) & 1]
+        gpu.cpu_affinity = cpus or None
+    mig = read("mig_mode", "nvmlDeviceGetMigMode")
+    if mig is not None:
+        gpu.mig_mode = "enabled" if mig[0] else "disabled"
+        if mig[0]:
+            gpu.mig = _mig_instances(handle, unknown_reasons)
+    procs = read("processes", "nvmlDeviceGetComputeRunningProcesses")
+    if procs is not None:
+        gpu.processes = [_process(p) for p in procs]
+    return gpu
+
+
+def _mig_instances(handle: Any, unknown_reasons: dict[str, str]) -> list[MigInstance]:
+    count = nvml.call("nvmlDeviceGetMaxMigDeviceCount", handle)
+    if not count.ok:
+        unknown_reasons["mig"] = count.reason or "unknown"
+        return []
+    out = []
+    for i in range(count.value):
+        mh = nvml.call("nvmlDeviceGetMigDeviceHandleByIndex", handle, i)
+        if not mh.ok:
+            continue  # an empty slot, not an error
+        mem = nvml.call("nvmlDeviceGetMemoryInfo", mh.value).value
+        out.append(MigInstance(
+            uuid=nvml.text(nvml.call("nvmlDeviceGetUUID", mh.value).value) or f"MIG-unknown-{i}",
+            gpu_instance_id=nvml.call("nvmlDeviceGetGpuInstanceId", mh.value).value,
+            compute_instance_id=nvml.call("nvmlDeviceGetComputeInstanceId", mh.value).value,
+            memory_total=int(mem.total) if mem is not None else None,
+            name=nvml.text(nvml.call("nvmlDeviceGetName", mh.value).value)))
+    return out
+
+
+def _process(p: Any) -> GpuProcess:
+    used = getattr(p, "usedGpuMemory", None)
+    proc = GpuProcess(pid=int(p.pid), used_memory=int(used) if isinstance(used, int) else None)
+    try:
+        import psutil
+
+        ps = psutil.Process(proc.pid)
+        proc.user, proc.name = ps.username(), ps.name()
+    except Exception:  # another PID namespace, or no permission: leave unknown
+        pass
+    return proc
+
+
+def _links(handles: list[Any]) -> list[Link]:
+    pynvml = nvml.start().value
+    max_links = nvml.constant("NVML_NVLINK_MAX_LINKS", 18)
+    remote: dict[int, list[str]] = {}
+    for i, h in enumerate(handles):
+        peers = []
+        for link in range(max_links):
+            state = nvml.call("nvmlDeviceGetNvLinkState", h, link)
+            if not state.ok or not state.value:
+                continue
+            pci = nvml.call("nvmlDeviceGetNvLinkRemotePciInfo_v2", h, link)
+            if pci.ok:
+                peers.append(nvml.text(pci.value.busId))
+        remote[i] = peers
+    buses = []
+    for h in handles:
+        pci = nvml.call("nvmlDeviceGetPciInfo", h)
+        buses.append(nvml.text(pci.value.busId) if pci.ok else None)
+    out = []
+    for i in range(len(handles)):
+        for j in range(i + 1, len(handles)):
+            p2p = nvml.call("nvmlDeviceGetP2PStatus", handles[i], handles[j],
+                            getattr(pynvml, "NVML_P2P_CAPS_INDEX_READ", 0))
+            path = nvml.call("nvmlDeviceGetTopologyCommonAncestor", handles[i], handles[j])
+            direct = sum(1 for bus in remote[i] if buses[j] and bus.lower() == buses[j].lower())
+            out.append(Link(a=i, b=j, p2p=_P2P.get(p2p.value, str(p2p.value)) if p2p.ok else None,
+                            nvlinks=direct if remote[i] or remote[j] else (0 if p2p.ok else None),
+                            path=_PATHS.get(path.value) if path.ok else None))
+    return out
+
+
+def read_topology() -> Topology:
+    """Read this machine's GPUs from NVML. Never raises; a missing NVML is a fact, not a crash."""
+    started = nvml.start()
+    topo = Topology(captured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), hostname=os.uname().nodename)
+    if not started.ok:
+        topo.nvml_error = started.reason
+        return topo
+    topo.driver_version = nvml.text(nvml.call("nvmlSystemGetDriverVersion").value)
+    cuda = nvml.call("nvmlSystemGetCudaDriverVersion_v2")
+    if cuda.ok:
+        topo.cuda_driver_version = f"{cuda.value // 1000}.{cuda.value % 1000 // 10}"
+    count = nvml.call("nvmlDeviceGetCount")
+    if not count.ok:
+        topo.nvml_error = f"nvmlDeviceGetCount failed: {count.reason}"
+        return topo
+    handles = []
+    for i in range(count.value):
+        h = nvml.call("nvmlDeviceGetHandleByIndex", i)
+        if not h.ok:
+            topo.gpus.append(GpuRecord(index=i, uuid=f"unknown-{i}", unknown={"handle": h.reason or "?"}))
+            continue
+        handles.append(h.value)
+        topo.gpus.append(_record(i, h.value, {}))
+    if len(handles) == len(topo.gpus):
+        topo.links = _links(handles)
+    return topo

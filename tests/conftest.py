@@ -1,0 +1,51 @@
+"""Shared fixtures: real snapshots captured on H200 machines, GPU skipping, env hygiene."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
+
+
+def snapshot_path(name: str) -> Path:
+    """Path of a committed snapshot fixture, e.g. snapshot_path('h200x2')."""
+    return SNAPSHOTS / f"{name}.json"
+
+
+def load_snapshot_dict(name: str) -> dict:
+    return json.loads(snapshot_path(name).read_text())
+
+
+@pytest.fixture(autouse=True)
+def _no_env_leaks():
+    """Fail a test that leaks an environment variable change (Lightning's habit, kept)."""
+    before = dict(os.environ)
+    yield
+    after = dict(os.environ)
+    if before != after:
+        changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+        os.environ.clear()
+        os.environ.update(before)
+        pytest.fail(f"test leaked environment changes: {changed}")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip gpu-marked tests cleanly when run on a machine without CUDA."""
+    if not any("gpu" in item.keywords for item in items):
+        return
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+        count = torch.cuda.device_count() if has_cuda else 0
+    except Exception:
+        has_cuda, count = False, 0
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        elif "multigpu" in item.keywords and count < 2:
+            item.add_marker(pytest.mark.skip(reason="needs two CUDA GPUs"))
