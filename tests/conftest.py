@@ -23,13 +23,16 @@ def load_snapshot_dict(name: str) -> dict:
 @pytest.fixture(autouse=True)
 def _no_env_leaks():
     """Fail a test that leaks an environment variable change (Lightning's habit, kept)."""
-    before = dict(os.environ)
+    before = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
     yield
-    after = dict(os.environ)
+    after = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
     if before != after:
         changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-        os.environ.clear()
-        os.environ.update(before)
+        for key in changed:
+            if key in before:
+                os.environ[key] = before[key]
+            else:
+                os.environ.pop(key, None)
         pytest.fail(f"test leaked environment changes: {changed}")
 
 

@@ -86,6 +86,7 @@ class Link:
     p2p: str | None = None  # "ok", "not supported", ... or None
     nvlinks: int | None = None
     path: str | None = None  # NVML common ancestor: "internal", "single", "multiple", "hostbridge", "node", "system"
+    unknown: dict[str, str] = field(default_factory=dict)
 
     def label(self) -> str:
         if self.nvlinks:
@@ -247,34 +248,65 @@ def _process(p: Any) -> GpuProcess:
     return proc
 
 
+def _bus(pci: Any) -> tuple[int, int, int, int] | None:
+    """(domain, bus, device, function) of an NVML PCI record, comparable across formats."""
+    try:
+        return (int(pci.domain), int(pci.bus), int(pci.device), 0)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
 def _links(handles: list[Any]) -> list[Link]:
     pynvml = nvml.start().value
     max_links = nvml.constant("NVML_NVLINK_MAX_LINKS", 18)
-    remote: dict[int, list[str]] = {}
+    remote: dict[int, list[Any]] = {}
+    link_errors: dict[int, str] = {}
     for i, h in enumerate(handles):
         peers = []
         for link in range(max_links):
             state = nvml.call("nvmlDeviceGetNvLinkState", h, link)
-            if not state.ok or not state.value:
+            if not state.ok:
+                link_errors.setdefault(i, f"nvlink state: {state.reason}")
+                continue
+            if not state.value:
                 continue
             pci = nvml.call("nvmlDeviceGetNvLinkRemotePciInfo_v2", h, link)
-            if pci.ok:
-                peers.append(nvml.text(pci.value.busId))
+            if not pci.ok:
+                pci = nvml.call("nvmlDeviceGetNvLinkRemotePciInfo", h, link)
+            kind = nvml.call("nvmlDeviceGetNvLinkRemoteDeviceType", h, link)
+            if kind.ok and kind.value == nvml.constant("NVML_NVLINK_DEVICE_TYPE_SWITCH", 2):
+                peers.append("switch")  # NVSwitch systems: every GPU on the fabric is a peer
+            elif pci.ok:
+                peers.append(_bus(pci.value))
+            else:
+                link_errors.setdefault(i, f"nvlink remote: {pci.reason}")
         remote[i] = peers
     buses = []
     for h in handles:
         pci = nvml.call("nvmlDeviceGetPciInfo", h)
-        buses.append(nvml.text(pci.value.busId) if pci.ok else None)
+        buses.append(_bus(pci.value) if pci.ok else None)
+    read_caps = getattr(pynvml, "NVML_P2P_CAPS_INDEX_READ", 0)
     out = []
     for i in range(len(handles)):
         for j in range(i + 1, len(handles)):
-            p2p = nvml.call("nvmlDeviceGetP2PStatus", handles[i], handles[j],
-                            getattr(pynvml, "NVML_P2P_CAPS_INDEX_READ", 0))
+            item = Link(a=i, b=j)
+            p2p = nvml.call("nvmlDeviceGetP2PStatus", handles[i], handles[j], read_caps)
+            item.p2p = _P2P.get(p2p.value, str(p2p.value)) if p2p.ok else None
+            if not p2p.ok:
+                item.unknown["p2p"] = p2p.reason or "?"
             path = nvml.call("nvmlDeviceGetTopologyCommonAncestor", handles[i], handles[j])
-            direct = sum(1 for bus in remote[i] if buses[j] and bus.lower() == buses[j].lower())
-            out.append(Link(a=i, b=j, p2p=_P2P.get(p2p.value, str(p2p.value)) if p2p.ok else None,
-                            nvlinks=direct if remote[i] or remote[j] else (0 if p2p.ok else None),
-                            path=_PATHS.get(path.value) if path.ok else None))
+            item.path = _PATHS.get(path.value) if path.ok else None
+            if not path.ok:
+                item.unknown["path"] = path.reason or "?"
+            if remote[i] or remote[j]:
+                direct = sum(1 for bus in remote[i] if bus is not None and bus == buses[j])
+                switched = min(remote[i].count("switch"), remote[j].count("switch"))
+                item.nvlinks = direct + switched
+            elif i in link_errors:
+                item.unknown["nvlinks"] = link_errors[i]
+            else:
+                item.nvlinks = 0
+            out.append(item)
     return out
 
 

@@ -1,0 +1,226 @@
+"""Reading Python frames after the fact: which frame ran the failing op, its exact expression,
+and the tensors that expression names.
+
+Everything here runs only when something already went wrong (or is about to be reported), so
+it may be thorough; nothing here is on a hot path. Expressions come from the instruction
+positions Python 3.11+ keeps (`co_positions`), so `F.linear(input, self.weight, self.bias)`
+is cut out of its line exactly; on 3.10 the whole line is used.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import inspect
+import linecache
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass
+from types import FrameType, TracebackType
+from typing import Any, Iterator
+
+import torch
+
+TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_TORCH_NN = TORCH_DIR + "nn" + os.sep
+_MODULE_PY = TORCH_DIR + os.path.join("nn", "modules", "module.py")
+_CHECKS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_SITE_DIRS = tuple(p + os.sep for p in {sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
+_PLUMBING = frozenset({"_wrapped_call_impl", "_call_impl", "inner"})
+_UNKNOWN = object()
+
+
+@dataclass(frozen=True)
+class Site:
+    """A place in the source: file, line, function and (where known) the expression that ran."""
+
+    filename: str
+    lineno: int
+    function: str
+    expression: str | None = None
+
+    def __str__(self) -> str:
+        return f"{short_path(self.filename)}:{self.lineno} in {self.function}()"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.filename, "line": self.lineno, "function": self.function,
+                "expression": self.expression}
+
+
+def short_path(filename: str) -> str:
+    """A path as a reader wants it: relative to the working directory or to site-packages."""
+    for base in _SITE_DIRS:
+        if filename.startswith(base):
+            return filename[len(base):]
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if rel.startswith(".." + os.sep) else rel
+
+
+def in_torch(filename: str) -> bool:
+    return filename.startswith(TORCH_DIR)
+
+
+def is_internal(filename: str) -> bool:
+    """torch's own op machinery (decompositions, refs, prims, dispatch): below the op call."""
+    if not filename.startswith(TORCH_DIR):
+        return False
+    first = filename[len(TORCH_DIR):].split(os.sep, 1)[0]
+    return first.startswith("_") or first in ("library.py", "overrides.py")
+
+
+def is_plumbing(frame: FrameType) -> bool:
+    """Frames that only route a call: nn.Module's call machinery and torchplace's own wrappers."""
+    filename = frame.f_code.co_filename
+    if filename.startswith(_CHECKS_DIR):
+        return True
+    return filename == _MODULE_PY and frame.f_code.co_name in _PLUMBING
+
+
+def is_library(filename: str) -> bool:
+    """torch itself or torchplace's checks: never the user's code."""
+    return filename.startswith(TORCH_DIR) or filename.startswith(_CHECKS_DIR)
+
+
+def traceback_entries(tb: TracebackType | None) -> list[tuple[FrameType, int, int]]:
+    """(frame, line, last instruction) from the outermost to the innermost frame."""
+    out = []
+    while tb is not None:
+        out.append((tb.tb_frame, tb.tb_lineno, tb.tb_lasti))
+        tb = tb.tb_next
+    return out
+
+
+def stack_entries(start: FrameType | None) -> list[tuple[FrameType, int, int]]:
+    """The live stack from the outermost frame down to `start`, in traceback order."""
+    out = []
+    frame = start
+    while frame is not None:
+        out.append((frame, frame.f_lineno, frame.f_lasti))
+        frame = frame.f_back
+    out.reverse()
+    return out
+
+
+def caller_frame(skip_torch: bool = True) -> FrameType | None:
+    """The nearest frame outside torchplace's checks (and outside torch, if asked)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not (filename.startswith(_CHECKS_DIR) or (skip_torch and filename.startswith(TORCH_DIR))):
+            return frame
+        frame = frame.f_back
+    return None
+
+
+def site_of(frame: FrameType, lineno: int | None = None, lasti: int | None = None) -> Site:
+    lineno = frame.f_lineno if lineno is None else lineno
+    lasti = frame.f_lasti if lasti is None else lasti
+    return Site(frame.f_code.co_filename, lineno, frame.f_code.co_name, expression_at(frame, lineno, lasti))
+
+
+def expression_at(frame: FrameType, lineno: int, lasti: int) -> str | None:
+    """The source text of the instruction that ran at `lasti` (the whole line before 3.11)."""
+    filename = frame.f_code.co_filename
+    positions = getattr(frame.f_code, "co_positions", None)
+    if positions is not None and lasti >= 0:
+        try:
+            start, end, col, end_col = list(positions())[lasti // 2]
+        except (IndexError, ValueError):
+            start = None
+        if start is not None and end is not None and col is not None and end_col is not None:
+            lines = [linecache.getline(filename, n).encode() for n in range(start, end + 1)]
+            if all(lines):
+                if len(lines) == 1:
+                    text = lines[0][col:end_col]
+                else:
+                    text = lines[0][col:] + b"".join(lines[1:-1]) + lines[-1][:end_col]
+                return " ".join(text.decode(errors="replace").split())
+    line = linecache.getline(filename, lineno).strip()
+    return line or None
+
+
+def named_values(expression: str | None, frame: FrameType) -> list[tuple[str, Any]]:
+    """Every name, attribute chain and constant subscript in `expression`, with its value.
+
+    Only reads: locals, globals, a module's registered tensors and plain attributes (found
+    without running properties), and constant keys of dicts, lists and tuples.
+    """
+    if not expression:
+        return []
+    tree = parse_expression(expression)
+    if tree is None:
+        return []
+    out: list[tuple[str, Any]] = []
+    seen: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)):
+            label = ast.unparse(node)
+            if label in seen:
+                continue
+            seen.add(label)
+            value = _evaluate(node, frame)
+            if value is not _UNKNOWN:
+                out.append((label, value))
+    return out
+
+
+def parse_expression(expression: str) -> ast.AST | None:
+    for text in (expression, expression.rstrip(":"), f"({expression})"):
+        try:
+            return ast.parse(text, mode="eval")
+        except SyntaxError:
+            continue
+    try:
+        return ast.parse(expression)
+    except SyntaxError:
+        return None
+
+
+def _evaluate(node: ast.AST, frame: FrameType) -> Any:
+    if isinstance(node, ast.Name):
+        for space in (frame.f_locals, frame.f_globals, vars(builtins)):
+            if node.id in space:
+                return space[node.id]
+        return _UNKNOWN
+    if isinstance(node, ast.Attribute):
+        base = _evaluate(node.value, frame)
+        if base is _UNKNOWN or isinstance(base, torch.Tensor):
+            return _UNKNOWN  # tensor attributes (.T, .mT) would run ops
+        return static_attribute(base, node.attr)
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        base = _evaluate(node.value, frame)
+        try:
+            if isinstance(base, (dict, list, tuple)):
+                return base[node.slice.value]
+        except (KeyError, IndexError, TypeError):
+            pass
+    return _UNKNOWN
+
+
+def static_attribute(obj: Any, name: str) -> Any:
+    """obj.name without running a property: registered module tensors, then instance data."""
+    if inspect.ismodule(obj):
+        return getattr(obj, name, _UNKNOWN)
+    if isinstance(obj, torch.nn.Module):
+        for registry in ("_parameters", "_buffers", "_modules"):
+            found = obj.__dict__.get(registry, {})
+            if name in found:
+                return found[name]
+    try:
+        value = inspect.getattr_static(obj, name)
+    except AttributeError:
+        return _UNKNOWN
+    return _UNKNOWN if hasattr(type(value), "__get__") else value
+
+
+def called_modules(entries: list[tuple[FrameType, int, int]]) -> Iterator[torch.nn.Module]:
+    """The modules being called in these frames, outermost first (from nn.Module's _call_impl)."""
+    for frame, _, _ in entries:
+        if frame.f_code.co_filename == _MODULE_PY and frame.f_code.co_name == "_call_impl":
+            module = frame.f_locals.get("self")
+            if isinstance(module, torch.nn.Module):
+                yield module

@@ -1,0 +1,330 @@
+"""Turn PyTorch's "Expected all tensors to be on the same device" into a report that names the
+culprit: the op and its expression, each tensor with device, dtype, shape and where it came
+from (parameter, buffer, plain attribute, batch key, local), the module path, file and line.
+
+Nothing runs until an error has happened: the report is read from the exception's traceback
+(its frames still hold their locals), so watching costs nothing on a step that succeeds.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any, Iterator
+
+import torch
+
+from ..errors import DeviceMismatchError
+from . import frames as fr
+from .layout import model_devices, module_groups
+
+_MISMATCH = re.compile(
+    r"Expected all tensors to be on the same device|is not on the expected device|found at least two devices"
+    r"|different from other tensors on|Expected object of device type|should be either on cpu or on the same "
+    r"device|(?:must|to) be on the same device|are on different devices|is on device \S+ but .* on device")
+_CONV_TYPES = re.compile(r"Input type \((torch\.[\w.]+)\) and weight type \((torch\.[\w.]+)\) should be the same")
+_METHOD = re.compile(r"in method (?:wrapper_(?:[A-Za-z0-9]+_)?_?)?(\w+)")
+_MAX_DEPTH = 4
+
+
+def is_device_mismatch(exc: BaseException) -> bool:
+    """True for PyTorch's errors about tensors on different devices (not for ours)."""
+    if not isinstance(exc, RuntimeError) or isinstance(exc, DeviceMismatchError):
+        return False
+    text = str(exc)
+    if _MISMATCH.search(text):
+        return True
+    conv = _CONV_TYPES.search(text)
+    return bool(conv) and (".cuda." in conv.group(1)) != (".cuda." in conv.group(2))
+
+
+@dataclass
+class TensorInfo:
+    """One tensor taking part in the failing op."""
+
+    label: str
+    device: str
+    dtype: str
+    shape: tuple[int, ...]
+    kind: str = "value"  # parameter | buffer | attribute | batch | local | value
+    origin: str | None = None  # e.g. "model.fc.weight", "batch['x'] in step()"
+    scalar: bool = False  # a 0-dim CPU tensor, which PyTorch lets any op use
+
+    @property
+    def source(self) -> str:
+        """Where the tensor came from, in words."""
+        if self.kind in ("parameter", "buffer"):
+            return f"{self.kind} {self.origin}"
+        if self.kind == "attribute":
+            return f"plain attribute {self.origin}, not moved by .to()"
+        return self.origin or self.label
+
+    def describe(self) -> str:
+        shape = "[" + ", ".join(map(str, self.shape)) + "]"
+        text = f"{self.label}: {self.device} {self.dtype} {shape}"
+        if self.source != self.label:
+            text += f" ({self.source})"
+        return text + (" - a CPU scalar, allowed" if self.scalar else "")
+
+
+@dataclass
+class MismatchReport:
+    """Everything known about one device mismatch; `message()` is the error's text."""
+
+    torch_message: str
+    op: str | None = None
+    site: fr.Site | None = None
+    user_site: fr.Site | None = None
+    module: str | None = None
+    module_type: str | None = None
+    tensors: list[TensorInfo] = field(default_factory=list)
+    expected_device: str | None = None
+    model_split: list[str] = field(default_factory=list)  # "model.head on meta", when the model spans devices
+
+    @property
+    def culprits(self) -> list[TensorInfo]:
+        return [t for t in self.tensors if not t.scalar and t.device != self.expected_device]
+
+    def message(self) -> str:
+        expression = self.site.expression if self.site else None
+        what = expression or self.op or "an operation"
+        if expression and self.op and self.op not in expression:
+            what += f" (op {self.op})"
+        lines = [f"Device mismatch in {what}" + (f" at {self.site}" if self.site else "")
+                 + (f", inside module {self.module} ({self.module_type})" if self.module else "")
+                 + (f", reached from {self.user_site}" if self.user_site and self.user_site != self.site else "")
+                 + f": {self._summary()}."]
+        lines += [f"  {t.describe()}" for t in self.tensors]
+        if self.model_split:
+            lines.append(f"Note: the model itself spans devices ({'; '.join(self.model_split)}); unless that split "
+                         "is deliberate, it is the bug: call model.to(device) once the whole model is built.")
+        lines.append(f"PyTorch said: {self.torch_message.strip().splitlines()[0] if self.torch_message else '?'}")
+        lines.append("Fix: " + self._fix())
+        return "\n".join(lines)
+
+    def _summary(self) -> str:
+        bad = self.culprits
+        if not bad or not self.expected_device:
+            devices = sorted({t.device for t in self.tensors if not t.scalar})
+            return "tensors on " + " and ".join(devices) if len(devices) > 1 else "tensors on different devices"
+        names = ", ".join(f"{t.label} on {t.device}" for t in bad)
+        return f"{names}, while the rest are on {self.expected_device}"
+
+    def _fix(self) -> str:
+        bad = self.culprits
+        target = self.expected_device or "one device"
+        tips: list[str] = []
+        for t in bad:
+            if t.kind == "attribute":
+                tips.append(f"{t.origin} is a plain tensor attribute, which model.to() does not move: "
+                            "register it with self.register_buffer(name, tensor, persistent=False)")
+            elif t.kind in ("parameter", "buffer"):
+                tips.append(f"{t.kind} {t.origin} is on {t.device}: call model.to({target!r}) after the whole "
+                            "model is built (a submodule added or replaced after .to() stays behind)")
+            elif t.kind == "local" and t.origin and ".forward" in t.origin:
+                tips.append(f"{t.label} is made inside forward() on {t.device}: create it on the input's device "
+                            "(torch.tensor(..., device=x.device)) or register it as a buffer")
+            else:
+                tips.append(f"move {t.origin or t.label} to {target} before the call "
+                            f"(torchplace.to_device(batch, {target!r}))")
+        if not tips:
+            tips.append("put every tensor this op uses on one device; torchplace.explain(model, *inputs) shows "
+                        "where each parameter, buffer and input lives")
+        return "; ".join(dict.fromkeys(tips)) + "."
+
+
+def diagnose(exc: BaseException, model: torch.nn.Module | None = None) -> MismatchReport:
+    """Read the culprit of a device-mismatch error out of its traceback."""
+    report = MismatchReport(torch_message=str(exc), op=_op_from_message(str(exc)))
+    entries = fr.traceback_entries(exc.__traceback__)
+    if not entries:
+        return report
+    op_idx = _op_index(entries)
+    op_frame, op_line, op_lasti = entries[op_idx]
+    report.site = fr.site_of(op_frame, op_line, op_lasti)
+    user = next((e for e in reversed(entries[: op_idx + 1]) if not fr.is_library(e[0].f_code.co_filename)), None)
+    if user is not None:
+        report.user_site = fr.site_of(*user)
+    chain = list(fr.called_modules(entries[: op_idx + 1]))
+    user_frames = [e[0] for e in entries[: op_idx + 1] if not fr.is_library(e[0].f_code.co_filename)]
+    root, root_label = _root(model, chain, user_frames)
+    if chain:
+        report.module = module_path(chain, root, root_label)
+        report.module_type = type(chain[-1]).__name__
+    origins = _origins(root, root_label, chain, user_frames)
+    report.tensors = _tensors(op_frame, report.site.expression, user, origins)
+    report.expected_device = _expected_device(report.tensors, chain)
+    if root is not None and len(model_devices(root)) > 1:
+        report.model_split = [f"{g.module} on {g.device}" for g in module_groups(root, root_label)][:6]
+    if report.op is None:
+        report.op = _op_from_expression(report.site.expression)
+    return report
+
+
+def to_error(exc: BaseException, model: torch.nn.Module | None = None) -> DeviceMismatchError:
+    """A DeviceMismatchError carrying the report (as `.report`), to raise `from exc`."""
+    try:
+        report = diagnose(exc, model)
+    except Exception as inner:  # a diagnosis must never hide the original error
+        report = MismatchReport(torch_message=f"{exc} (torchplace could not read more: {inner!r})")
+    err = DeviceMismatchError(report.message())
+    err.report = report  # type: ignore[attr-defined]
+    return err
+
+
+def module_path(chain: list[torch.nn.Module], root: torch.nn.Module | None, root_label: str) -> str:
+    """`model.encoder.layers.3.attn`: the innermost called module, named from the root."""
+    target = chain[-1]
+    if root is not None:
+        for name, module in root.named_modules(remove_duplicate=False):
+            if module is target:
+                return f"{root_label}.{name}" if name else root_label
+    parts = [root_label if chain[0] is root else type(chain[0]).__name__]
+    for parent, child in zip(chain, chain[1:]):
+        name = next((n for n, m in parent.named_modules(remove_duplicate=False) if m is child and n), None)
+        parts.append(name or type(child).__name__)
+    return ".".join(parts)
+
+
+def _op_index(entries: list[tuple[FrameType, int, int]]) -> int:
+    """The frame that called the failing op: the last one above torch's op machinery."""
+    limit = next((i for i, e in enumerate(entries) if fr.is_internal(e[0].f_code.co_filename)), len(entries))
+    for i in range(limit - 1, -1, -1):
+        if not fr.is_plumbing(entries[i][0]):
+            return i
+    return max(limit - 1, 0)
+
+
+def _root(model: torch.nn.Module | None, chain: list[torch.nn.Module],
+          user_frames: list[FrameType]) -> tuple[torch.nn.Module | None, str]:
+    root = model if model is not None else (chain[0] if chain else None)
+    if root is None:
+        return None, "model"
+    for frame in user_frames:
+        for name, value in frame.f_locals.items():
+            if value is root and name != "self":
+                return root, name
+    return root, "model" if model is not None else type(root).__name__
+
+
+def _origins(root: torch.nn.Module | None, root_label: str, chain: list[torch.nn.Module],
+             user_frames: list[FrameType]) -> dict[int, tuple[str, str]]:
+    """id(tensor) -> (kind, where it came from); the model's own tensors first, then the batch."""
+    out: dict[int, tuple[str, str]] = {}
+    modules = [(root_label, root)] if root is not None else []
+    modules += [(type(m).__name__, m) for m in chain if root is None or not _contains(root, m)]
+    for label, module in modules:
+        for name, sub in module.named_modules():
+            prefix = f"{label}.{name}" if name else label
+            for key, p in sub._parameters.items():
+                if p is not None:
+                    out.setdefault(id(p), ("parameter", f"{prefix}.{key}"))
+            for key, b in sub._buffers.items():
+                if b is not None:
+                    out.setdefault(id(b), ("buffer", f"{prefix}.{key}"))
+            for key, value in vars(sub).items():
+                for path, tensor in _flatten(value, f"{prefix}.{key}", 1):
+                    out.setdefault(id(tensor), ("attribute", path))
+    for frame in user_frames:
+        where = _where(frame)
+        for name, value in frame.f_locals.items():
+            if name == "self":
+                continue
+            for path, tensor in _flatten(value, name, _MAX_DEPTH):
+                kind = "local" if path == name else "batch"
+                out.setdefault(id(tensor), (kind, f"{path} {where}"))
+    return out
+
+
+def _where(frame: FrameType) -> str:
+    owner = frame.f_locals.get("self")
+    name = frame.f_code.co_name
+    if name == "<module>":
+        return f"in {fr.short_path(frame.f_code.co_filename)}"
+    return f"in {type(owner).__name__}.{name}()" if isinstance(owner, torch.nn.Module) else f"in {name}()"
+
+
+def _contains(root: torch.nn.Module, module: torch.nn.Module) -> bool:
+    return any(m is module for m in root.modules())
+
+
+def _flatten(value: Any, path: str, depth: int) -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        if not isinstance(value, torch.nn.Parameter):
+            yield path, value
+    elif depth > 0 and isinstance(value, Mapping) and not isinstance(value, torch.nn.Module):
+        for key, item in list(value.items())[:64]:
+            yield from _flatten(item, f"{path}[{key!r}]", depth - 1)
+    elif depth > 0 and isinstance(value, (list, tuple)):
+        for i, item in enumerate(value[:64]):
+            yield from _flatten(item, f"{path}[{i}]", depth - 1)
+
+
+def _tensors(op_frame: FrameType, expression: str | None, user: tuple[FrameType, int, int] | None,
+             origins: dict[int, tuple[str, str]]) -> list[TensorInfo]:
+    found: dict[int, TensorInfo] = {}
+    named = fr.named_values(expression, op_frame)
+    if not named:  # no expression to read: every tensor the frame holds
+        named = [(k, v) for k, v in op_frame.f_locals.items() if isinstance(v, (torch.Tensor, list, tuple))]
+    for label, value in named:
+        pairs = [(label, value)] if isinstance(value, torch.nn.Parameter) else _flatten(value, label, 1)
+        for path, tensor in pairs:
+            if id(tensor) not in found:
+                found[id(tensor)] = _info(path, tensor, origins)
+    if user is not None and user[0] is not op_frame:  # the user's names for the same tensors
+        for label, value in fr.named_values(fr.expression_at(*user), user[0]):
+            if isinstance(value, torch.Tensor) and id(value) in found:
+                info = found[id(value)]
+                if info.origin is None or info.kind == "local":
+                    info.origin = f"{label} at {fr.short_path(user[0].f_code.co_filename)}:{user[1]}"
+    return list(found.values())
+
+
+def _info(label: str, tensor: torch.Tensor, origins: dict[int, tuple[str, str]]) -> TensorInfo:
+    kind, origin = origins.get(id(tensor), ("value", None))
+    if isinstance(tensor, torch.nn.Parameter) and kind == "value":
+        kind = "parameter"
+    return TensorInfo(label=label, device=str(tensor.device), dtype=str(tensor.dtype).removeprefix("torch."),
+                      shape=tuple(tensor.shape), kind=kind, origin=origin,
+                      scalar=tensor.device.type == "cpu" and tensor.dim() == 0)
+
+
+def _expected_device(tensors: list[TensorInfo], chain: list[torch.nn.Module]) -> str | None:
+    """The device the op should have run on: the model's, else the one most tensors share."""
+    owned = Counter(t.device for t in tensors if t.kind in ("parameter", "buffer") and not t.scalar)
+    if len(owned) == 1:
+        return next(iter(owned))
+    for module in reversed(chain):
+        p = next(module.parameters(), None)
+        if p is not None:
+            if any(t.device == str(p.device) for t in tensors):
+                return str(p.device)
+            break
+    counts = Counter(t.device for t in tensors if not t.scalar)
+    if len(counts) < 2:
+        return None
+    (first, n1), (_, n2) = counts.most_common(2)
+    return first if n1 > n2 else None
+
+
+def _op_from_message(text: str) -> str | None:
+    match = _METHOD.search(text)
+    return match.group(1) if match else None
+
+
+_BINOPS = {"Add": "add", "Sub": "sub", "Mult": "mul", "Div": "div", "MatMult": "matmul", "Pow": "pow"}
+
+
+def _op_from_expression(expression: str | None) -> str | None:
+    tree = fr.parse_expression(expression) if expression else None
+    body = tree.body if isinstance(tree, ast.Expression) else None
+    if isinstance(body, ast.Call):
+        return ast.unparse(body.func)
+    if isinstance(body, ast.BinOp):
+        name = type(body.op).__name__
+        return _BINOPS.get(name, name.lower())
+    return None

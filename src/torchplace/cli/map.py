@@ -1,0 +1,39 @@
+"""`torchplace map`: the physical <-> logical GPU table for the current environment."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("map", help="show which physical GPU each cuda:N is, under CUDA_VISIBLE_DEVICES")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--snapshot", metavar="FILE", help="map against a captured snapshot instead of this machine")
+    p.add_argument("--check-driver", action="store_true", help="compare with what the CUDA driver enumerates")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..doctor.report import driver_check
+    from ..hardware.facts import read_facts
+
+    facts = read_facts(args.snapshot)
+    vis = facts.visible
+    notes = list(vis.notes)
+    if facts.topology.nvml_error:
+        notes.append(f"GPU facts unavailable: {facts.topology.nvml_error}")
+    checks = driver_check(facts) if args.check_driver and not args.snapshot else []
+    notes += [f"{f.title}: {f.detail}" for f in checks]
+    if args.json:
+        print(json.dumps({
+            "visible": [{"logical": d.logical, "physical_index": d.physical_index, "uuid": d.uuid,
+                         "name": d.name, "mig_uuid": d.mig_uuid} for d in vis.visible],
+            "hidden": [g.index for g in facts.topology.gpus if vis.logical_of(g.index) is None],
+            "cuda_visible_devices": vis.cuda_visible_devices, "cuda_device_order": vis.cuda_device_order,
+            "order": vis.order, "notes": notes, "source": facts.source}, indent=1))
+    else:
+        from .render import render_map
+
+        render_map(facts, notes)
+    return 1 if any(f.severity == "error" for f in checks) else 0

@@ -1,0 +1,132 @@
+"""Doctor checks about GPUs, the driver, and CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER."""
+
+from __future__ import annotations
+
+import os
+
+from .registry import Finding, check
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+@check
+def check_nvml(facts) -> list[Finding]:
+    """NVML or the driver missing: a fact on a CPU box, a problem where GPUs should be."""
+    topo = facts.topology
+    if topo.nvml_available:
+        return []
+    expects_gpu = bool(facts.versions.torch_cuda) or os.path.exists("/dev/nvidia0")
+    return [Finding("nvml.unavailable", "warning" if expects_gpu else "info",
+                    "No NVIDIA driver/NVML: GPU facts are unavailable",
+                    f"{topo.nvml_error}. torchplace reports CPU facts only.",
+                    "On a GPU machine, install the NVIDIA driver (nvidia-smi must work); in a container, "
+                    "run with the NVIDIA container toolkit (--gpus all)." if expects_gpu else "")]
+
+
+@check
+def check_visible_devices(facts) -> list[Finding]:
+    """CUDA_VISIBLE_DEVICES that ends early, names a device twice, or hides everything."""
+    vis = facts.visible
+    value = vis.cuda_visible_devices
+    out: list[Finding] = []
+    if value is None or not facts.topology.gpus:
+        return out
+    if vis.duplicates:
+        out.append(Finding("cvd.duplicate", "error", "CUDA_VISIBLE_DEVICES names a device twice",
+                           f"CUDA_VISIBLE_DEVICES={value!r} repeats {', '.join(map(repr, vis.duplicates))}; the driver "
+                           "then refuses to initialize (cuInit error 101) and no GPU is usable.",
+                           "List each GPU once, e.g. CUDA_VISIBLE_DEVICES=" + ",".join(dict.fromkeys(
+                               e.strip() for e in value.split(",") if e.strip()))))
+    elif vis.stopped_at:
+        kept = ",".join(str(d.physical_index) for d in vis.visible) or "nothing"
+        out.append(Finding("cvd.truncated", "error", "CUDA_VISIBLE_DEVICES is cut short by an invalid entry",
+                           f"CUDA_VISIBLE_DEVICES={value!r}: the driver stops at {vis.stopped_at}; visible: "
+                           f"{kept} (physical), ignored after it: {vis.ignored or 'nothing'}.",
+                           f"Use indices 0..{len(facts.topology.gpus) - 1} or full 'GPU-' UUIDs "
+                           "(`torchplace map` lists them); `torchplace pick` prints a valid value."))
+    elif value.strip() == "" and facts.topology.gpus:
+        out.append(Finding("cvd.empty", "warning", "CUDA_VISIBLE_DEVICES is empty: every GPU is hidden",
+                           f"{len(facts.topology.gpus)} GPU(s) exist but CUDA_VISIBLE_DEVICES=''.",
+                           "Unset it (all GPUs) or list the GPUs this job should use."))
+    return out
+
+
+@check
+def check_device_order(facts) -> list[Finding]:
+    """Integer CUDA_VISIBLE_DEVICES + default FASTEST_FIRST on mixed GPUs: ids differ from nvidia-smi."""
+    vis, topo = facts.visible, facts.topology
+    value = vis.cuda_visible_devices
+    if vis.cuda_device_order == "PCI_BUS_ID" or not topo.heterogeneous():
+        return []
+    uses_ints = value is None or (value.strip()[:1].isdigit() if value else False)
+    if not uses_ints:
+        return []
+    return [Finding("cvd.order", "warning", "GPU numbers differ between nvidia-smi and CUDA on this machine",
+                    "The GPUs differ and CUDA_DEVICE_ORDER is not PCI_BUS_ID, so CUDA numbers them fastest "
+                    "first while nvidia-smi uses PCI order; integer CUDA_VISIBLE_DEVICES values follow CUDA's order.",
+                    "export CUDA_DEVICE_ORDER=PCI_BUS_ID before starting Python, or use GPU UUIDs.")]
+
+
+@check
+def check_torch_build(facts) -> list[Finding]:
+    """A CPU-only torch on a machine that has GPUs."""
+    if facts.topology.gpus and facts.versions.torch and not facts.versions.torch_cuda \
+            and not facts.versions.torch_hip:
+        return [Finding("torch.cpu_build", "error", "torch is a CPU-only build but this machine has GPUs",
+                        f"torch {facts.versions.torch} has no CUDA support; {len(facts.topology.gpus)} GPU(s) "
+                        f"with driver {facts.topology.driver_version} will go unused.",
+                        "Install a CUDA build: pip install torch --index-url https://download.pytorch.org/whl/cu130 "
+                        "(pick the CUDA version your driver supports).")]
+    return []
+
+
+@check
+def check_busy(facts) -> list[Finding]:
+    """Visible GPUs that other processes already use (memory or compute)."""
+    out = []
+    me = os.getpid()
+    for dev in facts.visible.visible:
+        gpu = next((g for g in facts.topology.gpus if g.index == dev.physical_index), None)
+        if gpu is None:
+            continue
+        others = [p for p in (gpu.processes or []) if p.pid != me]
+        busy_util = gpu.utilization is not None and gpu.utilization >= 50
+        if not others and not busy_util:
+            continue
+        who = ", ".join(f"pid {p.pid}{f' ({p.user})' if p.user else ''} {_gib(p.used_memory)}" for p in others[:5])
+        out.append(Finding("gpu.busy", "warning", f"cuda:{dev.logical} (physical {gpu.index}) is in use",
+                           f"{len(others)} other process(es){': ' + who if who else ''}; utilization "
+                           f"{gpu.utilization if gpu.utilization is not None else '?'}%, memory "
+                           f"{_gib(gpu.memory_used)} of {_gib(gpu.memory_total)} used.",
+                           "Pick idle GPUs with `torchplace pick` or run through `torchplace run --gpus N`."))
+    return out
+
+
+@check
+def check_mig(facts) -> list[Finding]:
+    """MIG-enabled GPUs: CUDA shows their slices, addressed by MIG UUID."""
+    out = []
+    for gpu in facts.topology.gpus:
+        if gpu.mig_mode != "enabled":
+            continue
+        slices = ", ".join(m.uuid for m in gpu.mig) or "none created"
+        out.append(Finding("gpu.mig", "info", f"physical GPU {gpu.index} is in MIG mode",
+                           f"CUDA sees its MIG instances, not the whole GPU: {slices}.",
+                           "Select a slice with CUDA_VISIBLE_DEVICES=MIG-<uuid>; one process per slice."))
+    return out
+
+
+@check
+def check_unknown_fields(facts) -> list[Finding]:
+    """Fields NVML refused to report (common in containers)."""
+    denied = {}
+    for gpu in facts.topology.gpus:
+        for name, why in gpu.unknown.items():
+            denied.setdefault(f"{name}: {why}", []).append(gpu.index)
+    if not denied:
+        return []
+    detail = "; ".join(f"{k} (GPU {', '.join(map(str, v))})" for k, v in sorted(denied.items()))
+    return [Finding("nvml.unknown_fields", "info", "Some GPU fields are unknown", detail,
+                    "Usually harmless; processes and users are hidden across container PID namespaces.")]

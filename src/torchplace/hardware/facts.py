@@ -1,0 +1,66 @@
+"""All facts about this machine in one record, and the snapshot file format that holds them.
+
+A snapshot is `Facts.to_dict()` as JSON: the topology's keys at top level (so the issue's
+minimum schema `{"gpus": [...]}` is a valid snapshot) plus "host", "versions" and "env".
+Reading from a snapshot keeps this process's environment variables, so a user can ask what
+`CUDA_VISIBLE_DEVICES=...` would do on the captured machine.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .host import HostFacts, read_host
+from .topology import Topology, load_snapshot, read_topology
+from .versions import Versions, read_versions
+from .visible import VisibleMap, map_visible
+
+ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "LOCAL_", "SLURM_")
+ENV_NAMES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
+
+
+def relevant_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment variables that decide device behaviour."""
+    environ = dict(os.environ if environ is None else environ)
+    return {k: v for k, v in sorted(environ.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+
+
+@dataclass
+class Facts:
+    """Topology + visible mapping + host + versions + relevant environment."""
+
+    topology: Topology
+    host: HostFacts
+    versions: Versions
+    env: dict[str, str] = field(default_factory=dict)
+    visible: VisibleMap | None = None
+
+    def __post_init__(self) -> None:
+        if self.visible is None:
+            self.visible = map_visible(self.env.get("CUDA_VISIBLE_DEVICES"), self.topology,
+                                       self.env.get("CUDA_DEVICE_ORDER"))
+
+    @property
+    def source(self) -> str:
+        return self.topology.source
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.topology.to_dict(), "host": self.host.to_dict(), "versions": self.versions.to_dict(),
+                "env": self.env}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "snapshot",
+                  env: dict[str, str] | None = None) -> "Facts":
+        topology = Topology.from_dict(data, source=source)
+        host = HostFacts.from_dict(data.get("host") or {})
+        versions = Versions.from_dict(data.get("versions") or {})
+        return cls(topology, host, versions, relevant_env(env))
+
+
+def read_facts(snapshot: str | os.PathLike[str] | None = None) -> Facts:
+    """Facts of this machine, or of a snapshot file with this process's environment."""
+    if snapshot is not None:
+        return Facts.from_dict(load_snapshot(snapshot), source=str(snapshot))
+    return Facts(read_topology(), read_host(), read_versions(), relevant_env())

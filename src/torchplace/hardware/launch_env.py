@@ -1,0 +1,237 @@
+"""What the launcher (torchrun or SLURM) told this process, read purely from the environment.
+
+torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and the
+TORCHELASTIC_* variables; srun sets SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, ... . This
+module turns either into one `LaunchEnv` record and checks that the numbers agree, so a wrong
+LOCAL_RANK or a RANK past WORLD_SIZE is reported before any collective can hang on it.
+
+Nothing here imports torch or starts CUDA. Every function takes the environment as an argument
+(default: ``os.environ``), so each case is a one-line test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..errors import DistributedError
+
+#: Variables torchrun sets for each worker (the ones this module reads).
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                 "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                 "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE")
+#: Variables srun sets for each task (the ones this module reads).
+SLURM_VARS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NODEID",
+              "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_STEP_NODELIST",
+              "SLURM_JOB_NODELIST", "SLURM_JOB_ID")
+
+
+def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    return os.environ if env is None else env
+
+
+def _int_var(env: Mapping[str, str], name: str) -> int | None:
+    """Read ``name`` as a non-negative int; None when unset or empty."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise DistributedError(
+            f"{name}={raw!r} is not an integer. The launcher (torchrun, srun) sets it to a whole "
+            f"number. Fix: unset {name} or set it to a non-negative integer."
+        ) from None
+    if value < 0:
+        raise DistributedError(
+            f"{name}={raw!r} is negative. Fix: unset {name} or set it to a non-negative integer.")
+    return value
+
+
+def local_rank(env: Mapping[str, str] | None = None) -> int | None:
+    """This process's rank on its node: LOCAL_RANK (torchrun), else SLURM_LOCALID, else None.
+
+    The device resolver uses it to pick ``cuda:<local_rank>`` by default.
+    """
+    e = _env(env)
+    value = _int_var(e, "LOCAL_RANK")
+    if value is not None:
+        return value
+    if e.get("RANK") is not None:  # torchrun-style launch without LOCAL_RANK: do not mix in SLURM
+        return None
+    return _int_var(e, "SLURM_LOCALID")
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """One process's place in a distributed job, as its launcher described it.
+
+    `launcher` is "torchrun" (TORCHELASTIC_RUN_ID set), "env" (RANK/WORLD_SIZE set by hand or
+    another launcher), "slurm" (srun's SLURM_PROCID/SLURM_NTASKS) or None (no launcher: a
+    plain single process). `variables` holds the raw values that were read, for messages;
+    `derived` says which values were computed rather than read (e.g. MASTER_ADDR from
+    SLURM_JOB_NODELIST).
+    """
+
+    launcher: str | None
+    rank: int | None = None
+    world_size: int | None = None
+    local_rank: int | None = None
+    local_world_size: int | None = None
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    restart_count: int = 0
+    run_id: str | None = None
+    use_agent_store: bool = False
+    variables: dict[str, str] = field(default_factory=dict)
+    derived: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def launched(self) -> bool:
+        """True when a launcher set this process's rank (False for a plain `python script.py`)."""
+        return self.launcher is not None
+
+    def describe(self) -> str:
+        """The variables as `NAME=value` pairs, for error messages."""
+        shown = ", ".join(f"{k}={v!r}" for k, v in sorted(self.variables.items()))
+        return shown or "no launcher variables set"
+
+
+def read_launch_env(env: Mapping[str, str] | None = None) -> LaunchEnv:
+    """Read what torchrun, another env:// launcher, or srun set for this process. Never validates
+    consistency (see `check`); raises DistributedError only for values that are not integers."""
+    e = _env(env)
+    if e.get("RANK") is not None or e.get("WORLD_SIZE") is not None:
+        return _read_torchrun(e)
+    if e.get("SLURM_PROCID") is not None and e.get("SLURM_NTASKS") is not None:
+        return _read_slurm(e)
+    return LaunchEnv(launcher=None, local_rank=local_rank(e),
+                     variables={k: e[k] for k in ("LOCAL_RANK", "SLURM_LOCALID") if k in e})
+
+
+def _read_torchrun(e: Mapping[str, str]) -> LaunchEnv:
+    variables = {k: e[k] for k in TORCHRUN_VARS if k in e}
+    port = _int_var(e, "MASTER_PORT")
+    return LaunchEnv(
+        launcher="torchrun" if e.get("TORCHELASTIC_RUN_ID") else "env",
+        rank=_int_var(e, "RANK"),
+        world_size=_int_var(e, "WORLD_SIZE"),
+        local_rank=_int_var(e, "LOCAL_RANK"),
+        local_world_size=_int_var(e, "LOCAL_WORLD_SIZE"),
+        node_rank=_int_var(e, "GROUP_RANK"),
+        master_addr=e.get("MASTER_ADDR") or None,
+        master_port=port,
+        restart_count=_int_var(e, "TORCHELASTIC_RESTART_COUNT") or 0,
+        run_id=e.get("TORCHELASTIC_RUN_ID") or None,
+        use_agent_store=e.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+        variables=variables,
+    )
+
+
+def _read_slurm(e: Mapping[str, str]) -> LaunchEnv:
+    variables = {k: e[k] for k in (*SLURM_VARS, "MASTER_ADDR", "MASTER_PORT") if k in e}
+    derived: dict[str, str] = {}
+    node = _int_var(e, "SLURM_NODEID")
+    per_node_raw = e.get("SLURM_STEP_TASKS_PER_NODE") or e.get("SLURM_TASKS_PER_NODE")
+    local_world = None
+    if per_node_raw:
+        counts = parse_tasks_per_node(per_node_raw)
+        if counts and node is not None and node < len(counts):
+            local_world = counts[node]
+        elif len(set(counts)) == 1:
+            local_world = counts[0]
+    addr = e.get("MASTER_ADDR") or None
+    if addr is None:
+        nodelist = e.get("SLURM_STEP_NODELIST") or e.get("SLURM_JOB_NODELIST")
+        if nodelist:
+            addr = first_host(nodelist)
+            derived["MASTER_ADDR"] = f"first host of the SLURM node list {nodelist!r}"
+    port = _int_var(e, "MASTER_PORT")
+    job = _int_var(e, "SLURM_JOB_ID")
+    if port is None and job is not None:
+        port = 15000 + job % 20000  # the same on every task of the job, away from 29500
+        derived["MASTER_PORT"] = f"15000 + SLURM_JOB_ID % 20000 (SLURM_JOB_ID={job})"
+    return LaunchEnv(
+        launcher="slurm",
+        rank=_int_var(e, "SLURM_PROCID"),
+        world_size=_int_var(e, "SLURM_NTASKS"),
+        local_rank=_int_var(e, "SLURM_LOCALID"),
+        local_world_size=local_world,
+        node_rank=node,
+        master_addr=addr,
+        master_port=port,
+        variables=variables,
+        derived=derived,
+    )
+
+
+_TASKS_RE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+
+
+def parse_tasks_per_node(value: str) -> list[int]:
+    """Expand SLURM's compressed task counts: ``"2(x3),1"`` -> ``[2, 2, 2, 1]``."""
+    out: list[int] = []
+    for part in value.split(","):
+        m = _TASKS_RE.match(part.strip())
+        if not m:
+            raise DistributedError(
+                f"SLURM tasks-per-node value {value!r} has an unreadable part {part!r}; expected "
+                f"counts like '2(x3),1'. Fix: set LOCAL_WORLD_SIZE explicitly.")
+        out.extend([int(m.group(1))] * int(m.group(2) or 1))
+    return out
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: ``"gpu[07-09,12],cpu1"`` -> ``"gpu07"``."""
+    head = nodelist.strip()
+    bracket, comma = head.find("["), head.find(",")
+    if bracket == -1 or (comma != -1 and comma < bracket):
+        return head.split(",")[0]
+    prefix, rest = head[:bracket], head[bracket + 1:]
+    first = re.split(r"[,\]]", rest, maxsplit=1)[0]
+    return prefix + first.split("-")[0]
+
+
+def check(launch: LaunchEnv) -> None:
+    """Raise DistributedError listing every inconsistency in `launch`, before any collective runs.
+
+    Checks: RANK and WORLD_SIZE both set, 0 <= RANK < WORLD_SIZE, LOCAL_RANK < LOCAL_WORLD_SIZE,
+    LOCAL_WORLD_SIZE <= WORLD_SIZE, and a rendezvous address (MASTER_ADDR, MASTER_PORT in
+    1..65535) when there is more than one process. Device checks (LOCAL_RANK within the visible
+    GPUs) need torch and live in `torchplace.dist.init`.
+    """
+    if launch.launcher is None:
+        return
+    rank_var, world_var, lrank_var = (("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
+                                      if launch.launcher == "slurm" else
+                                      ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    problems: list[str] = []
+    if launch.rank is None:
+        problems.append(f"{rank_var} is not set (this process's global rank)")
+    if launch.world_size is None:
+        problems.append(f"{world_var} is not set (the number of processes in the job)")
+    elif launch.world_size < 1:
+        problems.append(f"{world_var}={launch.world_size} must be at least 1")
+    if launch.rank is not None and launch.world_size and launch.rank >= launch.world_size:
+        problems.append(f"{rank_var}={launch.rank} is not below {world_var}={launch.world_size} "
+                        f"(ranks run 0..{launch.world_size - 1})")
+    lws = launch.local_world_size
+    if launch.local_rank is not None and lws is not None and launch.local_rank >= lws:
+        problems.append(f"{lrank_var}={launch.local_rank} is not below LOCAL_WORLD_SIZE={lws}")
+    if lws is not None and launch.world_size and lws > launch.world_size:
+        problems.append(f"LOCAL_WORLD_SIZE={lws} is larger than {world_var}={launch.world_size}")
+    if launch.world_size and launch.world_size > 1:
+        if not launch.master_addr:
+            problems.append("MASTER_ADDR is not set (the host of rank 0's rendezvous store)")
+        if launch.master_port is None:
+            problems.append("MASTER_PORT is not set (the rendezvous port)")
+        elif not 1 <= launch.master_port <= 65535:
+            problems.append(f"MASTER_PORT={launch.master_port} is not a usable port (1..65535)")
+    if problems:
+        raise DistributedError(
+            f"The {launch.launcher} launch environment is inconsistent: " + "; ".join(problems)
+            + f". Read: {launch.describe()}. Fix: start the job with `torchplace run --gpus N -- CMD` "
+            "or torchrun, which set all of these together, or correct the variables named.")

@@ -1,0 +1,1 @@
+"""Placement: resolving device specs, device scopes, moving data and modules."""

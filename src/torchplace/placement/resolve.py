@@ -1,0 +1,187 @@
+"""`torchplace.device(spec)`: turn any device spec into an indexed torch.device, validated now.
+
+`torch.device("cuda:3")` is accepted anywhere and fails at the first kernel; this fails at once
+with a message that lists what exists. Resolution is a pure function of a `Machine` (device
+counts, the visible map, LOCAL_RANK), so tests run it on snapshots of real machines.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import torch
+
+from ..errors import DeviceError
+from ..hardware import launch_env
+from ..hardware.topology import Topology
+from ..hardware.visible import VisibleMap, map_visible
+
+DeviceSpec = Union[str, int, torch.device, None]
+
+_FORMS = ('"auto", "cpu", "meta", "cuda", "cuda:N", an int N, a torch.device, "physical:N", '
+          'a GPU UUID or unique prefix ("GPU-..."), or another accelerator ("mps", "xpu:0", ...)')
+_TYPED = re.compile(r"^([a-z_][a-z0-9_]*)(?::(-?\d+))?$")
+
+
+@dataclass
+class Machine:
+    """What resolution needs to know; `live()` reads it without creating a CUDA context."""
+
+    cuda_count: int
+    visible: VisibleMap
+    torch_has_cuda: bool = True
+    local_rank: int | None = None
+    accelerator: str | None = None  # torch.accelerator's current type when not cuda
+    accelerator_count: int = 0
+    current_cuda: int | None = None  # only when CUDA is already initialized
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def live(cls) -> "Machine":
+        visible = map_visible()
+        has_cuda = torch.backends.cuda.is_built() if hasattr(torch.backends, "cuda") else False
+        count = torch.cuda.device_count() if has_cuda else 0
+        accel, accel_count = None, 0
+        acc_mod = getattr(torch, "accelerator", None)
+        if acc_mod is not None and acc_mod.is_available():
+            acc = acc_mod.current_accelerator()
+            if acc is not None and acc.type != "cuda":
+                accel, accel_count = acc.type, acc_mod.device_count()
+        current = torch.cuda.current_device() if count and torch.cuda.is_initialized() else None
+        return cls(count, visible, has_cuda, launch_env.local_rank(), accel, accel_count, current)
+
+    @classmethod
+    def from_topology(cls, topology: Topology, cuda_visible_devices: str | None = None,
+                      cuda_device_order: str | None = None, local_rank: int | None = None) -> "Machine":
+        """A machine as a snapshot describes it, under the given environment values."""
+        visible = map_visible(cuda_visible_devices, topology, cuda_device_order)
+        return cls(visible.count, visible, True, local_rank)
+
+
+def device(spec: DeviceSpec = "auto", *, machine: Machine | None = None) -> torch.device:
+    """Resolve `spec` to an indexed torch.device that exists here, or raise DeviceError."""
+    return resolve(spec, machine or Machine.live())
+
+
+def resolve(spec: DeviceSpec, m: Machine) -> torch.device:
+    """The pure core of `device`: resolve against a given Machine."""
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() == "auto"):
+        return _auto(m)
+    if isinstance(spec, bool):
+        raise DeviceError(f"{spec!r} is not a device. Accepted: {_FORMS}.")
+    if isinstance(spec, int):
+        if m.cuda_count or not m.accelerator:
+            return _cuda(spec, m, asked=str(spec))
+        return _accelerator(m.accelerator, spec, m, asked=str(spec))
+    if isinstance(spec, torch.device):
+        text = str(spec)
+    elif isinstance(spec, str):
+        text = spec.strip()
+    else:
+        raise DeviceError(f"{spec!r} ({type(spec).__name__}) is not a device spec. Accepted: {_FORMS}.")
+    low = text.lower()
+    if low.startswith("physical:"):
+        return _physical(text.split(":", 1)[1].strip(), m, asked=text)
+    if text.startswith(("GPU-", "MIG-")):
+        return _uuid(text, m)
+    match = _TYPED.match(low)
+    if not match:
+        raise DeviceError(f"{text!r} is not a device spec. Accepted: {_FORMS}.")
+    kind, index = match.group(1), match.group(2)
+    idx = int(index) if index is not None else None
+    if kind in ("cpu", "meta"):
+        if idx not in (None, 0):
+            raise DeviceError(f"{text!r} requested, but {kind} has a single device. Fix: use {kind!r}.")
+        return torch.device(kind)
+    if kind == "cuda":
+        if idx is None:
+            idx = m.local_rank if m.local_rank is not None else (m.current_cuda or 0)
+        return _cuda(idx, m, asked=text)
+    if kind == "physical":
+        return _physical(index or "", m, asked=text)
+    try:
+        torch.device(kind)
+    except RuntimeError:
+        raise DeviceError(f"{text!r} names no device type PyTorch knows. Accepted: {_FORMS}.") from None
+    return _accelerator(kind, idx if idx is not None else 0, m, asked=text)
+
+
+def _auto(m: Machine) -> torch.device:
+    if m.local_rank is not None and (m.cuda_count or m.accelerator):
+        if m.cuda_count:
+            return _cuda(m.local_rank, m, asked=f"auto (LOCAL_RANK={m.local_rank})")
+        return _accelerator(m.accelerator or "", m.local_rank, m, asked=f"auto (LOCAL_RANK={m.local_rank})")
+    if m.cuda_count:
+        return torch.device("cuda", 0)
+    if m.accelerator and m.accelerator_count:
+        return torch.device(m.accelerator, 0)
+    return torch.device("cpu")
+
+
+def _cuda(idx: int, m: Machine, asked: str) -> torch.device:
+    if 0 <= idx < m.cuda_count:
+        return torch.device("cuda", idx)
+    raise DeviceError(_cuda_message(asked, m))
+
+
+def _cuda_message(asked: str, m: Machine) -> str:
+    rank = f" (LOCAL_RANK={m.local_rank})" if m.local_rank is not None and "LOCAL_RANK" not in asked else ""
+    if not m.torch_has_cuda:
+        gpus = f" although {m.visible.count} GPU(s) are present" if m.visible.count else ""
+        return (f"{asked} requested{rank}, but this torch is a CPU-only build{gpus}. "
+                "Fix: install a CUDA build of torch (https://pytorch.org/get-started/locally/) or ask for 'cpu'.")
+    if m.cuda_count == 0:
+        why = m.visible.summary() if m.visible.cuda_visible_devices is not None else "no CUDA GPU is visible"
+        return (f"{asked} requested{rank}, but {why}. "
+                "Fix: ask for 'cpu' or 'auto', or run where a GPU is visible (torchplace doctor explains why not).")
+    if m.visible.count == m.cuda_count and m.visible.visible:
+        what = m.visible.summary()
+    else:
+        what = f"{m.cuda_count} GPU(s) are visible: cuda:0..cuda:{m.cuda_count - 1}"
+    return (f"{asked} requested{rank}, but {what}. Fix: use cuda:0..cuda:{m.cuda_count - 1}, or set "
+            "CUDA_VISIBLE_DEVICES before the process starts (`torchplace map` shows the table).")
+
+
+def _physical(text: str, m: Machine, asked: str) -> torch.device:
+    try:
+        physical = int(text)
+    except ValueError:
+        raise DeviceError(f"{asked!r}: 'physical:' needs a GPU index as nvidia-smi shows it, e.g. 'physical:2'.") from None
+    logical = m.visible.logical_of(physical)
+    if logical is None:
+        raise DeviceError(f"{asked} requested, but physical GPU {physical} is not visible to this process; "
+                          f"{m.visible.summary()}. Fix: include it in CUDA_VISIBLE_DEVICES, or pick a visible one.")
+    return _cuda(logical, m, asked)
+
+
+def _uuid(text: str, m: Machine) -> torch.device:
+    hits = [d for d in m.visible.visible if (d.mig_uuid or d.uuid).startswith(text)]
+    if len(hits) == 1:
+        return _cuda(hits[0].logical, m, asked=text)
+    why = "matches no visible GPU" if not hits else f"matches {len(hits)} visible GPUs"
+    raise DeviceError(f"{text} {why}; {m.visible.summary()}. Fix: give a longer or different UUID "
+                      "(`torchplace map` lists them).")
+
+
+def _accelerator(kind: str, idx: int, m: Machine, asked: str) -> torch.device:
+    if kind == m.accelerator:
+        count = m.accelerator_count
+    else:
+        mod = getattr(torch, kind, None)
+        count_fn = getattr(mod, "device_count", None)
+        try:
+            count = int(count_fn()) if count_fn else 0
+        except Exception:
+            count = 0
+    if 0 <= idx < count:
+        return torch.device(kind, idx)
+    have = f"{count} {kind} device(s) exist" if count else f"no {kind} device is available"
+    others = ["cpu"] + ([f"cuda:0..cuda:{m.cuda_count - 1}"] if m.cuda_count else []) + (
+        [f"{m.accelerator}:0..{m.accelerator}:{m.accelerator_count - 1}"] if m.accelerator_count else [])
+    return _raise(f"{asked} requested, but {have}. Available: {', '.join(others)}.")
+
+
+def _raise(message: str) -> Any:
+    raise DeviceError(message)

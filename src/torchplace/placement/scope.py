@@ -1,0 +1,195 @@
+"""Device scopes: `on(device)` makes a device current for a block; `guard` catches leaks.
+
+A helper that calls `torch.cuda.set_device(1)` and returns silently moves every later
+`.cuda()`, `torch.device("cuda")` and NCCL call of that thread. `on` sets and always restores;
+`guard` notices a change that was not restored, says who made it (file and line), restores the
+previous device, and warns or raises. Both are per thread, like the CUDA runtime's current device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, TypeVar
+
+import torch
+
+from ..errors import DeviceLeakError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class DeviceLeakWarning(UserWarning):
+    """Code changed the current device and did not restore it (torchplace restored it)."""
+
+
+def _backend(device_type: str) -> Any:
+    """torch.<type> module of an indexed backend (cuda, xpu, mps, ...), or None."""
+    mod = getattr(torch, device_type, None)
+    return mod if mod is not None and hasattr(mod, "set_device") and hasattr(mod, "current_device") else None
+
+
+def current_index(device_type: str = "cuda") -> int | None:
+    """The thread's current device index, without initializing the backend (None if not started)."""
+    mod = _backend(device_type)
+    if mod is None:
+        return None
+    initialized = getattr(mod, "is_initialized", lambda: True)()
+    return int(mod.current_device()) if initialized else None
+
+
+class on(contextlib.ContextDecorator):
+    """Make `device` current inside the block (or decorated function) and restore it on exit.
+
+    `factories=True` also makes factory calls without a device (torch.zeros(3)) allocate there,
+    through torch's own `torch.device` context, which costs a little on every op.
+    """
+
+    def __init__(self, device: Any, *, factories: bool = False) -> None:
+        from .resolve import device as resolve_device
+
+        self.device = resolve_device(device)
+        self.factories = factories
+        self._local = threading.local()
+
+    def _stack(self) -> list[tuple[int | None, Any]]:
+        if not hasattr(self._local, "stack"):
+            self._local.stack = []
+        return self._local.stack
+
+    def __enter__(self) -> torch.device:
+        mod = _backend(self.device.type) if self.device.index is not None else None
+        previous = None
+        if mod is not None:
+            previous = int(mod.current_device())
+            mod.set_device(self.device.index)
+        ctx = torch.device(self.device) if self.factories else None
+        if ctx is not None:
+            ctx.__enter__()
+        self._stack().append((previous, ctx))
+        return self.device
+
+    def __exit__(self, *exc: Any) -> None:
+        previous, ctx = self._stack().pop()
+        if ctx is not None:
+            ctx.__exit__(*exc)
+        if previous is not None:
+            _backend(self.device.type).set_device(previous)
+
+
+@dataclass
+class _Recorder:
+    """Call sites of set_device made while a guard is active, per thread."""
+
+    sites: dict[int, list[str]] = field(default_factory=dict)
+    active: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    originals: dict[str, Callable[..., Any]] = field(default_factory=dict)
+
+
+_recorder = _Recorder()
+_WATCHED = ("cuda",)
+
+
+def _caller_site() -> str:
+    """'file:line in function' of the first frame outside torch and torchplace."""
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        name = frame.filename.replace("\\", "/")
+        if "/torch/" in name or "/torchplace/placement/scope.py" in name:
+            continue
+        return f"{frame.filename}:{frame.lineno} in {frame.name}"
+    return "unknown location"
+
+
+def _install() -> None:
+    with _recorder.lock:
+        _recorder.active += 1
+        if _recorder.active > 1:
+            return
+        for device_type in _WATCHED:
+            mod = _backend(device_type)
+            if mod is None:
+                continue
+            original = mod.set_device
+            _recorder.originals[device_type] = original
+
+            @functools.wraps(original)
+            def recording(dev: Any, _original: Callable[..., Any] = original) -> None:
+                _recorder.sites.setdefault(threading.get_ident(), []).append(_caller_site())
+                _original(dev)
+
+            mod.set_device = recording
+
+
+def _uninstall() -> None:
+    with _recorder.lock:
+        _recorder.active -= 1
+        if _recorder.active:
+            return
+        for device_type, original in _recorder.originals.items():
+            _backend(device_type).set_device = original
+        _recorder.originals.clear()
+
+
+def leak_message(what: str, before: int | None, after: int, sites: list[str], device_type: str = "cuda") -> str:
+    """The sentence a leak produces: who, from what to what, where, and the fix."""
+    start = f"{device_type}:{before if before is not None else 0}"
+    where = f"; the change was made at {sites[-1]}" if sites else " (not through torch.cuda.set_device)"
+    return (f"{what} changed the current device from {start} to {device_type}:{after} and did not restore it"
+            f"{where}. torchplace restored {start}. Fix: scope the change with `with torchplace.on(...)` or "
+            f"`with torch.cuda.device(...)`, or pass the device explicitly instead of setting it.")
+
+
+class guard(contextlib.ContextDecorator):
+    """Detect code that changes the current device without restoring it.
+
+    Use as `@guard`, `@guard(action="raise")` or `with guard(): ...`. On a leak the previous
+    device is restored and a DeviceLeakWarning is issued (action="warn") or DeviceLeakError raised.
+    """
+
+    def __new__(cls, fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
+        self = super().__new__(cls)
+        if fn is not None and callable(fn):
+            self.__init__(**kwargs)
+            return self(fn)
+        return self
+
+    def __init__(self, fn: Callable[..., Any] | None = None, *, action: str = "warn",
+                 device_type: str = "cuda") -> None:
+        if action not in ("warn", "raise"):
+            raise ValueError(f"guard(action={action!r}): use 'warn' or 'raise'.")
+        self.action, self.device_type = action, device_type
+        self.what = "guarded block"
+        self._local = threading.local()
+
+    def __call__(self, fn: F) -> F:  # type: ignore[override]
+        code = getattr(fn, "__code__", None)
+        where = f" ({code.co_filename}:{code.co_firstlineno})" if code else ""
+        self.what = f"{getattr(fn, '__qualname__', fn)}{where}"
+        return super().__call__(fn)
+
+    def __enter__(self) -> "guard":
+        stack = self._local.__dict__.setdefault("stack", [])
+        stack.append(current_index(self.device_type))
+        _install()
+        _recorder.sites.pop(threading.get_ident(), None)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        before = self._local.stack.pop()
+        sites = _recorder.sites.pop(threading.get_ident(), [])
+        _uninstall()
+        after = current_index(self.device_type)
+        if after is None or after == (before if before is not None else 0):
+            return None
+        _backend(self.device_type).set_device(before if before is not None else 0)
+        message = leak_message(self.what, before, after, sites, self.device_type)
+        if self.action == "raise" and exc_type is None:
+            raise DeviceLeakError(message)
+        warnings.warn(message, DeviceLeakWarning, stacklevel=2)
+        return None
+

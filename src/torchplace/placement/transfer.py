@@ -1,0 +1,266 @@
+"""`to_device`: move every tensor of any nested batch, non-blocking only where that is safe.
+
+One traversal, `map_tensors`, serves moving, pinning and `record_stream`, so a container kind
+or a keyword is never handled in one of them and forgotten in another (torchtnt's recursive
+helper forgot to forward `stream`, and its nested tensors never got `record_stream`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections import OrderedDict, defaultdict
+from collections.abc import Mapping, MutableMapping
+from typing import Any, Callable, TypeVar
+
+import torch
+
+from ..errors import DeviceError
+from .resolve import DeviceSpec
+from .resolve import device as resolve_device
+
+T = TypeVar("T")
+
+# types that never hold a tensor: returned as they are without any further check
+_ATOMIC = frozenset({str, bytes, bytearray, int, float, bool, complex, type(None), type(...),
+                     torch.device, torch.dtype, torch.layout, torch.memory_format})
+# device types whose copies must finish before the caller may read the result
+_SYNC_TYPES = frozenset({"cpu", "mps"})
+
+
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any],
+                other: Callable[[Any], Any] | None = None) -> Any:
+    """Rebuild OBJ with `fn(t)` for each tensor and `other(x)` for each object with its own `.to()`.
+
+    Handles dict, OrderedDict, defaultdict (factory kept), other mappings, list, tuple,
+    namedtuple, dataclasses (frozen ones and init=False fields included); anything else is
+    returned as it is. A container whose items all come back unchanged is returned itself, like
+    `Tensor.to` returns self, so a traversal for side effects allocates nothing. A tensor that
+    appears twice is visited once, and both places get the same result (sharing is kept).
+    """
+    memo: dict[int, Any] = {}
+
+    def walk(x: Any) -> Any:
+        cls = type(x)
+        if cls in _ATOMIC:
+            return x
+        if isinstance(x, torch.Tensor):
+            key = id(x)
+            if key not in memo:
+                memo[key] = fn(x)
+            return memo[key]
+        if cls is dict:
+            new = {k: walk(v) for k, v in x.items()}
+            return x if _unchanged(x.values(), new.values()) else new
+        if cls is list or cls is tuple:
+            items = [walk(v) for v in x]
+            return x if _unchanged(x, items) else cls(items)
+        if isinstance(x, Mapping):
+            return _rebuild_mapping(x, {k: walk(v) for k, v in x.items()})
+        if isinstance(x, (list, tuple)):
+            items = [walk(v) for v in x]
+            return x if _unchanged(x, items) else _rebuild_sequence(x, items)
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            return _rebuild_dataclass(x, walk)
+        if other is not None and callable(getattr(x, "to", None)) and not isinstance(x, type):
+            return other(x)
+        return x
+
+    return walk(obj)
+
+
+def _unchanged(old: Any, new: Any) -> bool:
+    return all(a is b for a, b in zip(old, new))
+
+
+def _rebuild_mapping(x: Mapping, new: dict) -> Any:
+    if _unchanged(x.values(), new.values()):
+        return x
+    cls = type(x)
+    if cls is OrderedDict:
+        return OrderedDict(new)
+    if cls is defaultdict:
+        return defaultdict(x.default_factory, new)  # type: ignore[attr-defined]
+    if isinstance(x, MutableMapping):  # subclasses keep their type and attributes
+        out = copy.copy(x)
+        for key, value in new.items():
+            out[key] = value
+        return out
+    try:
+        return cls(new)  # type: ignore[call-arg]
+    except TypeError:
+        return new
+
+
+def _rebuild_sequence(x: list | tuple, items: list) -> Any:
+    if isinstance(x, tuple):
+        make = getattr(x, "_make", None)  # namedtuple: bypasses a custom __new__
+        if make is not None and hasattr(type(x), "_fields"):
+            return make(items)
+        try:
+            return type(x)(items)  # torch.Size, torch.return_types.*, other tuple subclasses
+        except TypeError:
+            return tuple(items)
+    out = copy.copy(x)  # a list subclass keeps its type and attributes
+    out[:] = items
+    return out
+
+
+def _rebuild_dataclass(x: Any, walk: Callable[[Any], Any]) -> Any:
+    """Copy X with its moved fields set directly: no __init__ or __post_init__ runs again."""
+    changed = {}
+    for f in dataclasses.fields(x):
+        try:
+            value = getattr(x, f.name)
+        except AttributeError:  # an init=False field that was never set
+            continue
+        moved = walk(value)
+        if moved is not value:
+            changed[f.name] = moved
+    if not changed:
+        return x
+    out = copy.copy(x)
+    for name, value in changed.items():
+        object.__setattr__(out, name, value)  # works on frozen dataclasses too
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# moving
+
+_validated: dict[Any, torch.device] = {}
+
+
+def target_device(spec: DeviceSpec) -> torch.device:
+    """Resolve SPEC once; specs whose answer cannot change any more are remembered.
+
+    cpu and meta never change; an indexed CUDA device cannot once CUDA is initialized (the
+    device count is fixed from then on). Everything else is resolved on every call.
+    """
+    try:
+        return _validated[spec]
+    except (KeyError, TypeError):
+        pass
+    dev = resolve_device(spec)
+    if dev.type in ("cpu", "meta") or (dev.type == "cuda" and torch.cuda.is_initialized()
+                                       and isinstance(spec, torch.device) and spec.index is not None):
+        try:
+            _validated[spec] = dev
+        except TypeError:
+            pass
+    return dev
+
+
+def to_device(obj: T, device: DeviceSpec, *, non_blocking: bool | None = None) -> T:
+    """Move every tensor in OBJ to DEVICE and return the same structure.
+
+    `non_blocking=None` (the default) copies asynchronously where it is safe: host to an
+    accelerator other than MPS, and between accelerators (ordered on the current streams).
+    Copies to the CPU and anything touching MPS are synchronous, so the caller can read the
+    result at once. `non_blocking=True` is honoured, and copies to the host are then issued
+    together and synchronized once before returning (pinned destinations, one wait).
+
+    Objects with their own `.to()` are moved with it; if it returns None (moved in place) the
+    original object is kept. Strings, numbers and None pass through.
+    """
+    dev = target_device(device)
+    mover = _Mover(dev, non_blocking)
+    out = map_tensors(obj, mover.tensor, mover.other)
+    mover.finish()
+    return out
+
+
+class _Mover:
+    """The per-call state of `to_device`: the copy flags and the devices left to synchronize."""
+
+    __slots__ = ("dev", "nb_auto", "nb", "pending")
+
+    def __init__(self, dev: torch.device, non_blocking: bool | None) -> None:
+        self.dev = dev
+        self.nb_auto = non_blocking is None
+        self.nb = bool(non_blocking) or (self.nb_auto and dev.type not in ("cpu", "mps", "meta"))
+        self.pending: set[torch.device] = set()
+
+    def tensor(self, t: torch.Tensor) -> torch.Tensor:
+        src = t.device
+        if src == self.dev:
+            return t
+        nb = self.nb
+        if nb and src.type == "mps":
+            nb = not self.nb_auto
+        try:
+            out = t.to(self.dev, non_blocking=nb)
+        except NotImplementedError:
+            if src.type == "meta":
+                raise DeviceError(
+                    f"cannot move a meta tensor (shape {tuple(t.shape)}, {t.dtype}) to {self.dev}: meta "
+                    "tensors have a shape but no data. Fix: create it on the target device, or for a "
+                    "module call module.to_empty(device=...) and then load real weights.") from None
+            raise
+        if nb and (self.dev.type in _SYNC_TYPES or src.type == "mps"):
+            self.pending.add(src)
+        return out
+
+    def other(self, x: Any) -> Any:
+        nb = self.nb and self.dev.type not in _SYNC_TYPES
+        try:
+            out = x.to(self.dev, non_blocking=nb)
+        except TypeError:  # a .to() without a non_blocking keyword
+            out = x.to(self.dev)
+        return x if out is None else out
+
+    def finish(self) -> None:
+        """Wait for the copies the caller must be able to read at once (device to host, MPS)."""
+        for src in self.pending:
+            if src.type == "mps":
+                torch.mps.synchronize()
+            else:
+                torch.get_device_module(src.type).current_stream(src).synchronize()
+        if self.dev.type == "mps" and self.pending:
+            torch.mps.synchronize()
+
+
+# ---------------------------------------------------------------------------------------------
+# pinning and stream bookkeeping (used by DeviceLoader)
+
+def pin_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A page-locked copy of host tensor T (T itself if already pinned), keeping dense strides.
+
+    Unlike `Tensor.pin_memory()`, a small view of a large storage pins only its own bytes.
+    """
+    if t.device.type != "cpu" or t.is_pinned():
+        return t
+    if _dense(t):
+        out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, pin_memory=True)
+    else:
+        out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return out.copy_(t)
+
+
+def pin(obj: T) -> T:
+    """Pin every host tensor in OBJ (objects with a `pin_memory()` method use it)."""
+    def other(x: Any) -> Any:
+        method = getattr(x, "pin_memory", None)
+        return method() if callable(method) else x
+
+    return map_tensors(obj, pin_tensor, other)
+
+
+def record_stream(obj: Any, stream: Any) -> None:
+    """Mark every device tensor in OBJ as used on STREAM, so its memory outlives that work."""
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        if t.device.type != "cpu":
+            t.record_stream(stream)
+        return t
+
+    map_tensors(obj, fn)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """True when T's elements fill their memory without gaps or overlap (any dimension order)."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True

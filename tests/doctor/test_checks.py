@@ -1,0 +1,109 @@
+"""One test per doctor check, on facts built from the real H200 snapshot."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from torchplace.doctor.registry import Finding, check, run_checks, CHECKS
+from torchplace.hardware.facts import Facts
+from torchplace.hardware.topology import GpuProcess, MigInstance
+
+from conftest import load_snapshot_dict  # type: ignore[import-not-found]
+
+BASE = load_snapshot_dict("h200x2")
+
+
+def facts(env=None, **host) -> Facts:
+    data = copy.deepcopy(BASE)
+    data["host"] = {"cpu_count": 32, "affinity": list(range(32)), "usable_cpus": 32, "shm_total": 64 << 30,
+                    "memlock_soft": None, **host}
+    data["versions"] = {"torch": "2.11.0+cu130", "torch_cuda": "13.0"}
+    return Facts.from_dict(data, env=env or {})
+
+
+def ids(f: Facts) -> set[str]:
+    return {x.id for x in run_checks(f)}
+
+
+def test_clean_machine_has_no_warnings():
+    found = [x for x in run_checks(facts()) if x.severity != "info"]
+    assert found == []
+
+
+@pytest.mark.parametrize("cvd,finding", [("0,0", "cvd.duplicate"), ("0,5", "cvd.truncated"),
+                                         ("abc", "cvd.truncated"), ("", "cvd.empty")])
+def test_visible_devices_findings(cvd, finding):
+    found = {x.id: x for x in run_checks(facts({"CUDA_VISIBLE_DEVICES": cvd}))}
+    assert finding in found
+    assert repr(cvd) in found[finding].detail
+
+
+def test_duplicate_fix_lists_each_gpu_once():
+    found = {x.id: x for x in run_checks(facts({"CUDA_VISIBLE_DEVICES": "1,0,1"}))}
+    assert found["cvd.duplicate"].severity == "error"
+    assert "CUDA_VISIBLE_DEVICES=1,0" in found["cvd.duplicate"].fix
+
+
+def test_order_warning_only_on_mixed_gpus_with_integer_lists():
+    f = facts({"CUDA_VISIBLE_DEVICES": "0"})
+    assert "cvd.order" not in ids(f)
+    f.topology.gpus[0].name, f.topology.gpus[0].cores = "NVIDIA A100-SXM4-80GB", 6912
+    assert "cvd.order" in ids(f)
+    f2 = facts({"CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    f2.topology.gpus[0].name = "NVIDIA A100-SXM4-80GB"
+    assert "cvd.order" not in ids(f2)
+
+
+def test_busy_gpu_names_the_process():
+    f = facts()
+    f.topology.gpus[1].processes = [GpuProcess(pid=999999, used_memory=40 << 30, user="alice")]
+    busy = [x for x in run_checks(f) if x.id == "gpu.busy"]
+    assert len(busy) == 1 and "pid 999999 (alice) 40.0 GiB" in busy[0].detail and "cuda:1" in busy[0].title
+
+
+def test_mig_is_reported():
+    f = facts()
+    f.topology.gpus[0].mig_mode = "enabled"
+    f.topology.gpus[0].mig = [MigInstance(uuid="MIG-1234")]
+    assert any(x.id == "gpu.mig" and "MIG-1234" in x.detail for x in run_checks(f))
+
+
+def test_cpu_torch_on_gpu_machine_is_an_error():
+    f = facts()
+    f.versions.torch_cuda = None
+    assert any(x.id == "torch.cpu_build" and x.severity == "error" for x in run_checks(f))
+
+
+def test_small_shm_and_low_memlock():
+    found = ids(facts(shm_total=64 << 20, memlock_soft=8 << 20))
+    assert {"host.shm_small", "host.memlock_low"} <= found
+
+
+def test_omp_threads_above_usable_cpus():
+    found = {x.id: x for x in run_checks(facts({"OMP_NUM_THREADS": "64"}, usable_cpus=16))}
+    assert "OMP_NUM_THREADS=64 but only 16 CPU(s)" in found["host.omp_oversubscribed"].detail
+    assert "host.omp_oversubscribed" not in ids(facts({"OMP_NUM_THREADS": "8"}, usable_cpus=16))
+
+
+def test_nvml_missing_is_reported_not_raised():
+    data = {"gpus": [], "nvml_error": "NVML Shared Library Not Found", "versions": {"torch": "2.13.0+cpu"}}
+    found = {x.id: x for x in run_checks(Facts.from_dict(data, env={}))}
+    assert found["nvml.unavailable"].severity == "info"
+
+
+def test_unknown_fields_are_listed():
+    assert any(x.id == "nvml.unknown_fields" and "numa_node" in x.detail for x in run_checks(facts()))
+
+
+def test_a_crashing_check_becomes_a_finding():
+    @check
+    def check_broken(_facts) -> list[Finding]:
+        raise RuntimeError("kaput")
+
+    try:
+        found = [x for x in run_checks(facts()) if x.id == "internal.check_broken"]
+        assert found and "kaput" in found[0].detail
+    finally:
+        CHECKS.remove(check_broken)

@@ -1,0 +1,121 @@
+"""CUDA_VISIBLE_DEVICES mapping: replayed against real driver answers and hand-checked rules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torchplace.hardware.topology import Topology
+from torchplace.hardware.visible import map_visible
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+DRIVER = json.loads((FIXTURES / "driver_visible_devices_h200x2.json").read_text())
+X2 = Topology.from_dict(json.loads((FIXTURES / "snapshots" / "h200x2.json").read_text()))
+U0, U1 = (g.uuid for g in X2.gpus)
+
+
+@pytest.mark.parametrize("case", DRIVER["results"], ids=lambda c: f"{c['value']!r}-{c.get('order')}")
+def test_matches_what_the_driver_enumerated(case):
+    """Every value the 2 x H200 driver was asked about maps to the same UUIDs, in order."""
+    mapping = map_visible(case["value"], X2, case.get("order"))
+    assert [d.uuid for d in mapping.visible] == (case["driver_uuids"] or [])
+
+
+def test_driver_fixture_has_enough_cases():
+    assert len(DRIVER["results"]) >= 20
+
+
+@pytest.mark.parametrize("value,expected,stopped", [
+    ("1,0", [1, 0], None),
+    ("0,2", [0], "out of range"),
+    ("2,0", [], "out of range"),
+    ("0,abc,1", [0], "not a number"),
+    ("0,-1,1", [0], "negative"),
+    (f"{U0},0", [0], "int entry in a list of GPU entries"),
+    ("GPU-", [], "ambiguous"),
+    ("GPU-ffff", [], "matches no device"),
+])
+def test_where_and_why_the_list_stops(value, expected, stopped):
+    mapping = map_visible(value, X2, None)
+    assert [d.physical_index for d in mapping.visible] == expected
+    if stopped:
+        assert stopped in mapping.stopped_at
+        assert any("stops at" in n for n in mapping.notes)
+
+
+def test_duplicates_hide_every_gpu_and_say_why():
+    mapping = map_visible("1,0,1", X2, None)
+    assert mapping.visible == [] and mapping.duplicates == ["1"]
+    assert "cuInit error 101" in mapping.notes[0]
+
+
+def test_remapping_table_from_the_article_is_corrected():
+    """CUDA_VISIBLE_DEVICES=2,0,1 on 4 GPUs: physical 0 is visible, as logical 1 (article 003 was wrong)."""
+    four = _derived(4)
+    mapping = map_visible("2,0,1", four, "PCI_BUS_ID")
+    assert [(d.logical, d.physical_index) for d in mapping.visible] == [(0, 2), (1, 0), (2, 1)]
+    assert mapping.logical_of(0) == 1 and mapping.logical_of(3) is None
+
+
+def test_fastest_first_puts_faster_gpus_first_and_pci_order_follows_nvidia_smi():
+    topo = _derived(2)
+    topo.gpus[0].cores = 6912  # an A100-class card at PCI position 0, an H200 at 1
+    topo.gpus[0].name = "NVIDIA A100"
+    assert [d.physical_index for d in map_visible(None, topo, None).visible] == [1, 0]
+    assert [d.physical_index for d in map_visible(None, topo, "PCI_BUS_ID").visible] == [0, 1]
+    assert [d.physical_index for d in map_visible("0", topo, "FASTEST_FIRST").visible] == [1]
+
+
+def test_unknown_order_falls_back_to_fastest_first_with_a_note():
+    mapping = map_visible(None, X2, "BOGUS")
+    assert mapping.order == "FASTEST_FIRST" and "BOGUS" in mapping.notes[0]
+
+
+def test_mig_instances_replace_their_gpu():
+    topo = _derived(2)
+    from torchplace.hardware.topology import MigInstance
+
+    topo.gpus[1].mig_mode = "enabled"
+    topo.gpus[1].mig = [MigInstance(uuid="MIG-aaaa-1111"), MigInstance(uuid="MIG-bbbb-2222")]
+    mapping = map_visible(None, topo, "PCI_BUS_ID")
+    assert [d.mig_uuid for d in mapping.visible] == [None, "MIG-aaaa-1111", "MIG-bbbb-2222"]
+    only = map_visible("MIG-bbbb", topo, None)
+    assert [(d.physical_index, d.mig_uuid) for d in only.visible] == [(1, "MIG-bbbb-2222")]
+    assert "cuda:0 = physical 1 MIG slice" in only.visible[0].describe()
+
+
+def test_summary_lists_what_is_visible():
+    text = map_visible("1", X2, None).summary()
+    assert "CUDA_VISIBLE_DEVICES='1' makes 1 GPU visible: cuda:0 = physical 1 (NVIDIA H200" in text
+
+
+def test_no_gpus_at_all():
+    empty = Topology(nvml_error="NVML Shared Library Not Found")
+    assert map_visible(None, empty, None).visible == []
+    assert map_visible("0", empty, None).stopped_at.startswith("'0' is out of range")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.none(), st.text(max_size=40),
+                 st.lists(st.sampled_from(["0", "1", "2", "-1", " 1", "GPU-", U0[:9], U1, "MIG-x", "", "x"]),
+                          max_size=5).map(",".join)),
+       st.sampled_from([None, "PCI_BUS_ID", "FASTEST_FIRST", "weird"]))
+def test_any_value_yields_a_mapping(value, order):
+    mapping = map_visible(value, X2, order)
+    assert len(mapping.visible) <= 2
+    assert len({d.uuid for d in mapping.visible}) == len(mapping.visible)
+    assert [d.logical for d in mapping.visible] == list(range(len(mapping.visible)))
+
+
+def _derived(n: int) -> Topology:
+    """An n-GPU topology derived from the real 2 x H200 snapshot (uuids and bus ids rewritten)."""
+    data = json.loads((FIXTURES / "snapshots" / "h200x2.json").read_text())
+    base = data["gpus"][0]
+    data["gpus"] = [dict(base, index=i, uuid=f"GPU-{i:08x}-0000-0000-0000-000000000000",
+                         pci_bus_id=f"00000000:{i + 6:02X}:00.0") for i in range(n)]
+    data["links"] = []
+    return Topology.from_dict(data)

@@ -1,0 +1,111 @@
+"""torchplace.device: every spec form, resolved against snapshots of real H200 machines."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import torchplace as tp
+from torchplace.errors import DeviceError
+from torchplace.hardware.topology import Topology
+from torchplace.placement.resolve import Machine, resolve
+
+from conftest import load_snapshot_dict  # type: ignore[import-not-found]
+
+X2 = Topology.from_dict(load_snapshot_dict("h200x2"))
+U0, U1 = (g.uuid for g in X2.gpus)
+
+
+def machine(cvd=None, order=None, local_rank=None) -> Machine:
+    return Machine.from_topology(X2, cvd, order, local_rank)
+
+
+@pytest.mark.parametrize("spec,expected", [
+    ("auto", "cuda:0"), (None, "cuda:0"), ("cuda", "cuda:0"), ("cuda:1", "cuda:1"), (1, "cuda:1"),
+    (torch.device("cuda", 1), "cuda:1"), ("cpu", "cpu"), ("meta", "meta"), (" CUDA:1 ", "cuda:1"),
+    ("physical:1", "cuda:1"), (U1, "cuda:1"), (U1[:10], "cuda:1"),
+])
+def test_specs_on_the_two_gpu_machine(spec, expected):
+    assert resolve(spec, machine()) == torch.device(expected)
+
+
+def test_auto_and_bare_cuda_follow_local_rank():
+    assert resolve("auto", machine(local_rank=1)) == torch.device("cuda:1")
+    assert resolve("cuda", machine(local_rank=1)) == torch.device("cuda:1")
+
+
+def test_local_rank_beyond_visible_gpus_names_both():
+    with pytest.raises(DeviceError, match=r"auto \(LOCAL_RANK=1\) requested, but CUDA_VISIBLE_DEVICES='0' "
+                                          r"makes 1 GPU visible: cuda:0 = physical 0"):
+        resolve("auto", machine(cvd="0", local_rank=1))
+
+
+def test_the_issue_example_message():
+    with pytest.raises(DeviceError) as info:
+        resolve("cuda:3", machine(cvd="1,0"))
+    text = str(info.value)
+    assert text.startswith("cuda:3 requested, but CUDA_VISIBLE_DEVICES='1,0' makes 2 GPUs visible: "
+                           f"cuda:0 = physical 1 (NVIDIA H200, {U1}); cuda:1 = physical 0 (NVIDIA H200, {U0})")
+    assert "Fix:" in text
+
+
+def test_physical_ids_survive_remapping():
+    m = machine(cvd="1")
+    assert resolve("physical:1", m) == torch.device("cuda:0")
+    with pytest.raises(DeviceError, match="physical GPU 0 is not visible to this process"):
+        resolve("physical:0", m)
+
+
+def test_uuid_errors_list_the_visible_gpus():
+    with pytest.raises(DeviceError, match="GPU-ffff matches no visible GPU"):
+        resolve("GPU-ffff", machine())
+    with pytest.raises(DeviceError, match="matches 2 visible GPUs"):
+        resolve("GPU-", machine())
+
+
+def test_no_gpu_visible():
+    with pytest.raises(DeviceError, match="no CUDA GPU is visible|no GPU is visible"):
+        resolve("cuda:0", machine(cvd=""))
+    assert resolve("auto", machine(cvd="")) == torch.device("cpu")
+
+
+def test_cpu_only_torch_says_so():
+    m = machine()
+    m.torch_has_cuda, m.cuda_count = False, 0
+    with pytest.raises(DeviceError, match="CPU-only build although 2 GPU"):
+        resolve("cuda:0", m)
+
+
+@pytest.mark.parametrize("spec,match", [
+    ("cpu:1", "cpu has a single device"), ("cuda:x", "not a device spec"), ("physical:x", "needs a GPU index"),
+    ("banana", "names no device type"), (True, "is not a device"), (1.5, "is not a device spec"),
+    ("xpu:0", "no xpu device is available"),
+])
+def test_bad_specs(spec, match):
+    with pytest.raises(DeviceError, match=match):
+        resolve(spec, machine())
+
+
+def test_device_error_is_a_value_error():
+    assert issubclass(DeviceError, ValueError) and issubclass(DeviceError, tp.TorchplaceError)
+
+
+def test_live_machine_here_resolves_auto_without_starting_cuda():
+    assert tp.device("auto").type in ("cpu", "cuda", "mps", "xpu")
+    assert not torch.cuda.is_initialized()
+
+
+@settings(max_examples=400, deadline=None)
+@given(spec=st.one_of(st.text(max_size=20), st.integers(-3, 5),
+                      st.sampled_from(["cuda:", "physical:", "GPU-", "MIG-", "cuda:01", "auto", "mps", "cpu:0"])),
+       cvd=st.sampled_from([None, "", "0", "1,0", "0,0", "2", U1[:8]]))
+def test_any_spec_yields_a_device_or_a_device_error(spec, cvd):
+    try:
+        result = resolve(spec, machine(cvd=cvd))
+    except DeviceError as exc:
+        assert str(exc)
+    else:
+        assert isinstance(result, torch.device)
+        assert result.type in ("cpu", "meta") or result.index is not None
