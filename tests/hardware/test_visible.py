@@ -36,7 +36,8 @@ def test_driver_fixture_has_enough_cases():
     ("0,abc,1", [0], "not a number"),
     ("0,-1,1", [0], "negative"),
     (f"{U0},0", [0], "int entry in a list of GPU entries"),
-    ("GPU-", [], "ambiguous"),
+    ("GPU-", [], "has no UUID after its prefix"),
+    ("GPU-36ca,GPU-7", [1, 0], None),
     ("GPU-ffff", [], "matches no device"),
 ])
 def test_where_and_why_the_list_stops(value, expected, stopped):

@@ -137,10 +137,15 @@ class MismatchReport:
         return "; ".join(dict.fromkeys(tips)) + "."
 
 
-def diagnose(exc: BaseException, model: torch.nn.Module | None = None) -> MismatchReport:
-    """Read the culprit of a device-mismatch error out of its traceback."""
+def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
+             outer: FrameType | None = None) -> MismatchReport:
+    """Read the culprit of a device-mismatch error out of its traceback.
+
+    `outer`: when the error is caught inside the program (at a module boundary), the live
+    frames from `outer` up, which the traceback does not reach, are read too.
+    """
     report = MismatchReport(torch_message=str(exc), op=_op_from_message(str(exc)))
-    entries = fr.traceback_entries(exc.__traceback__)
+    entries = fr.stack_entries(outer) + fr.traceback_entries(exc.__traceback__)
     if not entries:
         return report
     op_idx = _op_index(entries)
@@ -165,10 +170,11 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None) -> Mismat
     return report
 
 
-def to_error(exc: BaseException, model: torch.nn.Module | None = None) -> DeviceMismatchError:
+def to_error(exc: BaseException, model: torch.nn.Module | None = None,
+             outer: FrameType | None = None) -> DeviceMismatchError:
     """A DeviceMismatchError carrying the report (as `.report`), to raise `from exc`."""
     try:
-        report = diagnose(exc, model)
+        report = diagnose(exc, model, outer)
     except Exception as inner:  # a diagnosis must never hide the original error
         report = MismatchReport(torch_message=f"{exc} (torchplace could not read more: {inner!r})")
     err = DeviceMismatchError(report.message())

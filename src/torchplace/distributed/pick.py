@@ -23,7 +23,6 @@ import random
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import LeaseError
@@ -126,9 +125,8 @@ class Picked:
     def to_dict(self) -> dict[str, Any]:
         return {"cuda_visible_devices": self.cuda_visible_devices, "cuda_device_order": "PCI_BUS_ID",
                 "gpus": [asdict(g) for g in self.gpus], "rejected": [asdict(r) for r in self.rejected],
-                "leased": self.leased and any(l.active for l in self.leases) or
-                          any(g.inherited for g in self.gpus),
-                "holder_pid": os.getpid() if self.leased else None,
+                "leased": self.leased,
+                "holder_pid": os.getpid() if any(lease.active for lease in self.leases) else None,
                 "lease_dir": self.lease_dir, "source": self.source}
 
 
@@ -190,9 +188,9 @@ def rank_gpus(topology: Topology, *, min_free_memory: int | None = None,
     accepted: list[tuple[tuple[float, ...], GpuRecord]] = []
     rejected: list[Rejection] = []
     for gpu in sorted(topology.gpus, key=lambda g: g.index):
-        reason = _reject_reason(gpu, min_free_memory, max_utilization)
         if only is not None and gpu.uuid not in only:
             continue
+        reason = _reject_reason(gpu, min_free_memory, max_utilization)
         if reason is None and allowed is not None and gpu.uuid not in allowed:
             reason = hidden_reason
         if reason is not None:
@@ -347,7 +345,7 @@ def pick(count: int | str = 1, *, gpus: Sequence[int | str] | None = None,
             result.source, result.lease_dir = topo.source, str(leases_at.path)
             result.gpus.sort(key=lambda g: (g.pci_bus_id or "", g.physical_index))
             return result
-        rejected = rejected + result
+        rejected = sorted(rejected + result, key=lambda r: r.physical_index)
         request = _describe_request(count, min_free, max_utilization, only)
         reasons = "; ".join(r.describe() for r in rejected) or "no GPU satisfies it"
         left = deadline - time.monotonic()
@@ -375,7 +373,7 @@ def _try_lease(ordered: list[GpuRecord], need: int | str, leases_at: LeaseDir, l
         status = leases_at.status(gpu.uuid)
         if not status.held:
             free.append((gpu, None))
-        elif status.holder is not None and status.holder.pid in family:
+        elif not status.mine and status.holder is not None and status.holder.pid in family:
             free.append((gpu, status.holder))
         else:
             who = "this process" if status.mine else (status.holder.describe() if status.holder
@@ -400,15 +398,10 @@ def _try_lease(ordered: list[GpuRecord], need: int | str, leases_at: LeaseDir, l
             continue
         got.append(taken)
         chosen.append(_picked(gpu, user))
-    if len(chosen) < want or (need == "auto" and not chosen):
+    if not chosen or (need != "auto" and len(chosen) < want):
         for item in got:
             item.release()
         return busy
     for item in got:
         item.check()
     return Picked(gpus=chosen, leases=got, leased=lease)
-
-
-def lease_dir_path(lease_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Where leases live for this process (for messages and `torchplace leases`)."""
-    return LeaseDir(lease_dir).path

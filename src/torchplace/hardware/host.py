@@ -188,3 +188,22 @@ def cpu_cores(root: Path = CPU_ROOT) -> dict[int, tuple[int, int]] | None:
         except ValueError:
             continue
     return out or None
+
+
+def cgroup_memory_limit(root: Path = CGROUP_ROOT, proc_cgroup: Path = Path("/proc/self/cgroup")) -> int | None:
+    """The memory limit of this process's cgroup in bytes (v2 memory.max, then v1); None if unlimited."""
+    own = _read(proc_cgroup) or ""
+    v2_paths = [line.split("::", 1)[1] for line in own.splitlines() if line.startswith("0::")]
+    candidates = [root / rel.lstrip("/") / "memory.max" for rel in v2_paths + ["/"]]
+    candidates.append(root / "memory" / "memory.limit_in_bytes")
+    for path in candidates:
+        text = _read(path)
+        if text and text.isdigit() and int(text) < 2**60:  # v1 writes a huge number for "no limit"
+            return int(text)
+    return None
+
+
+def address_space_limit() -> int | None:
+    """RLIMIT_AS (soft) in bytes, None meaning unlimited: allocations beyond it fail at once."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY else int(soft)

@@ -12,7 +12,7 @@ tests/fixtures/driver_visible_devices_h200x2.json holds every answer):
 - integers parse like strtoul: '+1', '01', '1abc' and '1.0' mean 1; '0x1' means 0; no leading
   digit ('abc', '') or a negative number ends the list; so does an ordinal out of range.
 - UUIDs are case-sensitive, need the 'GPU-' prefix, and may be shortened to a unique prefix;
-  an unknown or ambiguous one ends the list.
+  an unknown or ambiguous one ends the list, and so does a bare 'GPU-' (even with one GPU).
 - a device named twice anywhere in the accepted list makes CUDA refuse to start (cuInit error
   101, CUDA_ERROR_INVALID_DEVICE): no device is visible at all.
 - integers index the driver's enumeration: FASTEST_FIRST (the default) or PCI_BUS_ID
@@ -189,6 +189,8 @@ def _resolve_entry(entry: str, kind: str, devices: list[tuple[GpuRecord, MigInst
         if number >= len(devices):
             return None, f"is out of range ({len(devices)} device(s) exist: 0..{len(devices) - 1})"
         return number, None
+    if entry in ("GPU-", "MIG-"):
+        return None, "has no UUID after its prefix"
     if kind == "GPU":
         return _match_prefix(entry, [gpu.uuid if mig is None else "" for gpu, mig in devices])
     return _match_prefix(entry, [mig.uuid if mig else "" for _, mig in devices])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from collections import OrderedDict, defaultdict
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Callable, TypeVar
@@ -26,6 +27,7 @@ _ATOMIC = frozenset({str, bytes, bytearray, int, float, bool, complex, type(None
                      torch.device, torch.dtype, torch.layout, torch.memory_format})
 # device types whose copies must finish before the caller may read the result
 _SYNC_TYPES = frozenset({"cpu", "mps"})
+_CUDA_INDEXED = re.compile(r"^cuda:\d+$")
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any],
@@ -132,23 +134,25 @@ _validated: dict[Any, torch.device] = {}
 
 
 def target_device(spec: DeviceSpec) -> torch.device:
-    """Resolve SPEC once; specs whose answer cannot change any more are remembered.
+    """Resolve SPEC, remembering the specs whose answer can no longer change.
 
-    cpu and meta never change; an indexed CUDA device cannot once CUDA is initialized (the
-    device count is fixed from then on). Everything else is resolved on every call.
+    "cpu" and "meta" never change; an indexed CUDA device cannot once CUDA is initialized (the
+    device count is fixed from then on). Everything else ("auto", "cuda", ints) is resolved on
+    every call, since LOCAL_RANK or CUDA_VISIBLE_DEVICES may still decide it.
     """
-    try:
-        return _validated[spec]
-    except (KeyError, TypeError):
-        pass
+    key = spec if isinstance(spec, (str, torch.device)) else None
+    if key is not None and key in _validated:
+        return _validated[key]
     dev = resolve_device(spec)
-    if dev.type in ("cpu", "meta") or (dev.type == "cuda" and torch.cuda.is_initialized()
-                                       and isinstance(spec, torch.device) and spec.index is not None):
-        try:
-            _validated[spec] = dev
-        except TypeError:
-            pass
+    if key is not None and _stable(str(key).strip().lower()):
+        _validated[key] = dev
     return dev
+
+
+def _stable(text: str) -> bool:
+    if text in ("cpu", "meta"):
+        return True
+    return bool(_CUDA_INDEXED.match(text)) and torch.cuda.is_initialized()
 
 
 def to_device(obj: T, device: DeviceSpec, *, non_blocking: bool | None = None) -> T:
@@ -212,21 +216,20 @@ class _Mover:
     def finish(self) -> None:
         """Wait for the copies the caller must be able to read at once (device to host, MPS)."""
         for src in self.pending:
-            if src.type == "mps":
+            if src.type == "mps" or self.dev.type == "mps":
                 torch.mps.synchronize()
-            else:
+            elif src.type != "cpu":
                 torch.get_device_module(src.type).current_stream(src).synchronize()
-        if self.dev.type == "mps" and self.pending:
-            torch.mps.synchronize()
 
 
 # ---------------------------------------------------------------------------------------------
 # pinning and stream bookkeeping (used by DeviceLoader)
 
 def pin_tensor(t: torch.Tensor) -> torch.Tensor:
-    """A page-locked copy of host tensor T (T itself if already pinned), keeping dense strides.
+    """A page-locked copy of host tensor T (T itself if already pinned or not on the host).
 
-    Unlike `Tensor.pin_memory()`, a small view of a large storage pins only its own bytes.
+    Dense layouts keep their strides (channels_last stays channels_last, as with `.to()`);
+    expanded or gappy views are pinned contiguous, so only their own elements are copied.
     """
     if t.device.type != "cpu" or t.is_pinned():
         return t

@@ -1,0 +1,172 @@
+"""Write a file so that a crash at any moment leaves the old file or the new one, never a torn one.
+
+The recipe: write a temporary file in the same directory, fsync it, rename it over the target
+(atomic on POSIX), fsync the directory so the rename itself survives a power cut. Any failure
+removes the temporary file and raises CheckpointError saying what went wrong and what to do; the
+old file is never touched. A process killed with SIGKILL cannot clean up, so its temporary file
+carries the host and pid (`.NAME.tmp-HOST-PID-TOKEN`), and the next save in that directory
+removes temporaries whose process is gone.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import socket
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import CheckpointError
+
+_TMP_MARK = ".tmp-"
+
+
+class FileSink:
+    """Positional writes to an open file descriptor, retried until every byte is written."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def pwrite(self, data: Any, offset: int) -> None:
+        mv = memoryview(data).cast("B")
+        done = 0
+        while done < len(mv):
+            done += os.pwrite(self.fd, mv[done:], offset + done)
+
+
+def _host() -> str:
+    return socket.gethostname().replace("/", "_") or "host"
+
+
+def temp_name(target: Path) -> Path:
+    """A unique temporary name next to TARGET that names this host and process."""
+    return target.with_name(f".{target.name}{_TMP_MARK}{_host()}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _owner(name: str) -> tuple[str, int] | None:
+    """(host, pid) of a temporary file name made by `temp_name`, else None."""
+    if not name.startswith(".") or _TMP_MARK not in name:
+        return None
+    tail = name.rsplit(_TMP_MARK, 1)[1]
+    parts = tail.rsplit("-", 2)
+    if len(parts) != 3 or not parts[1].isdigit() or len(parts[2]) != 8:
+        return None
+    return parts[0], int(parts[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(directory: Path) -> list[Path]:
+    """Remove temporary files in DIRECTORY left by dead processes of this host; return them."""
+    removed = []
+    host, me = _host(), os.getpid()
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        owner = _owner(name)
+        if owner is None or owner[0] != host or owner[1] == me or _alive(owner[1]):
+            continue
+        try:
+            os.unlink(directory / name)
+            removed.append(directory / name)
+        except OSError:
+            pass
+    return removed
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in DIRECTORY durable (some file systems refuse; that is not an error)."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def os_error(target: Path, exc: OSError, doing: str) -> CheckpointError:
+    """An OSError while writing TARGET, as a message that says why and what to do."""
+    where = target.parent
+    code = exc.errno
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        why = f"the file system holding {where} is full (or over quota)"
+        fix = "free space there or save to another directory (keep_last=N bounds what rotation keeps)"
+    elif code == errno.EROFS:
+        why = f"{where} is on a read-only file system"
+        fix = "save to a writable directory"
+    elif code in (errno.EACCES, errno.EPERM):
+        why = f"this process (uid {os.getuid()}) may not write in {where}"
+        fix = "save to a directory you own, or fix its permissions"
+    elif code == errno.ENOENT and not where.is_dir():
+        why = f"the directory {where} does not exist"
+        fix = f"create it first (os.makedirs({str(where)!r}, exist_ok=True))"
+    elif code == errno.EIO:
+        why = "the disk reported an I/O error, so the data may not be on disk"
+        fix = "check the disk (dmesg) and save elsewhere"
+    else:
+        why = f"{exc.strerror or exc}"
+        fix = "check the path and the file system"
+    return CheckpointError(f"could not save {target}: {why} ({doing}: {errno.errorcode.get(code or 0, code)}). "
+                           f"Any previous file at {target} is untouched and no partial file was left. Fix: {fix}.")
+
+
+def atomic_write(target: str | os.PathLike[str], write: Callable[[FileSink], None], *,
+                 sink: Callable[[int], Any] = FileSink) -> Path:
+    """Create TARGET through WRITE(sink) atomically; return TARGET's path.
+
+    SINK wraps the temporary file's descriptor (tests pass a fault injector). Nothing is left
+    behind on failure, and the exception is a CheckpointError unless WRITE raised one itself.
+    """
+    target = Path(target)
+    if target.is_dir():
+        raise CheckpointError(f"could not save {target}: it is a directory. Fix: give a file path "
+                              f"inside it, e.g. {target / 'step-000100.safetensors'}.")
+    sweep_stale(target.parent)
+    tmp = temp_name(target)
+    doing = "creating a temporary file"
+    fd = -1
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        doing = "writing"
+        write(sink(fd))
+        doing = "flushing to disk (fsync)"
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        doing = "renaming over the target"
+        os.replace(tmp, target)
+        doing = "flushing the directory (fsync)"
+        fsync_dir(target.parent)
+    except BaseException as exc:
+        if fd >= 0:
+            os.close(fd)
+        if doing != "flushing the directory (fsync)":
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        if isinstance(exc, OSError) and doing == "flushing the directory (fsync)":
+            raise CheckpointError(f"saved {target}, but flushing its directory failed ({exc}); the new file "
+                                  "may not survive a power cut. Fix: check the file system.") from exc
+        if isinstance(exc, OSError):
+            raise os_error(target, exc, doing) from exc
+        raise
+    return target
+
+
+def write_bytes(target: str | os.PathLike[str], data: bytes) -> Path:
+    """Atomically replace TARGET with DATA (used for the `latest` pointer)."""
+    return atomic_write(target, lambda s: s.pwrite(data, 0))

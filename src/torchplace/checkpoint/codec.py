@@ -1,0 +1,206 @@
+"""Everything that is not a tensor, as tagged JSON; tensors pulled out by key.
+
+Training state is a tree: dicts with int keys (optimizer state), tuples (Adam's betas, Python's
+RNG state), floats that may be inf (ReduceLROnPlateau), numpy arrays (numpy's RNG), dtypes.
+JSON alone loses those types, and pickle runs code on load. So every non-JSON shape gets a tag:
+
+    {"t": "dict", "v": [[key, value], ...]}   any dict (keys keep their types and order)
+    {"t": "tuple", "v": [...]}                {"t": "float", "v": "inf"}
+    {"t": "tensor", "k": KEY}                 a tensor stored in the data region under KEY
+    {"t": "ndarray", "k": KEY}                a numpy array, stored as a tensor
+    {"t": "dtype"|"device"|"size"|"bytes", "v": ...}
+    {"t": "pickle", "k": KEY}                 only with save(allow_pickle=True); refused on load
+                                              unless load(trust_pickle=True)
+    {"t": "ref", "k": KEY}                    a tensor kept outside the file (DCP shards)
+
+Lists are JSON lists and str/int/bool/None are themselves; a plain JSON object never appears.
+The same tensor object reached twice (tied weights) is stored once and comes back shared.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ..errors import CheckpointError
+
+PICKLE_FIX = ("Fix: if you trust whoever made this file, pass trust_pickle=True to torchplace.load "
+              "(or --trust-pickle to `torchplace ckpt convert`, which writes a copy that needs no pickle).")
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """A placeholder for a tensor not read yet; `decode` replaces it through a lookup."""
+
+    key: str
+
+
+@dataclass
+class Encoded:
+    """The JSON tree, the tensors it references, and the paths of entries that need pickle."""
+
+    tree: Any
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    pickled: list[str] = field(default_factory=list)
+
+
+def _path_str(path: tuple[Any, ...]) -> str:
+    return "/".join(str(p) for p in path)
+
+
+class _Encoder:
+    def __init__(self, allow_pickle: bool) -> None:
+        self.allow_pickle = allow_pickle
+        self.out = Encoded(None)
+        self._seen: dict[tuple[Any, ...], str] = {}
+
+    def _key(self, path: tuple[Any, ...]) -> str:
+        base = _path_str(path) or "value"
+        key, n = base, 1
+        while key in self.out.tensors:
+            n += 1
+            key = f"{base}~{n}"
+        return key
+
+    def tensor(self, t: torch.Tensor, path: tuple[Any, ...]) -> str:
+        t = t.detach()
+        if t.layout != torch.strided or t.is_quantized or t.is_nested or t.device.type == "meta" \
+                or type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+            raise TypeError("not a plain dense tensor")
+        ident = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(),
+                 t.dtype, t.device) if t.numel() else None
+        if ident is not None and ident in self._seen:
+            return self._seen[ident]
+        key = self._key(path)
+        self.out.tensors[key] = t.resolve_conj().resolve_neg()
+        if ident is not None:
+            self._seen[ident] = key
+        return key
+
+    def encode(self, value: Any, path: tuple[Any, ...]) -> Any:
+        if value is None or isinstance(value, (bool, str)):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            return int(value)
+        if isinstance(value, float):
+            return value if math.isfinite(value) else {"t": "float", "v": repr(value)}
+        if isinstance(value, TensorRef):  # a tensor kept elsewhere (DCP shards)
+            return {"t": "ref", "k": value.key}
+        if isinstance(value, torch.Tensor):
+            try:
+                return {"t": "tensor", "k": self.tensor(value, path)}
+            except TypeError:
+                return self._pickle(value, path, f"a {value.layout} {type(value).__name__} on {value.device}")
+        if isinstance(value, np.ndarray) and value.dtype != object:
+            return {"t": "ndarray", "k": self.tensor(torch.from_numpy(np.ascontiguousarray(value)), path)}
+        if isinstance(value, np.generic) and not isinstance(value, np.object_):
+            return self.encode(value.item(), path)
+        if isinstance(value, dict):
+            return {"t": "dict", "v": [[self.encode(k, path + ("<key>",)), self.encode(v, path + (k,))]
+                                       for k, v in value.items()]}
+        if isinstance(value, list):
+            return [self.encode(v, path + (i,)) for i, v in enumerate(value)]
+        if type(value) is tuple:
+            return {"t": "tuple", "v": [self.encode(v, path + (i,)) for i, v in enumerate(value)]}
+        if isinstance(value, torch.Size):
+            return {"t": "size", "v": list(value)}
+        if isinstance(value, torch.dtype):
+            return {"t": "dtype", "v": str(value).removeprefix("torch.")}
+        if isinstance(value, torch.device):
+            return {"t": "device", "v": str(value)}
+        if isinstance(value, (bytes, bytearray)):
+            return {"t": "bytes", "v": base64.b64encode(bytes(value)).decode()}
+        return self._pickle(value, path, f"a {type(value).__module__}.{type(value).__qualname__}")
+
+    def _pickle(self, value: Any, path: tuple[Any, ...], what: str) -> Any:
+        where = _path_str(path)
+        if not self.allow_pickle:
+            raise CheckpointError(
+                f"{where} is {what}, which cannot be stored without pickle (and a pickle runs code when "
+                "it is loaded). Fix: store plain data there (dicts, lists, numbers, strings, dense "
+                "tensors), or pass allow_pickle=True to torchplace.save; loading will then need "
+                "trust_pickle=True.")
+        buf = io.BytesIO()
+        torch.save(value, buf)
+        key = self._key(path)
+        self.out.tensors[key] = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+        self.out.pickled.append(where)
+        return {"t": "pickle", "k": key}
+
+
+def encode(tree: Any, *, allow_pickle: bool = False) -> Encoded:
+    """Split TREE into tagged JSON and the tensors it holds; raise CheckpointError on what needs pickle."""
+    enc = _Encoder(allow_pickle)
+    enc.out.tree = enc.encode(tree, ())
+    return enc.out
+
+
+def decode(tree: Any, lookup: Callable[[str], Any], *, unpickle: Callable[[str], Any] | None = None) -> Any:
+    """Rebuild the tree; LOOKUP(key) gives each tensor (or a TensorRef, for a skeleton)."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        tag, v = node.get("t"), node.get("v")
+        if tag == "dict":
+            return {walk(k): walk(val) for k, val in v}
+        if tag == "tuple":
+            return tuple(walk(x) for x in v)
+        if tag == "tensor":
+            return lookup(node["k"])
+        if tag == "ndarray":
+            t = lookup(node["k"])
+            return t if isinstance(t, TensorRef) else t.cpu().numpy()
+        if tag == "float":
+            return float(v)
+        if tag == "size":
+            return torch.Size(v)
+        if tag == "dtype":
+            return getattr(torch, v)
+        if tag == "device":
+            return torch.device(v)
+        if tag == "bytes":
+            return base64.b64decode(v)
+        if tag == "ref":
+            return TensorRef(node["k"])
+        if tag == "pickle":
+            return TensorRef(node["k"]) if unpickle is None else unpickle(node["k"])
+        raise ValueError(f"unknown tag {tag!r}")
+
+    return walk(tree)
+
+
+def unpickle_bytes(data: torch.Tensor) -> Any:
+    """Run a pickled entry (only ever called after the caller passed trust_pickle=True)."""
+    return torch.load(io.BytesIO(data.cpu().numpy().tobytes()), weights_only=False)
+
+
+def tensor_keys_by_path(tree: Any) -> dict[tuple[Any, ...], str]:
+    """Map each tensor's path in the tree (tuple of keys) to its tensor key."""
+    out: dict[tuple[Any, ...], str] = {}
+
+    def walk(node: Any, path: tuple[Any, ...]) -> None:
+        if isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, path + (i,))
+        elif isinstance(node, dict):
+            tag, v = node.get("t"), node.get("v")
+            if tag == "dict":
+                for k, val in v:
+                    walk(val, path + (decode(k, lambda key: key),))
+            elif tag == "tuple":
+                for i, x in enumerate(v):
+                    walk(x, path + (i,))
+            elif tag in ("tensor", "ndarray"):
+                out[path] = node["k"]
+
+    walk(tree, ())
+    return out

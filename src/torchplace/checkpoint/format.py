@@ -1,0 +1,292 @@
+"""The on-disk layout of a torchplace checkpoint, and the checks that make a damaged file raise.
+
+A checkpoint is a valid safetensors file, so any safetensors reader can open its tensors:
+
+    [u64 little-endian N][N bytes of JSON header, space-padded to a multiple of 8][tensor bytes]
+
+The header is safetensors' own: one entry per tensor (dtype, shape, data_offsets into the data
+region, back to back with no holes) and a ``__metadata__`` map of strings. torchplace writes its
+metadata as one JSON string under ``__metadata__["torchplace"]``, first, so every torchplace
+header starts with the same bytes (``HEADER_PREFIX``). That metadata carries:
+
+- ``state``: everything that is not a tensor (optimizer hyperparameters, scheduler counters, RNG
+  tuples, user extras) as tagged JSON (see ``codec``), with references to the tensors by key;
+- ``crc32``: one CRC-32 per ``chunk_bytes`` slice of the data region, so a flipped bit anywhere in
+  the tensors is caught, and named by the tensors it falls in;
+- ``header_crc32``: a CRC-32 of the tensor index and the metadata themselves, so a flipped bit in
+  a shape, a key or a learning rate is caught too;
+- versions, creation time, world size and the device every tensor was saved from.
+
+Checksums are fixed-width hex strings, so the header's length is known before the data is
+written: the writer streams the data first and writes the final header last, in place.
+Tensors whose dtype safetensors cannot name (complex128, ...) are stored as raw bytes (``U8``)
+with the real dtype in the metadata, so the file stays a valid safetensors file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError
+
+FORMAT_VERSION = 1
+META_KEY = "torchplace"
+HEADER_PREFIX = b'{"__metadata__":{"' + META_KEY.encode() + b'":"'
+MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
+CHUNK_BYTES = 16 * 2**20
+ZERO_CRC = "00000000"
+
+DAMAGED_FIX = ("Fix: load an older checkpoint (torchplace.load(DIRECTORY) picks the newest complete one) "
+               "or copy the file again from where it was made.")
+
+# safetensors dtype codes -> torch dtypes; what is not here is stored as raw bytes (U8)
+_CODES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}
+for _code, _name in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2"), ("C64", "complex64"),
+                     ("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64")):
+    if hasattr(torch, _name):
+        _CODES[_code] = getattr(torch, _name)
+_DTYPE_CODE: dict[torch.dtype, str] = {v: k for k, v in _CODES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'float32' for torch.float32: the name used in metadata and by `torchplace ckpt inspect`."""
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_from_name(name: str, path: Path | str) -> torch.dtype:
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise CheckpointError(f"{path}: the metadata names dtype {name!r}, which this torch "
+                              f"({torch.__version__}) does not have. Fix: load it with a newer torch.")
+    return value
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor lives in the data region, and what it is."""
+
+    key: str
+    dtype: torch.dtype  # the real dtype (the header may say U8 for raw-stored ones)
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+    @property
+    def code(self) -> str:
+        """The safetensors dtype code written in the header."""
+        return _DTYPE_CODE.get(self.dtype, "U8")
+
+    @property
+    def header_shape(self) -> list[int]:
+        return list(self.shape) if self.dtype in _DTYPE_CODE else [self.nbytes]
+
+
+@dataclass
+class Header:
+    """A parsed, validated header. `meta` is None for a safetensors file not made by torchplace."""
+
+    path: Path
+    entries: list[TensorEntry]  # in data-offset order
+    meta: dict[str, Any] | None
+    foreign_metadata: dict[str, str]
+    data_offset: int
+    data_bytes: int
+
+    @property
+    def by_key(self) -> dict[str, TensorEntry]:
+        return {e.key: e for e in self.entries}
+
+
+def plan_layout(tensors: dict[str, torch.Tensor]) -> list[TensorEntry]:
+    """Lay tensors out back to back, widest element first, so every offset stays aligned."""
+    order = sorted(tensors, key=lambda k: -tensors[k].element_size())  # stable: keeps key order
+    entries, offset = [], 0
+    for key in order:
+        t = tensors[key]
+        nbytes = t.numel() * t.element_size()
+        entries.append(TensorEntry(key, t.dtype, tuple(t.shape), offset, offset + nbytes))
+        offset += nbytes
+    return entries
+
+
+def _canonical(entries: list[TensorEntry], meta: dict[str, Any]) -> bytes:
+    """The bytes header_crc32 covers: the tensor index and the metadata, minus the crc itself."""
+    body = {k: v for k, v in meta.items() if k != "header_crc32"}
+    index = [[e.key, dtype_name(e.dtype), list(e.shape), e.start, e.end] for e in entries]
+    return json.dumps({"index": index, "meta": body}, sort_keys=True, separators=(",", ":"),
+                      allow_nan=False).encode()
+
+
+def seal(entries: list[TensorEntry], meta: dict[str, Any]) -> dict[str, Any]:
+    """Return META with header_crc32 set over the index and the rest of the metadata."""
+    sealed = dict(meta)
+    sealed["header_crc32"] = f"{zlib.crc32(_canonical(entries, sealed)):08x}"
+    return sealed
+
+
+def encode_header(entries: list[TensorEntry], meta: dict[str, Any]) -> bytes:
+    """The length prefix and the padded JSON header for ENTRIES and META."""
+    header: dict[str, Any] = {"__metadata__": {META_KEY: json.dumps(meta, separators=(",", ":"),
+                                                                    allow_nan=False), "format": "pt"}}
+    for e in entries:
+        header[e.key] = {"dtype": e.code, "shape": e.header_shape, "data_offsets": [e.start, e.end]}
+    raw = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+    raw += b" " * (-(8 + len(raw)) % 8)
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _damaged(path: Path, what: str) -> CheckpointError:
+    return CheckpointError(f"{path} is damaged: {what}. {DAMAGED_FIX}")
+
+
+def _near_prefix(raw: bytes) -> bool:
+    """True when RAW starts with torchplace's prefix but for a few flipped bytes."""
+    head = raw[:len(HEADER_PREFIX)]
+    return len(head) == len(HEADER_PREFIX) and sum(a != b for a, b in zip(head, HEADER_PREFIX)) <= 4
+
+
+def read_header(path: str | os.PathLike[str], fd: int | None = None) -> Header:
+    """Read and validate the header of PATH (or of the open FD); raise CheckpointError if damaged.
+
+    Checks the length prefix, the JSON, every tensor entry, that the entries tile the data region
+    with no holes, that the file is exactly as long as the header says (a truncated file fails
+    here) and, for torchplace files, the header checksum. Tensor data is not read.
+    """
+    path = Path(path)
+    own = fd is None
+    if own:
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            raise CheckpointError(f"{path} does not exist. Fix: check the path; torchplace.load(DIRECTORY) "
+                                  "finds the newest checkpoint in a directory.") from None
+        except IsADirectoryError:
+            raise CheckpointError(f"{path} is a directory, not a checkpoint file.") from None
+    assert fd is not None
+    try:
+        size = os.fstat(fd).st_size
+        if size < 8:
+            raise _damaged(path, f"the file is {size} bytes long, too short for even the length prefix "
+                                 "(a truncated or empty file)")
+        (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+        if n > min(MAX_HEADER_BYTES, size - 8):
+            raise _damaged(path, f"the header length prefix says {n} bytes but the file holds only "
+                                 f"{size - 8} after it (truncated, or not a safetensors/torchplace file)")
+        raw = os.pread(fd, n, 8)
+        if len(raw) != n:
+            raise _damaged(path, f"could read only {len(raw)} of the {n} header bytes")
+    finally:
+        if own:
+            os.close(fd)
+    return parse_header(path, raw, size)
+
+
+def parse_header(path: Path, raw: bytes, file_size: int) -> Header:
+    """Validate RAW (the header bytes after the length prefix) of a file of FILE_SIZE bytes."""
+    ours = raw.startswith(HEADER_PREFIX)
+    if not ours and _near_prefix(raw):
+        raise _damaged(path, "the header's opening bytes differ from torchplace's by a few bytes")
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _damaged(path, f"the header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise _damaged(path, "the header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise _damaged(path, "__metadata__ is not a map of strings")
+    meta = None
+    if ours:
+        try:
+            meta = json.loads(metadata[META_KEY])
+        except (KeyError, ValueError) as exc:
+            raise _damaged(path, f"torchplace's metadata is not valid JSON ({exc})") from None
+        if not isinstance(meta, dict):
+            raise _damaged(path, "torchplace's metadata is not a JSON object")
+    raw_dtypes = (meta or {}).get("raw_dtypes", {})
+    entries = []
+    for key, info in header.items():
+        entries.append(_entry(path, key, info, raw_dtypes))
+    entries.sort(key=lambda e: (e.start, e.end))
+    offset = 0
+    for e in entries:
+        if e.start != offset:
+            raise _damaged(path, f"tensor {e.key!r} starts at data byte {e.start}, expected {offset} "
+                                 "(the tensor index has a hole or an overlap)")
+        offset = e.end
+    data_offset = 8 + len(raw)
+    expected = data_offset + offset
+    if file_size < expected:
+        raise _damaged(path, f"the file is truncated: the header describes {expected} bytes, the file "
+                             f"has {file_size} ({expected - file_size} missing)")
+    if file_size > expected:
+        raise _damaged(path, f"the file has {file_size - expected} unexpected bytes after the last tensor "
+                             f"(expected {expected} bytes in all)")
+    if meta is not None:
+        _check_meta(path, entries, meta, offset)
+    foreign = {k: v for k, v in metadata.items() if k != META_KEY}
+    return Header(path, entries, meta, foreign, data_offset, offset)
+
+
+def _entry(path: Path, key: str, info: Any, raw_dtypes: dict[str, str]) -> TensorEntry:
+    if not isinstance(info, dict) or set(info) - {"dtype", "shape", "data_offsets"}:
+        raise _damaged(path, f"the entry for tensor {key!r} is malformed")
+    code, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if code not in _CODES:
+        raise _damaged(path, f"tensor {key!r} has dtype code {code!r}, which torchplace does not know "
+                             f"(known: {', '.join(_CODES)})")
+    if (not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape)
+            or not isinstance(offsets, list) or len(offsets) != 2
+            or not all(isinstance(o, int) and o >= 0 for o in offsets) or offsets[0] > offsets[1]):
+        raise _damaged(path, f"tensor {key!r} has an invalid shape or data_offsets")
+    dtype = _CODES[code]
+    numel = 1
+    for d in shape:
+        numel *= d
+    if numel * dtype.itemsize != offsets[1] - offsets[0]:
+        raise _damaged(path, f"tensor {key!r} is {code}{shape} ({numel * dtype.itemsize} bytes) but its "
+                             f"data_offsets span {offsets[1] - offsets[0]} bytes")
+    if key in raw_dtypes:  # stored as raw bytes; the metadata holds the real dtype and shape
+        real = raw_dtypes[key]
+        dtype = dtype_from_name(real[0], path)
+        shape = real[1]
+        numel = 1
+        for d in shape:
+            numel *= d
+        if code != "U8" or numel * dtype.itemsize != offsets[1] - offsets[0]:
+            raise _damaged(path, f"raw tensor {key!r} does not match its recorded dtype and shape")
+    return TensorEntry(key, dtype, tuple(shape), offsets[0], offsets[1])
+
+
+def _check_meta(path: Path, entries: list[TensorEntry], meta: dict[str, Any], data_bytes: int) -> None:
+    found = meta.get("header_crc32")
+    if not isinstance(found, str):
+        raise _damaged(path, "the metadata has no header checksum")
+    want = f"{zlib.crc32(_canonical(entries, meta)):08x}"
+    if found != want:
+        raise _damaged(path, f"the header checksum does not match (recorded {found}, computed {want}): "
+                             "a shape, key or metadata value was altered")
+    version = meta.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(f"{path} uses torchplace checkpoint format {version!r}; this torchplace "
+                              f"reads up to {FORMAT_VERSION}. Fix: upgrade torchplace.")
+    chunk, crcs = meta.get("chunk_bytes"), meta.get("crc32")
+    if meta.get("data_bytes") != data_bytes or not isinstance(chunk, int) or chunk <= 0 \
+            or not isinstance(crcs, list) or len(crcs) != -(-data_bytes // chunk):
+        raise _damaged(path, "the data size or the checksum list does not match the tensor index")

@@ -1,0 +1,117 @@
+"""Training objects <-> the plain state a checkpoint stores.
+
+- Wrappers are peeled on save (DataParallel, DistributedDataParallel, torch.compile, in any
+  nesting), so no `module.` or `_orig_mod.` prefix is ever written; on load, such prefixes from
+  other tools' files are stripped when every key carries them and the model does not expect them.
+- Every tensor is read straight onto the device it will live on: a model's tensors onto the device
+  of the parameter or buffer they fill, an optimizer's state onto its parameter's device, and
+  `step` where PyTorch keeps it (the CPU, unless the optimizer is capturable or fused).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside DataParallel / DistributedDataParallel / torch.compile wrappers."""
+    while True:
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        elif type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def state_of(obj: Any, what: str) -> Any:
+    """OBJ's state dict, or OBJ itself when it is already a mapping (e.g. from another checkpoint)."""
+    if obj is None or isinstance(obj, Mapping):
+        return obj
+    if isinstance(obj, nn.Module):
+        return module_state(obj)
+    if callable(getattr(obj, "state_dict", None)):
+        return obj.state_dict()
+    raise TypeError(f"{what}= must be an object with state_dict() or a mapping, not {type(obj).__name__}")
+
+
+def module_state(model: nn.Module) -> dict[str, Any]:
+    """The unwrapped model's state dict (tensors detached, still on their devices)."""
+    return dict(unwrap(model).state_dict())
+
+
+def module_versions(model: nn.Module) -> dict[str, Any]:
+    """The per-module `_metadata` PyTorch attaches to state dicts (versions used by BatchNorm, ...)."""
+    meta = getattr(unwrap(model).state_dict(), "_metadata", None) or {}
+    return {k: dict(v) for k, v in meta.items()}
+
+
+def with_versions(sd: Mapping[str, Any], versions: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    if not versions:
+        return sd
+    out: OrderedDict[str, Any] = OrderedDict(sd)
+    out._metadata = OrderedDict((k, dict(v)) for k, v in versions.items())  # type: ignore[attr-defined]
+    return out
+
+
+def strip_prefixes(keys: list[str], expected: set[str] | None = None) -> str:
+    """The wrapper prefix (e.g. 'module._orig_mod.') every key in KEYS carries, to strip; or ''.
+
+    Only `module.` and `_orig_mod.` count, in any order and nesting, and only when every key
+    has them: other keys are never touched. When the model's own keys (EXPECTED) already match,
+    nothing is stripped (a model may have a submodule really named `module`).
+    """
+    prefix = ""
+    current = list(keys)
+    while current:
+        if expected is not None and all(k in expected for k in current):
+            break
+        for p in WRAPPER_PREFIXES:
+            if all(k.startswith(p) for k in current):
+                current = [k[len(p):] for k in current]
+                prefix += p
+                break
+        else:
+            break
+    return prefix
+
+
+def module_devices(model: nn.Module) -> dict[str, torch.device]:
+    """Device of each state-dict entry of the (unwrapped) model."""
+    return {k: v.device for k, v in unwrap(model).state_dict(keep_vars=True).items() if isinstance(v, torch.Tensor)}
+
+
+def module_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter or buffer (CPU for an empty model)."""
+    for t in list(model.parameters()) + list(model.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
+def optimizer_devices(optimizer: torch.optim.Optimizer, saved: Mapping[str, Any]) -> dict[tuple[Any, ...], torch.device]:
+    """Target device for each tensor path ('state', id, name) of a saved optimizer state.
+
+    Saved ids map to the current parameters in param-group order (as `load_state_dict` maps
+    them). `step` stays on the CPU unless the group is capturable or fused, as PyTorch keeps it.
+    """
+    out: dict[tuple[Any, ...], torch.device] = {}
+    groups = saved.get("param_groups") or []
+    current = optimizer.param_groups
+    if len(groups) != len(current):
+        return out
+    cpu = torch.device("cpu")
+    for saved_group, group in zip(groups, current):
+        ids = saved_group.get("params", [])
+        if len(ids) != len(group["params"]):
+            return {}
+        on_device = bool(group.get("capturable") or group.get("fused"))
+        for pid, param in zip(ids, group["params"]):
+            for name in (saved.get("state") or {}).get(pid, {}):
+                out[("state", pid, name)] = param.device if name != "step" or on_device else cpu
+    return out

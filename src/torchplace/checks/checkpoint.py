@@ -1,0 +1,82 @@
+"""One-shot checks that run at the next module call of the thread that asked for them.
+
+Some checks can only judge later: an autocast block is entered before the tensors it wraps
+exist; a helper that called `set_device` has to return before its change can be said to leak.
+They ask for a checkpoint; a global forward pre-hook is registered only while one is pending,
+so a steady training step (nothing pending) runs without any hook.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import torch
+
+# a callback gets (module, args) and returns True when it is done
+Callback = Callable[[torch.nn.Module, tuple[Any, ...]], bool]
+
+_lock = threading.Lock()
+_pending: dict[int, list[Callback]] = {}
+_keys: dict[int, dict[Any, Callback]] = {}
+_handle: Any = None
+
+
+def request(callback: Callback, key: Any = None) -> None:
+    """Run `callback` at this thread's next module calls until it returns True.
+
+    With a `key`, a callback already pending under that key is replaced, so a loop that asks
+    again and again (autocast entered every step) never piles callbacks up.
+    """
+    global _handle
+    tid = threading.get_ident()
+    with _lock:
+        callbacks = _pending.setdefault(tid, [])
+        if key is not None:
+            old = _keys.setdefault(tid, {}).get(key)
+            if old in callbacks:
+                callbacks.remove(old)
+            _keys[tid][key] = callback
+        callbacks.append(callback)
+        if _handle is None:
+            _handle = torch.nn.modules.module.register_module_forward_pre_hook(_hook)
+
+
+def cancel(callback: Callback) -> None:
+    with _lock:
+        tid = threading.get_ident()
+        callbacks = _pending.get(tid, [])
+        if callback in callbacks:
+            callbacks.remove(callback)
+        keys = _keys.get(tid, {})
+        for key in [k for k, cb in keys.items() if cb is callback]:
+            del keys[key]
+        _drop_empty()
+
+
+def pending() -> bool:
+    return bool(_pending.get(threading.get_ident()))
+
+
+def _hook(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+    callbacks = _pending.get(threading.get_ident())
+    if not callbacks:
+        return
+    for callback in list(callbacks):
+        try:
+            done = callback(module, args)
+        except BaseException:
+            cancel(callback)
+            raise
+        if done:
+            cancel(callback)
+
+
+def _drop_empty() -> None:
+    global _handle
+    for tid in [t for t, cbs in _pending.items() if not cbs]:
+        del _pending[tid]
+        _keys.pop(tid, None)
+    if not _pending and _handle is not None:
+        _handle.remove()
+        _handle = None

@@ -1,0 +1,249 @@
+"""Current-device changes that leak out of the function that made them, under strict mode.
+
+Two kinds of "current device" decide where implicit placement lands, both per thread: the
+backend's current device (`torch.cuda.set_device`, `torch.accelerator.set_device_index`) and
+torch's default device for factories (`torch.set_default_device`). While strict mode watches
+leaks, the functions that change them record who called (the frame, file and line). A change is
+judged at the next module call (a checkpoint, see checkpoint.py) and when the strict block
+ends: if the function that made it has returned and the device was not put back, the change
+leaked; the previous device is restored and the leak reported (DeviceLeakError or a warning),
+naming the function, file and line. A change made by a function that is still running (a
+program's `main` choosing its GPU) is deliberate and left alone.
+
+torchplace.guard (placement/scope.py) watches one block; this adds the function-level view
+strict mode needs, and shares guard's message and warning class.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, Callable
+
+import torch
+
+from ..errors import DeviceLeakError
+from ..placement.scope import DeviceLeakWarning, current_index, leak_message
+from . import checkpoint
+from . import frames as fr
+from .report import report
+from .state import active
+
+DEFAULT = "default"  # the kind name of torch's default (factory) device
+
+
+@dataclass
+class Change:
+    """One recorded change of a current device."""
+
+    kind: str  # "cuda", another accelerator type, or DEFAULT
+    before: Any  # index (None: backend not started yet) or torch.device (None: no default set)
+    after: Any
+    frame: FrameType | None  # the function that made it
+    lineno: int
+    action: str
+    seq: int = 0
+
+    @property
+    def site(self) -> str:
+        if self.frame is None:
+            return "an unknown location"
+        return str(fr.Site(self.frame.f_code.co_filename, self.lineno, self.frame.f_code.co_name))
+
+    @property
+    def function(self) -> str:
+        return f"{self.frame.f_code.co_name}()" if self.frame is not None else "some code"
+
+
+_local = threading.local()
+
+
+def _changes() -> list[Change]:
+    return _local.__dict__.setdefault("changes", [])
+
+
+def patches() -> list[tuple[Any, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
+    out: list[tuple[Any, str, Callable[[Callable[..., Any]], Callable[..., Any]]]] = [
+        (torch, "set_default_device", _wrap_default)]
+    if hasattr(torch._C, "_cuda_setDevice"):  # below torch.cuda.set_device (which guard wraps)
+        out.append((torch._C, "_cuda_setDevice", lambda f: _wrap_index(f, lambda: "cuda")))
+    if hasattr(torch._C, "_accelerator_setDeviceIndex"):
+        out.append((torch._C, "_accelerator_setDeviceIndex", lambda f: _wrap_index(f, _accelerator_type)))
+    return out
+
+
+def current(kind: str) -> Any:
+    """The thread's current device of this kind, read without starting a backend."""
+    if kind == DEFAULT:
+        context = getattr(getattr(torch, "_GLOBAL_DEVICE_CONTEXT", None), "device_context", None)
+        return getattr(context, "device", None)
+    return current_index(kind)
+
+
+def snapshot() -> dict[str, Any]:
+    """Every kind's current value, taken when a strict block starts."""
+    return {kind: current(kind) for kind in _kinds()}
+
+
+def check_returned() -> None:
+    """Judge this thread's changes whose function has returned (a checkpoint)."""
+    changes = _changes()
+    live = _stack_ids()
+    for change in list(changes):
+        changes.remove(change)
+        if change.frame is not None and id(change.frame) in live:
+            continue  # made by a function that is still running: deliberate
+        if _same(change.kind, current(change.kind), change.before):
+            continue  # put back in time
+        _restore(change.kind, change.before)
+        _report(change, change.function)
+
+
+def check_block(entry: dict[str, Any], since: int, action: str) -> None:
+    """At a strict block's end: anything the block left changed, named by who changed it last."""
+    changes = _changes()
+    made = [c for c in changes if c.seq >= since]
+    for change in made:
+        changes.remove(change)
+    live = _stack_ids()
+    first: BaseException | None = None
+    for kind, before in entry.items():
+        now = current(kind)
+        if _same(kind, now, before):
+            continue
+        last = next((c for c in reversed(made) if c.kind == kind), None)
+        _restore(kind, before)
+        if last is None or (last.frame is not None and id(last.frame) in live):
+            what = "code inside torchplace.strict()"  # the block's own frame changed it
+        else:
+            what = last.function
+        change = Change(kind, before, now, last.frame if last else None, last.lineno if last else 0, action)
+        try:
+            _report(change, what)
+        except BaseException as exc:  # restore every kind before raising
+            first = first or exc
+    if first is not None:
+        raise first
+
+
+def next_seq() -> int:
+    """A marker: changes recorded from now on have seq >= this."""
+    return _local.__dict__.get("seq", 0)
+
+
+def _kinds() -> list[str]:
+    kinds = [DEFAULT, "cuda"]
+    accel = _accelerator_type()
+    if accel and accel not in kinds:
+        kinds.append(accel)
+    return kinds
+
+
+def _accelerator_type() -> str | None:
+    acc = getattr(torch, "accelerator", None)
+    try:
+        found = acc.current_accelerator() if acc is not None else None
+    except Exception:
+        return None
+    return found.type if found is not None else None
+
+
+def _same(kind: str, now: Any, before: Any) -> bool:
+    if kind == DEFAULT:
+        return now == before or (now is None and before == torch.device("cpu")) or \
+            (before is None and now == torch.device("cpu"))
+    return (now or 0) == (before or 0) or now is None
+
+
+def _stack_ids() -> set[int]:
+    out = set()
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        out.add(id(frame))
+        frame = frame.f_back
+    return out
+
+
+def _muted() -> bool:
+    return getattr(_local, "muted", False)
+
+
+def _restore(kind: str, value: Any) -> None:
+    _local.muted = True
+    try:
+        if kind == DEFAULT:
+            torch.set_default_device(value)
+        elif kind == "cuda":
+            torch.cuda.set_device(value or 0)
+        else:
+            torch.accelerator.set_device_index(value or 0)
+    finally:
+        _local.muted = False
+
+
+def _record(kind: str, before: Any, after: Any, action: str) -> None:
+    frame = fr.caller_frame()
+    changes = _changes()
+    for change in changes:  # a function that changes it again: keep the first "before"
+        if change.kind == kind and change.frame is frame:
+            change.after, change.lineno = after, frame.f_lineno if frame is not None else 0
+            return
+    seq = _local.__dict__.get("seq", 0)
+    _local.seq = seq + 1
+    changes.append(Change(kind, before, after, frame, frame.f_lineno if frame is not None else 0, action, seq))
+    checkpoint.request(_at_module_call, key="leaks")
+
+
+def _at_module_call(module: torch.nn.Module, args: tuple[Any, ...]) -> bool:
+    check_returned()
+    return not _changes()
+
+
+def _wrap_index(original: Callable[..., Any], kind_of: Callable[[], str | None]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def set_index(index: Any, *args: Any, **kwargs: Any) -> Any:
+        config = active()
+        if config is None or not config.leaks or _muted():
+            return original(index, *args, **kwargs)
+        kind = kind_of() or "cuda"
+        before = current_index(kind)
+        result = original(index, *args, **kwargs)
+        after = current_index(kind)
+        if not _same(kind, after, before):
+            _record(kind, before, after, config.leaks)
+        return result
+
+    return set_index
+
+
+def _wrap_default(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def set_default_device(device: Any) -> None:
+        config = active()
+        if config is None or not config.leaks or _muted():
+            return original(device)
+        before = current(DEFAULT)
+        original(device)
+        after = current(DEFAULT)
+        if not _same(DEFAULT, after, before):
+            _record(DEFAULT, before, after, config.leaks)
+        return None
+
+    return set_default_device
+
+
+def _report(change: Change, what: str) -> None:
+    if change.kind == DEFAULT:
+        before = change.before if change.before is not None else "cpu"
+        message = (f"{what} changed the default device from {before} to {change.after} with "
+                   f"torch.set_default_device() and did not restore it; the change was made at {change.site}. "
+                   f"Every later factory call without a device (torch.zeros(3)) in this thread would land on "
+                   f"{change.after}. torchplace restored {before}. Fix: scope it with `with torch.device(...)`, "
+                   f"or pass device= explicitly.")
+    else:
+        message = leak_message(what, change.before, change.after, [change.site] if change.frame else [],
+                               change.kind)
+    report(change.action, message, DeviceLeakError, change.frame, change.lineno, category=DeviceLeakWarning)

@@ -1,0 +1,178 @@
+"""`torchplace.strict(...)`: report device mistakes as they happen, as warnings or errors.
+
+    with torchplace.strict():                # or TORCHPLACE_STRICT=1 for a whole program
+        train(model, loader)
+
+checks, each "error" (default), "warn", or off:
+- placement: `.cuda()` without an index, `.to("cuda")`, `device=torch.device("cuda")`:
+  where they land depends on the thread's current device (placement.py); `factories=True`
+  also flags factory calls that omit the device (off by default);
+- mismatch: an op mixing devices raises DeviceMismatchError naming the op, each tensor (device,
+  dtype, shape, parameter/buffer/batch key) and the module path (mismatch.py); always on;
+- leaks: a function that changes the current (or default) device and returns without
+  restoring it, named with file and line (leaks.py);
+- autocast: `torch.autocast` for a device type none of the wrapped tensors are on (autocast.py);
+- syncs (off by default): host-device synchronizations inside the block, through torch's own
+  CUDA sync debug mode (so mark the hot loop: `with torchplace.strict(syncs=True): ...`).
+
+Cost: nothing per op. While on, the checks are wrappers around a few torch functions and
+one-shot module hooks; a device mismatch is diagnosed only after PyTorch has raised it.
+Off, torch's own functions are in place: zero cost (`torchplace bench strict` measures both).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import ContextDecorator
+from types import TracebackType
+from typing import Any, Mapping, Union
+
+import torch
+
+from ..errors import TorchplaceError
+from . import autocast as autocast_check
+from . import boundary, state
+from . import leaks as leak_check
+from . import placement as placement_check
+from .mismatch import is_device_mismatch, to_error
+from .patches import PatchSet
+from .state import ACTIONS, Action, StrictConfig
+
+ENV = "TORCHPLACE_STRICT"
+Check = Union[bool, str, None]
+
+_PATCHES = PatchSet(lambda: placement_check.patches() + autocast_check.patches() + leak_check.patches())
+_BOUNDARY = PatchSet(boundary.patches)
+
+
+class Strict(ContextDecorator):
+    """The context `strict(...)` returns. Per thread; nests; also works as a decorator."""
+
+    def __init__(self, config: StrictConfig) -> None:
+        self.config = config
+        self._entry: dict[str, Any] = {}
+        self._seq = 0
+        self._sync_mode: int | None = None
+
+    def _recreate_cm(self) -> "Strict":  # a decorated function gets a fresh context per call
+        return Strict(self.config)
+
+    def __enter__(self) -> "Strict":
+        state.push(self.config)
+        _PATCHES.acquire()
+        if self.config.leaks:
+            self._entry, self._seq = leak_check.snapshot(), leak_check.next_seq()
+        self._sync_mode = _set_sync_mode(self.config.syncs)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:
+        try:
+            if self._sync_mode is not None:
+                torch.cuda.set_sync_debug_mode(self._sync_mode)
+            if self.config.leaks:  # while an error is already propagating, a leak is only a warning
+                leak_check.check_block(self._entry, self._seq, self.config.leaks if exc is None else "warn")
+        finally:
+            state.pop(self.config)
+            _PATCHES.release()
+        if exc is not None and is_device_mismatch(exc):
+            raise to_error(exc, self.config.model) from exc
+        return False
+
+
+def strict(action: Action = "error", *, model: torch.nn.Module | None = None, placement: Check = True,
+           leaks: Check = True, autocast: Check = True, factories: Check = False,
+           syncs: Check = False) -> Strict:
+    """Turn on torchplace's device checks for the block (see the module docstring).
+
+    `action` ("error" or "warn") applies to every check given as True; a check given as
+    "warn" or "error" overrides it, False turns it off. `model` names the root of module paths
+    in mismatch reports. Device mismatches always raise DeviceMismatchError.
+    """
+    return Strict(make_config(action, model=model, placement=placement, leaks=leaks, autocast=autocast,
+                              factories=factories, syncs=syncs))
+
+
+def make_config(action: str, model: torch.nn.Module | None = None, **checks: Check) -> StrictConfig:
+    """A validated StrictConfig from strict()'s arguments."""
+    if action not in ACTIONS:
+        raise ValueError(f"strict(action={action!r}): use 'error' (raise) or 'warn' (warn and go on).")
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise TypeError(f"strict(model=...) takes an nn.Module, got {type(model).__name__}.")
+    resolved: dict[str, Any] = {}
+    for name, value in checks.items():
+        if value is True:
+            resolved[name] = action
+        elif value in (False, None):
+            resolved[name] = None
+        elif value in ACTIONS:
+            resolved[name] = value
+        else:
+            raise ValueError(f"strict({name}={value!r}): use True (follow action={action!r}), 'error', 'warn' "
+                             "or False.")
+    return StrictConfig(model=model, **resolved)
+
+
+def config_from_env(value: str | None) -> StrictConfig | None:
+    """Parse TORCHPLACE_STRICT: "1"/"error" or "warn", plus "factories", "syncs" (comma-separated)."""
+    words = [w.strip().lower() for w in (value or "").split(",") if w.strip()]
+    if not words or words[0] in ("0", "off", "false", "no"):
+        return None
+    action, extra = "error", {}
+    for word in words:
+        if word in ("1", "on", "true", "yes", "error"):
+            action = "error"
+        elif word == "warn":
+            action = "warn"
+        elif word in ("factories", "syncs"):
+            extra[word] = True
+        else:
+            raise TorchplaceError(
+                f"{ENV}={value!r}: {word!r} is not understood. Accepted: '1' or 'error' (raise), 'warn', and the "
+                f"optional checks 'factories' and 'syncs', comma-separated. Fix: e.g. {ENV}=warn,factories, or "
+                f"unset {ENV} to turn strict mode off.")
+    return make_config(action, **extra)
+
+
+def enable_from_env(environ: Mapping[str, str] | None = None) -> StrictConfig | None:
+    """Turn strict mode on for the whole process when TORCHPLACE_STRICT asks for it."""
+    config = config_from_env((os.environ if environ is None else environ).get(ENV))
+    if config is not None:
+        enable(config)
+    return config
+
+
+def enable(config: StrictConfig) -> None:
+    """Strict mode for every thread without a strict() block of its own, until disable()."""
+    if state._process is not None:
+        disable()
+    state.set_process(config)
+    _PATCHES.acquire()
+    _BOUNDARY.acquire()
+    _set_sync_mode(config.syncs)
+
+
+def disable() -> None:
+    """Undo enable()."""
+    config = state._process
+    if config is None:
+        return
+    state.set_process(None)
+    if config.syncs and torch.cuda.is_available():
+        torch.cuda.set_sync_debug_mode(0)
+    _BOUNDARY.release()
+    _PATCHES.release()
+
+
+def is_enabled() -> bool:
+    """True when strict mode is on for this thread (a block or the environment switch)."""
+    return state.active() is not None
+
+
+def _set_sync_mode(action: str | None) -> int | None:
+    """Torch's CUDA sync debug mode for `action`; returns the previous mode (None: untouched)."""
+    if not action or not torch.cuda.is_available():
+        return None
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("warn" if action == "warn" else "error")
+    return previous

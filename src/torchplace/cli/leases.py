@@ -1,0 +1,53 @@
+"""`torchplace leases`: who holds which GPU, from the shared lease directory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("leases", help="list the GPUs leased by torchplace processes and their holders")
+    p.add_argument("--all", action="store_true", help="also list lease files nobody holds now")
+    p.add_argument("--dir", metavar="DIR", help="lease directory (default $TORCHPLACE_LEASE_DIR or /tmp/torchplace-leases)")
+    p.add_argument("--snapshot", metavar="FILE", help="name GPUs from a captured snapshot instead of this machine")
+    p.add_argument("--no-gpu-names", action="store_true", help="do not ask NVML for GPU indices and names")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..distributed.lease import LeaseDir
+
+    leases = LeaseDir(args.dir)
+    rows = [s for s in leases.list() if args.all or s.held]
+    gpus = {}
+    if not args.no_gpu_names:
+        from ..distributed.pick import load_topology
+
+        gpus = {g.uuid: g for g in load_topology(args.snapshot).gpus}
+    records = []
+    for status in rows:
+        gpu = gpus.get(status.uuid)
+        records.append({**status.to_dict(), "physical_index": gpu.index if gpu else None,
+                        "name": gpu.name if gpu else None})
+    if args.json:
+        print(json.dumps({"lease_dir": str(leases.path), "leases": records}, indent=1))
+        return 0
+    from rich.table import Table
+
+    from .render import console
+
+    if not records:
+        console.print(f"No GPU is leased ({leases.path}).")
+        return 0
+    table = Table(title=f"GPU leases in {leases.path}")
+    for column in ("GPU", "UUID", "held", "pid", "user", "since", "command"):
+        table.add_column(column)
+    for rec in records:
+        holder = rec["holder"] or {}
+        gpu = "?" if rec["physical_index"] is None else f"{rec['physical_index']} {rec['name'] or ''}".strip()
+        table.add_row(gpu, rec["uuid"], "yes" if rec["held"] else "no", str(holder.get("pid") or ""),
+                      holder.get("user") or "", holder.get("since") or "", holder.get("command") or "")
+    console.print(table)
+    return 0

@@ -1,0 +1,64 @@
+"""`torchplace pick`: print the CUDA_VISIBLE_DEVICES value for free GPUs (NVML only, no torch).
+
+The process ends right after printing, so it holds no lease; it does skip GPUs that others
+have leased. To hold GPUs for a command, use `torchplace run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("pick", help="choose free GPUs (NVML facts only; CUDA never starts)",
+                       description="Choose free GPUs by free memory, utilization and other users' "
+                                   "processes, skipping GPUs leased by torchplace processes. Prints "
+                                   "the CUDA_VISIBLE_DEVICES value (UUIDs). Holds no lease: use "
+                                   "`torchplace run` to keep GPUs for a command.")
+    p.add_argument("--count", "-n", default="1", metavar="N", help="how many GPUs, or 'auto' for all free ones (default 1)")
+    p.add_argument("--min-free-memory", metavar="SIZE", help="skip GPUs with less free memory, e.g. 20GiB")
+    p.add_argument("--max-utilization", type=int, metavar="PCT", help="skip GPUs busier than PCT percent")
+    p.add_argument("--wait", metavar="DURATION", help="wait this long for GPUs to become free, e.g. 10m (default: no wait)")
+    p.add_argument("--snapshot", metavar="FILE", help="decide on a captured snapshot instead of this machine")
+    p.add_argument("--json", action="store_true", help="print the choice and the reasons as JSON")
+    p.add_argument("--explain", action="store_true", help="also print why each GPU was or was not chosen (stderr)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..distributed.pick import pick
+    from ..errors import LeaseError
+
+    count = args.count if args.count == "auto" else _count(args.count)
+    try:
+        picked = pick(count, min_free_memory=args.min_free_memory, max_utilization=args.max_utilization,
+                      wait=args.wait, snapshot=args.snapshot, lease=False)
+    except ValueError as exc:  # a size or duration that does not parse
+        raise LeaseError(str(exc)) from None
+    if args.json:
+        print(json.dumps(picked.to_dict(), indent=1))
+    else:
+        print(picked.cuda_visible_devices)
+    if args.explain:
+        for gpu in picked.gpus:
+            print(f"picked GPU {gpu.physical_index} ({gpu.uuid}): {_gib(gpu.memory_free)} free, "
+                  f"{gpu.utilization if gpu.utilization is not None else '?'}% utilization, "
+                  f"{gpu.other_users_processes if gpu.other_users_processes is not None else '?'} "
+                  "processes of other users", file=sys.stderr)
+        for rejection in picked.rejected:
+            print(f"skipped {rejection.describe()}", file=sys.stderr)
+    return 0
+
+
+def _count(text: str) -> int:
+    from ..errors import LeaseError
+
+    if not text.isdigit() or int(text) < 1:
+        raise LeaseError(f"--count {text!r} must be a whole number >= 1 or 'auto'.")
+    return int(text)
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:.1f} GiB"

@@ -1,0 +1,71 @@
+"""`torchplace run [--gpus N | --gpus 0,2 | --gpus auto | --gpus none] [--wait 10m] -- CMD ...`.
+
+Picks and leases GPUs, sets CUDA_VISIBLE_DEVICES (UUIDs) and CUDA_DEVICE_ORDER=PCI_BUS_ID, then
+becomes CMD (one process) or torchrun (one process per GPU). See torchplace.distributed.run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run", help="lease GPUs and run a command on them (through torchrun for several)",
+        description="Pick and lease GPUs, set CUDA_VISIBLE_DEVICES before anything starts CUDA, and "
+                    "run CMD: itself for one GPU, through torchrun with one process per GPU for "
+                    "several. The job replaces this process, so signals reach it directly, its exit "
+                    "code is returned, and the leases end with it.",
+        usage="torchplace run [options] -- CMD [ARG ...]")
+    p.add_argument("--gpus", default="1", metavar="SPEC",
+                   help="N (a count, default 1), physical indices or UUIDs with commas (0,2 or 3, for "
+                        "GPU 3 alone), auto (every free GPU), or none (CPU processes)")
+    p.add_argument("--nproc", type=int, metavar="N", help="processes per node with --gpus none (default 1)")
+    p.add_argument("--once", action="store_true",
+                   help="run CMD once even with several GPUs (DataParallel, or a program that spawns its own processes)")
+    p.add_argument("--wait", metavar="DURATION", help="wait this long for free GPUs, e.g. 10m (default: no wait)")
+    p.add_argument("--min-free-memory", metavar="SIZE", help="only GPUs with this much free memory, e.g. 20GiB")
+    p.add_argument("--max-utilization", type=int, metavar="PCT", help="only GPUs at most PCT percent busy")
+    p.add_argument("--snapshot", metavar="FILE", help="pick from a captured snapshot (for trying things out)")
+    p.add_argument("--dry-run", action="store_true", help="print what would run and exit (holds no lease)")
+    p.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
+    group = p.add_argument_group("torchrun options passed through (several nodes: --nnodes, --rdzv-*)")
+    for name in ("nnodes", "node-rank", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf",
+                 "master-addr", "master-port", "max-restarts", "monitor-interval", "log-dir",
+                 "redirects", "tee", "local-addr", "local-ranks-filter"):
+        group.add_argument(f"--{name}", dest=f"tr_{name.replace('-', '_')}", metavar="VALUE",
+                           help=argparse.SUPPRESS if name in ("redirects", "tee", "local-addr",
+                                                              "local-ranks-filter", "monitor-interval")
+                           else f"torchrun --{name}")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..distributed import run as runner
+    from ..errors import DistributedError, TorchplaceError
+
+    torchrun = {k[3:]: v for k, v in vars(args).items() if k.startswith("tr_") and v is not None}
+    try:
+        plan = runner.plan(args.cmd, gpus=args.gpus, nproc=args.nproc, once=args.once, wait=args.wait,
+                           min_free_memory=args.min_free_memory, max_utilization=args.max_utilization,
+                           snapshot=args.snapshot, torchrun=torchrun, lease=not args.dry_run)
+    except ValueError as exc:
+        if isinstance(exc, TorchplaceError):
+            raise
+        raise DistributedError(str(exc)) from None
+    if args.dry_run:
+        if args.json:
+            print(json.dumps(plan.to_dict(), indent=1))
+        else:
+            for key, value in plan.env_changes.items():
+                print(f"{key}={value}")
+            print(" ".join(plan.argv))
+        return 0
+    try:
+        runner.execute(plan)
+    except TorchplaceError as exc:
+        print(f"torchplace: error: {exc}", file=sys.stderr)
+        return 127

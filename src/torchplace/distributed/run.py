@@ -1,0 +1,200 @@
+"""`torchplace run`: pick and lease GPUs, fix CUDA_VISIBLE_DEVICES, then become the job.
+
+The job gets CUDA_VISIBLE_DEVICES (GPU UUIDs) and CUDA_DEVICE_ORDER=PCI_BUS_ID in its
+environment from its first instruction, so nothing in it can start CUDA on the wrong GPUs.
+One process (one GPU, `--once`, or `--gpus none`) runs CMD itself; several run through
+torchrun (torch.distributed.run), one process per GPU, single-node (`--standalone`) unless
+torchrun's rendezvous options are given for several nodes.
+
+`execute` replaces this process with the job (exec) instead of starting a child. So the job
+has this process's pid, receives every signal sent to it directly (nothing to forward or
+lose), its exit code is the exit code, and the lease descriptors, kept open across exec, live
+exactly as long as the job: the leases vanish when it ends, however it ends. Under torchrun the
+job is this module's `torchrun_main`, which runs torch.distributed.run in-process and exits
+with the code of the first rank that failed rather than torchrun's generic 1.
+Every other environment variable (NCCL_NVLS_ENABLE included) passes through unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, Sequence
+
+from ..errors import DistributedError, TorchplaceError
+from .pick import Picked, pick
+
+#: torchrun options `torchplace run` passes through unchanged (all exist in torch >= 2.6).
+TORCHRUN_OPTIONS = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf",
+                    "master_addr", "master_port", "max_restarts", "monitor_interval", "log_dir",
+                    "redirects", "tee", "local_addr", "local_ranks_filter")
+_MULTINODE_OPTIONS = ("nnodes", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "master_addr", "master_port")
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """What `--gpus` asked for: a count, named GPUs, "auto" (every free one) or "none" (CPU)."""
+
+    count: int | None = None
+    named: tuple[str, ...] = ()
+    auto: bool = False
+    none: bool = False
+
+    @classmethod
+    def parse(cls, text: str | int) -> "GpuRequest":
+        """``2`` = two GPUs; ``0,2`` or ``3,`` or ``GPU-5e3f...`` = those GPUs (physical index
+        or UUID); ``auto`` = every GPU that is free now; ``none`` = no GPU (CPU processes)."""
+        raw = str(text).strip()
+        low = raw.lower()
+        if low == "auto":
+            return cls(auto=True)
+        if low in ("none", "cpu"):
+            return cls(none=True)
+        if raw.isdigit():
+            if int(raw) == 0:
+                raise DistributedError("--gpus 0 asks for zero GPUs. Fix: --gpus none for CPU "
+                                       "processes, or --gpus 0, (with a comma) for physical GPU 0.")
+            return cls(count=int(raw))
+        items = tuple(item.strip() for item in raw.split(",") if item.strip())
+        if not items or not all(item.isdigit() or item.startswith("GPU-") for item in items):
+            raise DistributedError(
+                f"--gpus {raw!r} is not understood. Write a count (2), physical indices or UUIDs "
+                "separated by commas (0,2 or 3, for GPU 3 alone, or GPU-5e3f...), auto, or none.")
+        return cls(named=items)
+
+
+@dataclass
+class RunPlan:
+    """Everything `execute` will do: the argv, the environment changes, the leased GPUs."""
+
+    argv: list[str]
+    env_changes: dict[str, str]
+    nproc: int
+    launcher: str  # "direct" (CMD itself) or "torchrun"
+    picked: Picked | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def environ(self, base: Any = None) -> dict[str, str]:
+        env = dict(os.environ if base is None else base)
+        env.update(self.env_changes)
+        return env
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"argv": self.argv, "env": self.env_changes, "nproc_per_node": self.nproc,
+                "launcher": self.launcher, "picked": self.picked.to_dict() if self.picked else None,
+                "notes": self.notes}
+
+
+def plan(cmd: Sequence[str], *, gpus: str | int | GpuRequest = 1, nproc: int | None = None,
+         once: bool = False, wait: float | str | None = None, min_free_memory: int | str | None = None,
+         max_utilization: int | None = None, snapshot: str | None = None,
+         torchrun: dict[str, Any] | None = None, lease: bool = True) -> RunPlan:
+    """Pick and lease the GPUs and build the command and environment for the job.
+
+    `torchrun` holds pass-through options by name (see TORCHRUN_OPTIONS), e.g.
+    ``{"nnodes": "2", "rdzv_endpoint": "node0:29400", "rdzv_backend": "c10d"}``.
+    """
+    cmd = list(cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise DistributedError("No command to run. Fix: put it after --, e.g. "
+                               "`torchplace run --gpus 2 -- python train.py`.")
+    request = gpus if isinstance(gpus, GpuRequest) else GpuRequest.parse(gpus)
+    torchrun = {k: v for k, v in (torchrun or {}).items() if v is not None}
+    unknown = sorted(set(torchrun) - set(TORCHRUN_OPTIONS))
+    if unknown:
+        raise DistributedError(f"Unknown torchrun options {unknown}; torchplace run passes "
+                               f"through {', '.join(TORCHRUN_OPTIONS)}.")
+    changes: dict[str, str] = {}
+    picked = None
+    notes: list[str] = []
+    if request.none:
+        changes["CUDA_VISIBLE_DEVICES"] = ""
+        count = nproc or 1
+        notes.append("--gpus none: CUDA_VISIBLE_DEVICES is empty, so the job sees no GPU.")
+    else:
+        command = " ".join(cmd)
+        if request.named:
+            picked = pick(gpus=list(request.named), wait=wait, min_free_memory=min_free_memory,
+                          max_utilization=max_utilization, snapshot=snapshot, lease=lease, command=command)
+        else:
+            picked = pick("auto" if request.auto else request.count or 1, wait=wait,
+                          min_free_memory=min_free_memory, max_utilization=max_utilization,
+                          snapshot=snapshot, lease=lease, command=command)
+        changes.update(picked.env())
+        changes["TORCHPLACE_LEASE_DIR"] = picked.lease_dir or ""
+        count = len(picked.gpus)
+        if nproc is not None and nproc != count and not once:
+            picked.release()
+            raise DistributedError(
+                f"--nproc {nproc} does not match the {count} GPU(s) picked ({picked.cuda_visible_devices}); "
+                "torchplace run starts one process per GPU. Fix: drop --nproc, or use --once for a "
+                "program that starts its own processes.")
+    multinode = any(k in torchrun for k in _MULTINODE_OPTIONS) and str(torchrun.get("nnodes", "2")) != "1"
+    if once or (count == 1 and not multinode):
+        if torchrun:
+            raise DistributedError(f"torchrun options {sorted(torchrun)} need several processes, but "
+                                   "this run starts one. Fix: drop them, or drop --once.")
+        return RunPlan(argv=cmd, env_changes=changes, nproc=1, launcher="direct", picked=picked, notes=notes)
+    argv = [sys.executable, "-m", "torchplace.distributed.run"]
+    if not multinode:
+        argv.append("--standalone")
+    for name in TORCHRUN_OPTIONS:
+        if name in torchrun:
+            argv += [f"--{name.replace('_', '-')}", str(torchrun[name])]
+    argv += ["--nproc-per-node", str(count), "--no-python", *cmd]
+    return RunPlan(argv=argv, env_changes=changes, nproc=count, launcher="torchrun", picked=picked, notes=notes)
+
+
+def execute(run: RunPlan) -> NoReturn:
+    """Become the job: exec its argv with the new environment, handing over the leases."""
+    if run.picked is not None:
+        for lease in run.picked.leases:
+            lease.keep_across_exec()
+    program = run.argv[0]
+    if shutil.which(program, path=run.environ().get("PATH")) is None and not os.path.exists(program):
+        if run.picked is not None:
+            run.picked.release()
+        raise TorchplaceError(f"Command {program!r} was not found on PATH. Fix: check its spelling, "
+                              "or give its full path (for Python, sys.executable or `python3`).")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(program, run.argv, run.environ())
+
+
+# --------------------------------------------------------------------------- torchrun side
+
+
+def _exit_code(code: int | None) -> int:
+    if code is None:
+        return 1
+    return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as shells report
+
+
+def torchrun_main(argv: Sequence[str]) -> int:
+    """Run torch.distributed.run in this process; return the first failed rank's exit code."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    try:
+        run(parse_args(list(argv)))
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        code = _exit_code(failure.exitcode)
+        others = sorted(set(exc.failures) - {rank})
+        print(f"torchplace run: rank {rank} (local rank {failure.local_rank}, pid {failure.pid}) failed "
+              f"first, with exit code {code}"
+              + (f"; ranks {others} failed after it" if others else "")
+              + ". Its error is above; torchrun stopped the other ranks.", file=sys.stderr)
+        return code
+    except SignalException as exc:
+        return 128 + int(exc.sigval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(torchrun_main(sys.argv[1:]))

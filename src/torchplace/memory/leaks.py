@@ -1,0 +1,209 @@
+"""Leak detector: memory that grows step after step, and the live tensors that keep graphs alive.
+
+    with torchplace.track_memory() as tracker:
+        for batch in loader:
+            train_step(batch)
+            tracker.step()
+
+Each `step()` reads one cheap number (CUDA: bytes allocated by tensors; CPU: the resident set).
+After `warmup_steps` (optimizer state and allocator caches appear in the first steps) it also
+notes which live tensors hold autograd graphs. On exit it flags a leak when memory grew beyond
+a tolerance in both halves of the run (steady growth, not a one-off cache), or when new
+graph-holding tensors piled up (the classic `losses.append(loss)`), and names them and what
+holds them. A leak warns (`MemoryLeakWarning`) or, under strict mode, raises `MemoryLeakError`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from ..errors import TorchplaceError
+from ..policy import strict_enabled
+from .report import TensorInfo, _fmt, containers_of, cuda_origins, graph_holders, live_tensors, tensor_info
+
+CPU_TOLERANCE = 16 * 2**20  # resident-set noise of glibc arenas and thread stacks
+CUDA_TOLERANCE = 2**20  # the caching allocator's counter is exact
+_DESCRIBED = 20
+
+
+class MemoryLeakError(TorchplaceError, RuntimeError):
+    """Memory grew across steps beyond the tolerance, or graph-holding tensors piled up."""
+
+
+class MemoryLeakWarning(UserWarning):
+    """A probable leak found by `track_memory` (raised as MemoryLeakError under strict mode)."""
+
+
+@dataclass
+class LeakReport:
+    """What grew, by how much, and the new live tensors that hold autograd graphs."""
+
+    device: str
+    steps: int
+    growth_bytes: int
+    tolerance_bytes: int
+    samples: list[int]
+    new_graph_holders: int
+    holders: list[TensorInfo] = field(default_factory=list)
+    message: str = ""
+
+
+class MemoryTracker:
+    """Created by `track_memory`; call `step()` once per training or evaluation step."""
+
+    def __init__(self, device: torch.device, tolerance_bytes: int | None, warmup_steps: int,
+                 strict: bool | None, record_origins: bool) -> None:
+        self.device = device
+        self.tolerance_bytes = tolerance_bytes if tolerance_bytes is not None else (
+            CUDA_TOLERANCE if device.type == "cuda" else CPU_TOLERANCE)
+        self.warmup_steps = warmup_steps
+        self.strict = strict
+        self.record_origins = record_origins and device.type == "cuda"
+        self.samples: list[int] = []  # one per step after warmup; samples[0] is the baseline
+        self.steps = 0
+        self.report: LeakReport | None = None
+        self._baseline_holders: set[int] = set()
+
+    def __enter__(self) -> "MemoryTracker":
+        if self.record_origins:
+            torch.cuda.memory._record_memory_history(max_entries=100_000)
+        if self.warmup_steps == 0:
+            self._baseline()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            if exc is None:
+                self.report = self.check()
+        finally:
+            if self.record_origins:
+                torch.cuda.memory._record_memory_history(enabled=None)
+        if self.report is not None:
+            if strict_enabled(self.strict):
+                raise MemoryLeakError(self.report.message)
+            import warnings
+
+            warnings.warn(self.report.message, MemoryLeakWarning, stacklevel=2)
+
+    def step(self) -> None:
+        """Record the end of one step."""
+        self.steps += 1
+        if self.steps == self.warmup_steps:
+            self._baseline()
+        elif self.steps > self.warmup_steps:
+            self.samples.append(self._reading())
+
+    def _baseline(self) -> None:
+        self.samples = [self._reading()]
+        tensors = live_tensors(self._on_device)
+        self._baseline_holders = {id(t) for t in graph_holders(tensors)}
+        tensors.clear()
+
+    def _on_device(self, t: torch.Tensor) -> bool:
+        return t.device.type == self.device.type and (self.device.index is None or t.device.index == self.device.index)
+
+    def _reading(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.memory_allocated(self.device))
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+
+    def check(self) -> LeakReport | None:
+        """The leak report for the steps so far, or None when memory stayed flat."""
+        tracked = len(self.samples) - 1
+        if tracked < 1:
+            return None
+        s = self.samples
+        growth = s[-1] - s[0]
+        mid = s[len(s) // 2]
+        steady = tracked >= 3 and growth > self.tolerance_bytes and mid > s[0] and s[-1] > mid
+        tensors = live_tensors(self._on_device)
+        try:
+            current = graph_holders(tensors)
+            added = len(current) - len(self._baseline_holders)  # a clean loop holds as many as at the start
+            piled = added >= max(2, tracked // 2)
+            if not (steady or piled):
+                return None
+            new = [t for t in current if id(t) not in self._baseline_holders]
+            holders = _describe_holders(new, tensors, current)
+            del current, new
+        finally:
+            tensors.clear()
+        report = LeakReport(str(self.device), tracked, growth, self.tolerance_bytes, list(s), max(0, added), holders)
+        report.message = _message(report, steady)
+        return report
+
+
+def _describe_holders(new: list[torch.Tensor], *own_lists: list[torch.Tensor]) -> list[TensorInfo]:
+    """Describe the new graph holders, those that Python containers keep first (the culprits);
+    the rest are kept alive by local variables or as saved activations inside those graphs."""
+    origins = cuda_origins(new[:_DESCRIBED])
+    described: list[TensorInfo] = []
+    seen: set[int] = set()
+    for where, hits in containers_of(new, *own_lists):
+        for t in hits:
+            if id(t) not in seen and len(described) < _DESCRIBED:
+                seen.add(id(t))
+                described.append(tensor_info(t, where, origins))
+    for t in new:
+        if id(t) not in seen and len(described) < _DESCRIBED:
+            seen.add(id(t))
+            described.append(tensor_info(t, None, origins))
+    return described
+
+
+def _message(r: LeakReport, steady: bool) -> str:
+    parts = []
+    what = "bytes allocated by tensors" if r.device.startswith("cuda") else "the process's resident memory"
+    if steady:
+        parts.append(f"Memory on {r.device} ({what}) grew by {_fmt(r.growth_bytes)} over {r.steps} steps "
+                     f"(about {_fmt(r.growth_bytes // r.steps)} per step, from {_fmt(r.samples[0])} to "
+                     f"{_fmt(r.samples[-1])}), beyond the tolerance of {_fmt(r.tolerance_bytes)}.")
+    else:
+        parts.append(f"Memory on {r.device} grew by {_fmt(r.growth_bytes)} over {r.steps} steps, within the "
+                     f"tolerance of {_fmt(r.tolerance_bytes)}, but live tensors holding autograd graphs piled up.")
+    if r.new_graph_holders:
+        held = Counter(_group(h) for h in r.holders if h.held_by)
+        loose = len([h for h in r.holders if not h.held_by])
+        listed = "; ".join(f"{n} x {g}" for g, n in held.most_common(5)) or "none in a container"
+        more = (f" ({loose} of those described are referenced only by local variables or, as saved "
+                "activations, by those graphs)") if loose else ""
+        parts.append(f"{r.new_graph_holders} more live tensor(s) hold autograd graphs than at the start: "
+                     f"{listed}{more}.")
+        parts.append("Fix: keep loss.item() or loss.detach() instead of the tensor, and run evaluation "
+                     "under torch.no_grad() or torch.inference_mode().")
+    else:
+        parts.append("No new tensor holds an autograd graph; look for tensors kept in lists or caches, "
+                     "or memory outside torch (torchplace.memory_report() lists the largest live tensors).")
+    return " ".join(parts)
+
+
+def _group(info: TensorInfo) -> str:
+    text = f"{info.dtype} {list(info.shape)} made by {info.grad_fn}"
+    if info.held_by:
+        text += f", held by {info.held_by}"
+    return text
+
+
+def track_memory(device: Any = None, *, tolerance_bytes: int | None = None, warmup_steps: int = 2,
+                 strict: bool | None = None, record_origins: bool = False) -> MemoryTracker:
+    """A leak detector for a loop over steps (see module docstring).
+
+    DEVICE defaults to this process's device (`torchplace.device()`). TOLERANCE_BYTES is the
+    growth allowed over the whole run (default 1 MiB on CUDA, 16 MiB on the CPU, whose
+    resident set is noisier). `record_origins=True` records CUDA allocation stacks while
+    tracking, so the report says where leaked tensors were made (it slows allocations).
+    """
+    from ..placement.resolve import device as resolve_device
+
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps={warmup_steps} must be 0 or more.")
+    return MemoryTracker(resolve_device("auto" if device is None else device), tolerance_bytes,
+                         warmup_steps, strict, record_origins)

@@ -1,0 +1,348 @@
+"""`DeviceLoader`: batches arrive already on the device, their copies hidden behind compute.
+
+Per iteration, one worker thread pulls from the wrapped loader, pins host memory (reusing the
+DataLoader's pinning where it is on), packs small tensors into one buffer, and copies on one
+side stream per loader. The consumer's stream waits on an event, and `record_stream` keeps each
+batch's memory from being reused until the consumer's work on it is done. On devices without
+streams (cpu, meta, mps) it is a plain pass-through through `to_device`, unless asked to run
+the same worker in the background (to overlap a slow loader, or a transform, with compute).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from typing import Any, Callable, Generic, Iterable, Iterator, NamedTuple, Sequence, TypeVar
+
+import torch
+
+from . import _pack
+from .resolve import DeviceSpec
+from .transfer import _Mover, map_tensors, pin_tensor, target_device, to_device
+
+T = TypeVar("T")
+_STREAMED = ("cuda", "xpu")  # device types with streams, events and record_stream
+_JOIN_S = 2.0  # how long close() waits for the worker thread
+
+
+class DeviceLoader(Generic[T]):
+    """Wrap a DataLoader (or any iterable of batches) so that its batches arrive on DEVICE.
+
+    `prefetch` batches are copied ahead of the one in use. `transform(batch)` runs on the
+    device, on the side stream, after the copy (see `image_transform`). `pack=False` keeps one
+    copy per tensor instead of packing small tensors into one buffer. `background` chooses the
+    worker thread: by default on devices with streams (cuda, xpu) and not elsewhere.
+    """
+
+    def __init__(self, loader: Iterable[T], device: DeviceSpec = "auto", *, prefetch: int = 2,
+                 transform: Callable[[Any], Any] | None = None, pack: bool = True,
+                 background: bool | None = None) -> None:
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+            raise ValueError(f"DeviceLoader(prefetch={prefetch!r}): prefetch is the number of batches copied "
+                             "ahead and must be an int >= 1 (2 hides a copy behind one step of compute).")
+        self.loader = loader
+        self.device = target_device(device)
+        self.prefetch = prefetch
+        self.transform = transform
+        self.pack = pack
+        self.background = background
+        self._stream: Any = None
+
+    @property
+    def stream(self) -> Any:
+        """The side stream the copies run on (made once, at the first iteration; None on cpu)."""
+        return self._stream
+
+    def __len__(self) -> int:
+        try:
+            return len(self.loader)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(f"DeviceLoader has no len(): the {type(self.loader).__name__} it wraps has none. "
+                            "Fix: wrap a sized loader, or count the batches while iterating.") from None
+
+    def __iter__(self) -> Iterator[T]:
+        it = iter(self.loader)
+        owned = it is not self.loader  # a fresh iterator nobody else holds: ours to close early
+        mod = getattr(torch, self.device.type, None)
+        streams = self.device.type in _STREAMED and mod is not None and mod.is_available()
+        if not (streams if self.background is None else self.background):
+            return _SyncIter(it, owned, self.device, self.transform)
+        if not streams:
+            return _BackgroundIter(it, owned, _Stager(self.device, None, None, None, self.transform, self.pack),
+                                   self.prefetch)
+        if self._stream is None:
+            self._stream = mod.Stream(device=self.device)
+        stager = _Stager(self.device, mod, self._stream, mod.current_stream(self.device),
+                         self.transform, self.pack)
+        return _BackgroundIter(it, owned, stager, self.prefetch)
+
+    def __repr__(self) -> str:
+        return f"DeviceLoader({type(self.loader).__name__}, device='{self.device}', prefetch={self.prefetch})"
+
+
+class _SyncIter(Iterator[Any]):
+    """Pass-through for devices without streams: `to_device` then the transform, in order."""
+
+    def __init__(self, it: Iterator[Any], owned: bool, device: torch.device,
+                 transform: Callable[[Any], Any] | None) -> None:
+        self._it: Iterator[Any] | None = it
+        self._owned = owned
+        self._device = device
+        self._transform = transform
+
+    def __next__(self) -> Any:
+        if self._it is None:
+            raise StopIteration
+        try:
+            batch = next(self._it)
+        except BaseException:
+            self.close()
+            raise
+        batch = to_device(batch, self._device)
+        return self._transform(batch) if self._transform else batch
+
+    def close(self) -> None:
+        it, self._it = self._it, None
+        if self._owned:
+            _close_upstream(it)
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class _Staged(NamedTuple):
+    batch: Any
+    ready: Any  # event on the side stream after the copies and the transform (None: no streams)
+    keep: list[torch.Tensor]  # device tensors to record_stream on the consumer's stream
+    source_read: Any  # event after the copies that read the caller's own pinned memory, or None
+
+
+class _Failure(NamedTuple):
+    error: BaseException
+
+
+_END = object()
+
+
+class _BackgroundIter(Iterator[Any]):
+    """One epoch of a DeviceLoader whose batches a worker thread prepares (`_produce`)."""
+
+    def __init__(self, it: Iterator[Any], owned: bool, stager: "_Stager", prefetch: int) -> None:
+        self._stager = stager
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._slots = threading.Semaphore(prefetch)
+        self._stop = threading.Event()
+        self._done = False
+        # the thread gets the shared state, never `self`, so dropping the iterator stops it
+        self._thread = threading.Thread(target=_produce, args=(it, owned, stager, self._queue, self._slots, self._stop),
+                                        name="torchplace-DeviceLoader", daemon=True)
+        self._thread.start()
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        item = self._queue.get()
+        self._slots.release()
+        if item is _END:
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self.close()
+            raise item.error
+        if item.ready is not None:
+            stream = self._stager.mod.current_stream(self._stager.device)
+            stream.wait_event(item.ready)
+            for t in item.keep:
+                t.record_stream(stream)
+        return item.batch
+
+    def close(self) -> None:
+        """Stop the worker, drop the batches copied ahead, and let the upstream clean up."""
+        if self._done:
+            return
+        self._done = True
+        self._stop.set()
+        self._slots.release()  # wake a worker waiting for a free slot
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        if self._thread is not threading.current_thread():
+            self._thread.join(_JOIN_S)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: threading may be gone already
+            pass
+
+
+def _produce(it: Iterator[Any], owned: bool, stage: "_Stager", out: queue.SimpleQueue,
+             slots: threading.Semaphore, stop: threading.Event) -> None:
+    """Worker loop: take a slot, pull a batch, stage it, hand it over; end with _END or a failure."""
+    try:
+        source_read = None
+        while True:
+            while not slots.acquire(timeout=0.1):
+                if stop.is_set():
+                    return
+            if stop.is_set():
+                return
+            if source_read is not None:  # the upstream may overwrite its own pinned buffers in next()
+                source_read.synchronize()
+            try:
+                batch = next(it)
+            except StopIteration:
+                out.put(_END)
+                return
+            staged = stage(batch)
+            del batch
+            source_read = staged.source_read
+            out.put(staged)
+    except BaseException as exc:  # handed to the consumer, raised there
+        out.put(_Failure(exc))
+    finally:
+        if stop.is_set() and owned:
+            _close_upstream(it)
+        del it
+
+
+def _close_upstream(it: Any) -> None:
+    """Run a generator's cleanup now (its `finally` blocks) rather than at garbage collection."""
+    close = getattr(it, "close", None)
+    if callable(close):
+        close()
+
+
+class _Stager:
+    """Turns one host batch into a device batch (runs on the worker thread).
+
+    With streams (MOD is torch.cuda or torch.xpu) the copies go on the SIDE stream from pinned
+    memory and an event marks the batch ready; without, copies follow `to_device`'s rules.
+    """
+
+    def __init__(self, device: torch.device, mod: Any, side: Any, consumer: Any,
+                 transform: Callable[[Any], Any] | None, pack: bool) -> None:
+        self.device, self.mod, self.side, self.consumer = device, mod, side, consumer
+        self.transform, self.pack = transform, pack
+        self.streams = mod is not None
+        self._mover = _Mover(device, None)
+
+    def _on(self, stream: Any) -> contextlib.AbstractContextManager:
+        if not self.streams:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.mod.device(self.device))
+        stack.enter_context(self.mod.stream(stream))
+        return stack
+
+    def __call__(self, batch: Any) -> _Staged:
+        leaves: list[Any] = []
+
+        def collect(x: Any) -> Any:
+            leaves.append(x)
+            return x
+
+        map_tensors(batch, collect, collect)
+        with self._on(self.side):
+            moved, source_read = self._copy(leaves)
+        others = [i for i, x in enumerate(leaves) if not isinstance(x, torch.Tensor)]
+        if others:  # unknown internals: moved on the consumer's stream, synchronously
+            mover = _Mover(self.device, False) if self.streams else self._mover
+            with self._on(self.consumer):
+                for i in others:
+                    moved[i] = mover.other(leaves[i])
+        replacements = iter(moved)
+        out = map_tensors(batch, lambda _: next(replacements), lambda _: next(replacements))
+        if not self.streams:
+            return _Staged(self.transform(out) if self.transform else out, None, [], None)
+        with self._on(self.side):
+            if self.transform is not None:
+                out = self.transform(out)
+            ready = self.mod.Event()
+            ready.record(self.side)
+        return _Staged(out, ready, self._device_tensors(out), source_read)
+
+    def _send(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.device, non_blocking=True) if self.streams else self._mover.tensor(t)
+
+    def _copy(self, leaves: Sequence[Any]) -> tuple[list[Any], Any]:
+        """Issue every tensor's copy (on the side stream); small ones packed into one buffer."""
+        dev, pin = self.device, self.streams
+        moved: list[Any] = list(leaves)
+        small: list[int] = []
+        direct = False
+        for i, x in enumerate(leaves):
+            if not isinstance(x, torch.Tensor) or x.device == dev:
+                continue
+            if x.device.type != "cpu":  # another device: torch orders the copy on both streams
+                moved[i] = self._send(x)
+            elif self.pack and _pack.packable(x):
+                small.append(i)
+            elif pin and x.is_pinned():  # the DataLoader pinned it: copy straight from it
+                moved[i] = self._send(x)
+                direct = True
+            else:
+                moved[i] = self._send(pin_tensor(x) if pin else x)
+        if len(small) == 1:
+            i = small[0]
+            moved[i] = self._send(pin_tensor(leaves[i]) if pin else leaves[i])
+        elif small:
+            tensors = [leaves[i] for i in small]
+            plan = _pack.layout(tensors)
+            buf = self._send(_pack.pack(tensors, plan, pin=pin))
+            for i, view in zip(small, _pack.unpack(buf, tensors, plan)):
+                moved[i] = view
+        source_read = None
+        if direct:
+            source_read = self.mod.Event()
+            source_read.record(self.side)
+        return moved, source_read
+
+    def _device_tensors(self, batch: Any) -> list[torch.Tensor]:
+        """One tensor per device storage in BATCH (packed views share one)."""
+        seen: dict[int, torch.Tensor] = {}
+
+        def fn(t: torch.Tensor) -> torch.Tensor:
+            if t.device == self.device:
+                seen.setdefault(t.untyped_storage().data_ptr(), t)
+            return t
+
+        map_tensors(batch, fn)
+        return list(seen.values())
+
+
+def image_transform(mean: Sequence[float] | None = None, std: Sequence[float] | None = None, *,
+                    dtype: torch.dtype = torch.float32, channels_last: bool = False) -> Callable[[Any], Any]:
+    """A device-side transform for DeviceLoader: uint8 images to DTYPE, normalized, optionally NHWC.
+
+    Every uint8 tensor in the batch (channels at dim -3) becomes DTYPE scaled to [0, 1], then
+    (x - mean) / std per channel, then channels_last if 4-D. Other tensors are left as they are.
+    """
+    if (mean is None) != (std is None):
+        raise ValueError("image_transform: give both mean and std (per-channel values in [0, 1] units), or neither.")
+    if mean is not None and std is not None and len(mean) != len(std):
+        raise ValueError(f"image_transform: mean has {len(mean)} values and std {len(std)}; give one per channel.")
+    consts: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def image(t: torch.Tensor) -> torch.Tensor:
+        if t.dtype != torch.uint8:
+            return t
+        fmt = torch.channels_last if channels_last and t.dim() == 4 else torch.preserve_format
+        x = t.to(dtype=dtype, memory_format=fmt).div_(255)
+        if mean is None or std is None:
+            return x
+        if t.dim() < 3 or t.shape[-3] != len(mean):
+            raise ValueError(f"image_transform: a uint8 tensor of shape {tuple(t.shape)} has "
+                             f"{t.shape[-3] if t.dim() >= 3 else 'no'} channels at dim -3, but mean and std "
+                             f"have {len(mean)} values. Fix: give one value per channel, or keep non-image "
+                             "uint8 data in another dtype.")
+        if t.device not in consts:
+            consts[t.device] = (torch.tensor(mean, dtype=dtype, device=t.device).view(-1, 1, 1),
+                                torch.tensor(std, dtype=dtype, device=t.device).view(-1, 1, 1))
+        m, s = consts[t.device]
+        return x.sub_(m).div_(s)
+
+    return lambda batch: map_tensors(batch, image)

@@ -1,0 +1,156 @@
+"""`place`: put submodules on named devices and move their inputs there on the way in.
+
+A model split across GPUs (model parallelism) then runs without hand-written `.to()` calls.
+Each tensor is moved once, straight to its device (a child placed apart from its parent is
+never copied through the parent's device), and tied weights that would have to live on two
+devices are refused before anything moves.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from ..errors import DeviceError
+from .resolve import DeviceSpec
+from .transfer import map_tensors, target_device, to_device
+
+
+@dataclass
+class Placement:
+    """What `place` did: the device of each named submodule, and where the output lands."""
+
+    module: nn.Module
+    devices: dict[str, torch.device]
+    output: torch.device | None = None  # the device outputs are moved to, if one was asked for
+    last_output_devices: tuple[torch.device, ...] = ()  # where the last forward's output tensors were
+    _handles: list[Any] = field(default_factory=list, repr=False)
+
+    @property
+    def output_device(self) -> torch.device | None:
+        """Where the output lands: the `output` asked for, else where the last forward left it
+        (None before the first forward, or when its tensors were on several devices)."""
+        if self.output is not None:
+            return self.output
+        return self.last_output_devices[0] if len(self.last_output_devices) == 1 else None
+
+    def remove(self) -> None:
+        """Remove the input-moving hooks; the submodules stay on their devices."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def __str__(self) -> str:
+        parts = ", ".join(f"{name or '<root>'} -> {dev}" for name, dev in self.devices.items())
+        where = self.output_device
+        lands = f"output on {where}" if where else "output where the last submodule leaves it"
+        return f"{type(self.module).__name__}: {parts}; {lands}"
+
+
+def place(module: nn.Module, devices: Mapping[str, DeviceSpec], *, output: DeviceSpec | None = None) -> Placement:
+    """Move each named submodule (dotted names; "" is the whole module) to its device.
+
+    Each named submodule gets a forward pre-hook that moves its positional and keyword inputs
+    to its device (tensors already there are not touched). The deepest name wins: with
+    {"": "cuda:0", "decoder": "cuda:1"} everything is on cuda:0 except the decoder. The output
+    lands where the last submodule computed it (`Placement.output_device` says where after a
+    forward), or on `output` when given. Unknown names and tied weights that would have to be
+    on two devices raise DeviceError, before anything moves.
+    """
+    targets = {name: target_device(spec) for name, spec in _checked(module, devices).items()}
+    owners = dict(module.named_modules(remove_duplicate=False))
+    _check_shared(module, targets)
+    for name, sub in owners.items():
+        dev = _effective(name, targets)
+        if dev is not None:
+            sub._apply(lambda t, dev=dev: t.to(dev), recurse=False)  # its own tensors only
+    placement = Placement(module, dict(sorted(targets.items(), key=lambda kv: (kv[0].count("."), kv[0]))),
+                          target_device(output) if output is not None else None)
+    for name, dev in placement.devices.items():
+        placement._handles.append(owners[name].register_forward_pre_hook(_mover(dev), with_kwargs=True))
+    placement._handles.append(module.register_forward_hook(_output_hook(placement)))
+    return placement
+
+
+def _checked(module: nn.Module, devices: Mapping[str, DeviceSpec]) -> Mapping[str, DeviceSpec]:
+    """DEVICES, after refusing any name that is not a submodule of MODULE (listing the names)."""
+    names = {name for name, _ in module.named_modules(remove_duplicate=False)}
+    for name in devices:
+        if not isinstance(name, str) or name not in names:
+            raise DeviceError(_unknown(module, name, names))
+    return devices
+
+
+def _unknown(module: nn.Module, name: Any, names: set[str]) -> str:
+    parent = name.rpartition(".")[0] if isinstance(name, str) else ""
+    while parent and parent not in names:
+        parent = parent.rpartition(".")[0]
+    level = [n for n in sorted(names) if n and n.rpartition(".")[0] == parent]
+    where = f"submodule {parent!r}" if parent else type(module).__name__
+    close = difflib.get_close_matches(str(name), sorted(n for n in names if n), n=3)
+    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+    shown = ", ".join(map(repr, level[:40])) + (f", ... ({len(level)} in all)" if len(level) > 40 else "")
+    return (f"place(): {name!r} is not a submodule of {type(module).__name__}. Names in {where}: "
+            f"{shown or '(none)'}.{hint} Fix: use dotted names as in module.named_modules(), "
+            "e.g. 'encoder.layers.0', or '' for the whole module.")
+
+
+def _effective(name: str, targets: Mapping[str, torch.device]) -> torch.device | None:
+    """The device of the deepest placed name that is NAME or one of its parents."""
+    probe = name
+    while True:
+        if probe in targets:
+            return targets[probe]
+        if not probe:
+            return None
+        probe = probe.rpartition(".")[0]
+
+
+def _check_shared(module: nn.Module, targets: Mapping[str, torch.device]) -> None:
+    """Refuse a tensor or submodule shared by names that would put it on different devices."""
+    tensors: dict[int, list[tuple[str, torch.device]]] = {}
+    modules: dict[int, list[tuple[str, torch.device]]] = {}
+    for owner, sub in module.named_modules(remove_duplicate=False):
+        dev = _effective(owner, targets)
+        if dev is not None:
+            modules.setdefault(id(sub), []).append((owner or "<root>", dev))
+        for local, t in [*sub._parameters.items(), *sub._buffers.items()]:
+            if t is not None:  # unplaced owners keep the tensor where it is
+                full = f"{owner}.{local}" if owner else local
+                tensors.setdefault(id(t), []).append((full, dev if dev is not None else t.device))
+    for what, claims_by_id in (("tensor", tensors), ("submodule", modules)):
+        for claims in claims_by_id.values():
+            if len({dev for _, dev in claims}) > 1:
+                listed = "; ".join(f"{name!r} -> {dev}" for name, dev in claims)
+                raise DeviceError(
+                    f"place(): one {what} is shared (tied) by {len(claims)} names that would put it on "
+                    f"different devices: {listed}. It can live on one device only. Fix: place the modules that "
+                    "share it on the same device, or untie them (e.g. clone the weight) before placing.")
+
+
+def _mover(dev: torch.device) -> Any:
+    def hook(mod: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return to_device(args, dev), to_device(kwargs, dev)
+
+    return hook
+
+
+def _output_hook(placement: Placement) -> Any:
+    def hook(mod: nn.Module, args: tuple, result: Any) -> Any:
+        if placement.output is not None:
+            result = to_device(result, placement.output)
+        seen: dict[torch.device, None] = {}
+
+        def note(t: torch.Tensor) -> torch.Tensor:
+            seen[t.device] = None
+            return t
+
+        map_tensors(result, note)
+        placement.last_output_devices = tuple(seen)
+        return result
+
+    return hook
