@@ -2,30 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 import pytest
 
-SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
 
-
-def snapshot_path(name: str) -> Path:
-    """Path of a committed snapshot fixture, e.g. snapshot_path('h200x2')."""
-    return SNAPSHOTS / f"{name}.json"
-
-
-def load_snapshot_dict(name: str) -> dict:
-    return json.loads(snapshot_path(name).read_text())
+# set by pytest, or by torch itself on a lazy import (torch._dynamo sets the inductor cache dir)
+_NOT_OURS = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
 
 
 @pytest.fixture(autouse=True)
 def _no_env_leaks():
     """Fail a test that leaks an environment variable change (Lightning's habit, kept)."""
-    before = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    before = {k: v for k, v in os.environ.items() if k not in _NOT_OURS}
     yield
-    after = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    after = {k: v for k, v in os.environ.items() if k not in _NOT_OURS}
     if before != after:
         changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
         for key in changed:

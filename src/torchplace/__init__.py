@@ -77,6 +77,19 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *__all__])
 
 
+def _strict_from_env() -> None:
+    """TORCHPLACE_STRICT=1|warn|error[,factories][,syncs] turns strict mode on for the whole program."""
+    import os
+
+    if os.environ.get("TORCHPLACE_STRICT", "").strip() not in ("", "0"):
+        from .checks.strict import enable_from_env
+
+        enable_from_env()
+
+
+_strict_from_env()
+
+
 if TYPE_CHECKING:  # static checkers see the real objects
     from .errors import (CheckpointError, DeviceError, DeviceLeakError, DeviceMismatchError,  # noqa: F401
                          DistributedError, LeaseError, SnapshotError, TorchplaceError)

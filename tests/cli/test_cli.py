@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from conftest import snapshot_path  # type: ignore[import-not-found]
+from snapshots import snapshot_path
 
 X2 = str(snapshot_path("h200x2"))
 

@@ -10,7 +10,7 @@ from torchplace.doctor.registry import Finding, check, run_checks, CHECKS
 from torchplace.hardware.facts import Facts
 from torchplace.hardware.topology import GpuProcess, MigInstance
 
-from conftest import load_snapshot_dict  # type: ignore[import-not-found]
+from snapshots import load_snapshot_dict
 
 BASE = load_snapshot_dict("h200x2")
 

@@ -12,7 +12,7 @@ from torchplace.hardware.host import parse_cfs, parse_cpu_max, usable_cpus, cgro
 from torchplace.hardware.topology import Topology
 from torchplace.hardware.versions import read_versions
 
-from conftest import load_snapshot_dict, snapshot_path  # type: ignore[import-not-found]
+from snapshots import load_snapshot_dict, snapshot_path
 
 
 @pytest.mark.parametrize("name", ["h200x1", "h200x2"])
@@ -74,3 +74,11 @@ def test_cgroup_limit_read_from_files(tmp_path):
     proc.write_text("0::/job\n")
     assert cgroup_cpu_limit(tmp_path, proc) == 3.0
     assert cgroup_cpu_limit(tmp_path / "missing", tmp_path / "missing") is None
+
+
+def test_nvlink_is_read_from_the_h200_pair():
+    """Captured by `torchplace doctor --json` on 2 x H200 (nvidia-smi topo -m shows NV18 there)."""
+    facts = Facts.from_dict(load_snapshot_dict("h200x2-nvlink"), env={})
+    link = facts.topology.link(0, 1)
+    assert link.nvlinks == 18 and link.label() == "NV18"
+    assert facts.versions.torch_cuda == "13.0" and facts.host.usable_cpus == 32

@@ -12,7 +12,7 @@ from torchplace.errors import DeviceError
 from torchplace.hardware.topology import Topology
 from torchplace.placement.resolve import Machine, resolve
 
-from conftest import load_snapshot_dict  # type: ignore[import-not-found]
+from snapshots import load_snapshot_dict
 
 X2 = Topology.from_dict(load_snapshot_dict("h200x2"))
 U0, U1 = (g.uuid for g in X2.gpus)

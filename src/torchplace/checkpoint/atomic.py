@@ -67,7 +67,7 @@ def _alive(pid: int) -> bool:
 
 def sweep_stale(directory: Path) -> list[Path]:
     """Remove temporary files in DIRECTORY left by dead processes of this host; return them."""
-    removed = []
+    removed: list[Path] = []
     host, me = _host(), os.getpid()
     try:
         names = os.listdir(directory)

@@ -70,8 +70,8 @@ class _Encoder:
 
     def tensor(self, t: torch.Tensor, path: tuple[Any, ...]) -> str:
         t = t.detach()
-        if t.layout != torch.strided or t.is_quantized or t.is_nested or t.device.type == "meta" \
-                or type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        if t.layout != torch.strided or t.is_quantized or t.is_nested \
+                or type(t) is not torch.Tensor:  # subclasses (DTensor, ...) and exotic layouts
             raise TypeError("not a plain dense tensor")
         ident = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(),
                  t.dtype, t.device) if t.numel() else None
@@ -92,13 +92,20 @@ class _Encoder:
             return value if math.isfinite(value) else {"t": "float", "v": repr(value)}
         if isinstance(value, TensorRef):  # a tensor kept elsewhere (DCP shards)
             return {"t": "ref", "k": value.key}
+        if isinstance(value, torch.Tensor) and value.device.type == "meta":
+            raise CheckpointError(f"{_path_str(path)} is on the meta device and has no data to save. Fix: "
+                                  "materialize it first (module.to_empty(device=...) and initialize, or load weights).")
         if isinstance(value, torch.Tensor):
             try:
                 return {"t": "tensor", "k": self.tensor(value, path)}
             except TypeError:
                 return self._pickle(value, path, f"a {value.layout} {type(value).__name__} on {value.device}")
-        if isinstance(value, np.ndarray) and value.dtype != object:
-            return {"t": "ndarray", "k": self.tensor(torch.from_numpy(np.ascontiguousarray(value)), path)}
+        if isinstance(value, np.ndarray):
+            try:
+                as_tensor = torch.from_numpy(np.ascontiguousarray(value))
+            except (TypeError, ValueError):  # object, datetime, big-endian, ... arrays
+                return self._pickle(value, path, f"a numpy array of {value.dtype}")
+            return {"t": "ndarray", "k": self.tensor(as_tensor, path)}
         if isinstance(value, np.generic) and not isinstance(value, np.object_):
             return self.encode(value.item(), path)
         if isinstance(value, dict):
@@ -149,7 +156,8 @@ def decode(tree: Any, lookup: Callable[[str], Any], *, unpickle: Callable[[str],
             return [walk(v) for v in node]
         if not isinstance(node, dict):
             return node
-        tag, v = node.get("t"), node.get("v")
+        tag = node.get("t")
+        v: Any = node.get("v")  # its shape follows the tag
         if tag == "dict":
             return {walk(k): walk(val) for k, val in v}
         if tag == "tuple":
@@ -189,10 +197,11 @@ def tensor_keys_by_path(tree: Any) -> dict[tuple[Any, ...], str]:
 
     def walk(node: Any, path: tuple[Any, ...]) -> None:
         if isinstance(node, list):
-            for i, v in enumerate(node):
-                walk(v, path + (i,))
+            for i, item in enumerate(node):
+                walk(item, path + (i,))
         elif isinstance(node, dict):
-            tag, v = node.get("t"), node.get("v")
+            tag = node.get("t")
+            v: Any = node.get("v")
             if tag == "dict":
                 for k, val in v:
                     walk(val, path + (decode(k, lambda key: key),))

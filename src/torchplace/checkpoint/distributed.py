@@ -53,8 +53,8 @@ def _dtensor_type() -> type | None:
 
 def is_sharded(model: nn.Module | None) -> bool:
     """True for FSDP-wrapped models and models holding DTensor parameters (FSDP2, tensor parallel)."""
-    if model is None or not dist.is_available():
-        return False
+    if model is None or not dist.is_available() or not dist.is_initialized():
+        return False  # FSDP and DTensor both need a process group
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel
         if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
@@ -143,8 +143,12 @@ def _publish(tmp_dir: Path, target: Path, token: str) -> None:
         os.replace(target, old)
     os.replace(link, target)
     fsync_dir(target.parent)
-    if old is not None and old.resolve() != tmp_dir.resolve():
-        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+    ours = old is not None and old.parent == target.parent and old.name.startswith(f".{target.name}.")
+    if ours and old is not None and old.resolve() != tmp_dir.resolve():  # never a directory we did not make
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
 
 
 def save_sharded(target: Path, model: nn.Module, optimizer: Any, write_side: Callable[[Path, Any], None]) -> Path:
@@ -156,11 +160,21 @@ def save_sharded(target: Path, model: nn.Module, optimizer: Any, write_side: Cal
     tmp_dir = target.with_name(f".{target.name}.dcp-{token}")
     msd, osd = get_state_dict(model, optimizer if optimizer is not None else [])
     tensors, skeleton = flat_tensors({"model": msd, **({"optimizer": osd} if optimizer is not None else {})})
-    dcp.save(tensors, storage_writer=dcp.FileSystemWriter(str(tmp_dir)))
+    try:
+        dcp.save(tensors, storage_writer=dcp.FileSystemWriter(str(tmp_dir)))
+    except BaseException:
+        if world()[0] == 0:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
 
     def publish() -> Path:
-        write_side(tmp_dir / SIDE_FILE, skeleton)
-        _publish(tmp_dir, target, token)
+        try:
+            write_side(tmp_dir / SIDE_FILE, skeleton)
+            _publish(tmp_dir, target, token)
+        except BaseException:
+            if not (target.is_symlink() and os.readlink(target) == tmp_dir.name):
+                shutil.rmtree(tmp_dir, ignore_errors=True)  # never published: nothing points at it
+            raise
         return target
 
     on_rank0(publish, target)
@@ -177,8 +191,9 @@ class _SafeUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in self._EXACT:
             return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
-            return getattr(torch, name)
+        value = getattr(torch, name, None) if module == "torch" else None
+        if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+            return value
         if module.startswith("torch.distributed.checkpoint."):
             obj = super().find_class(module, name)
             if isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum)):

@@ -13,8 +13,8 @@ header starts with the same bytes (``HEADER_PREFIX``). That metadata carries:
   tuples, user extras) as tagged JSON (see ``codec``), with references to the tensors by key;
 - ``crc32``: one CRC-32 per ``chunk_bytes`` slice of the data region, so a flipped bit anywhere in
   the tensors is caught, and named by the tensors it falls in;
-- ``header_crc32``: a CRC-32 of the tensor index and the metadata themselves, so a flipped bit in
-  a shape, a key or a learning rate is caught too;
+- ``header_crc32`` (last, fixed width): a CRC-32 of the metadata text as stored, the tensor index
+  and the rest of ``__metadata__``, so a flipped bit in a shape, a key or a learning rate is caught;
 - versions, creation time, world size and the device every tensor was saved from.
 
 Checksums are fixed-width hex strings, so the header's length is known before the data is
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 import zlib
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ HEADER_PREFIX = b'{"__metadata__":{"' + META_KEY.encode() + b'":"'
 MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
 CHUNK_BYTES = 16 * 2**20
 ZERO_CRC = "00000000"
+# the rest of __metadata__: "format": "pt" tells tools such as transformers that these are torch tensors
+OTHER_METADATA = {"format": "pt"}
 
 DAMAGED_FIX = ("Fix: load an older checkpoint (torchplace.load(DIRECTORY) picks the newest complete one) "
                "or copy the file again from where it was made.")
@@ -125,25 +128,33 @@ def plan_layout(tensors: dict[str, torch.Tensor]) -> list[TensorEntry]:
     return entries
 
 
-def _canonical(entries: list[TensorEntry], meta: dict[str, Any]) -> bytes:
-    """The bytes header_crc32 covers: the tensor index and the metadata, minus the crc itself."""
+_CRC_TAIL = '"header_crc32":"'
+
+
+def dump_meta(meta: dict[str, Any], header_crc: str = ZERO_CRC) -> str:
+    """META as the JSON string stored in the header; header_crc32 always comes last."""
     body = {k: v for k, v in meta.items() if k != "header_crc32"}
+    text = json.dumps(body, separators=(",", ":"), allow_nan=False)
+    return text[:-1] + ("," if body else "") + f'{_CRC_TAIL}{header_crc}"}}'
+
+
+def _header_crc(entries: list[TensorEntry], meta_text: str, other: dict[str, str]) -> str:
+    """CRC-32 of the metadata text exactly as stored (its own crc zeroed), the index and the rest of
+    __metadata__: any changed byte changes it, even one that decodes to the same value."""
+    zeroed = meta_text[:-10] + ZERO_CRC + meta_text[-2:]
     index = [[e.key, dtype_name(e.dtype), list(e.shape), e.start, e.end] for e in entries]
-    return json.dumps({"index": index, "meta": body}, sort_keys=True, separators=(",", ":"),
-                      allow_nan=False).encode()
+    rest = json.dumps({"index": index, "other": other}, sort_keys=True, separators=(",", ":"))
+    return f"{zlib.crc32((zeroed + rest).encode()):08x}"
 
 
-def seal(entries: list[TensorEntry], meta: dict[str, Any]) -> dict[str, Any]:
-    """Return META with header_crc32 set over the index and the rest of the metadata."""
-    sealed = dict(meta)
-    sealed["header_crc32"] = f"{zlib.crc32(_canonical(entries, sealed)):08x}"
-    return sealed
+def seal(entries: list[TensorEntry], meta: dict[str, Any]) -> str:
+    """META's stored JSON text, with header_crc32 set over itself, the index and OTHER_METADATA."""
+    return dump_meta(meta, _header_crc(entries, dump_meta(meta), OTHER_METADATA))
 
 
-def encode_header(entries: list[TensorEntry], meta: dict[str, Any]) -> bytes:
-    """The length prefix and the padded JSON header for ENTRIES and META."""
-    header: dict[str, Any] = {"__metadata__": {META_KEY: json.dumps(meta, separators=(",", ":"),
-                                                                    allow_nan=False), "format": "pt"}}
+def encode_header(entries: list[TensorEntry], meta_text: str) -> bytes:
+    """The length prefix and the padded JSON header for ENTRIES and the metadata text (`dump_meta`)."""
+    header: dict[str, Any] = {"__metadata__": {META_KEY: meta_text, **OTHER_METADATA}}
     for e in entries:
         header[e.key] = {"dtype": e.code, "shape": e.header_shape, "data_offsets": [e.start, e.end]}
     raw = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
@@ -170,17 +181,17 @@ def read_header(path: str | os.PathLike[str], fd: int | None = None) -> Header:
     """
     path = Path(path)
     own = fd is None
-    if own:
+    if fd is None:
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             raise CheckpointError(f"{path} does not exist. Fix: check the path; torchplace.load(DIRECTORY) "
                                   "finds the newest checkpoint in a directory.") from None
-        except IsADirectoryError:
-            raise CheckpointError(f"{path} is a directory, not a checkpoint file.") from None
-    assert fd is not None
     try:
-        size = os.fstat(fd).st_size
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise CheckpointError(f"{path} is a directory, not a checkpoint file.")
+        size = info.st_size
         if size < 8:
             raise _damaged(path, f"the file is {size} bytes long, too short for even the length prefix "
                                  "(a truncated or empty file)")
@@ -214,12 +225,13 @@ def parse_header(path: Path, raw: bytes, file_size: int) -> Header:
     meta = None
     if ours:
         try:
-            meta = json.loads(metadata[META_KEY])
+            meta_text = metadata[META_KEY]
+            meta = json.loads(meta_text)
         except (KeyError, ValueError) as exc:
             raise _damaged(path, f"torchplace's metadata is not valid JSON ({exc})") from None
         if not isinstance(meta, dict):
             raise _damaged(path, "torchplace's metadata is not a JSON object")
-    raw_dtypes = (meta or {}).get("raw_dtypes", {})
+    raw_dtypes: dict[str, list[Any]] = (meta or {}).get("raw_dtypes", {})
     entries = []
     for key, info in header.items():
         entries.append(_entry(path, key, info, raw_dtypes))
@@ -238,13 +250,13 @@ def parse_header(path: Path, raw: bytes, file_size: int) -> Header:
     if file_size > expected:
         raise _damaged(path, f"the file has {file_size - expected} unexpected bytes after the last tensor "
                              f"(expected {expected} bytes in all)")
-    if meta is not None:
-        _check_meta(path, entries, meta, offset)
     foreign = {k: v for k, v in metadata.items() if k != META_KEY}
+    if meta is not None:
+        _check_meta(path, entries, meta_text, meta, foreign, offset)
     return Header(path, entries, meta, foreign, data_offset, offset)
 
 
-def _entry(path: Path, key: str, info: Any, raw_dtypes: dict[str, str]) -> TensorEntry:
+def _entry(path: Path, key: str, info: Any, raw_dtypes: dict[str, list[Any]]) -> TensorEntry:
     if not isinstance(info, dict) or set(info) - {"dtype", "shape", "data_offsets"}:
         raise _damaged(path, f"the entry for tensor {key!r} is malformed")
     code, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
@@ -263,9 +275,8 @@ def _entry(path: Path, key: str, info: Any, raw_dtypes: dict[str, str]) -> Tenso
         raise _damaged(path, f"tensor {key!r} is {code}{shape} ({numel * dtype.itemsize} bytes) but its "
                              f"data_offsets span {offsets[1] - offsets[0]} bytes")
     if key in raw_dtypes:  # stored as raw bytes; the metadata holds the real dtype and shape
-        real = raw_dtypes[key]
-        dtype = dtype_from_name(real[0], path)
-        shape = real[1]
+        real_name, real_shape = raw_dtypes[key]
+        dtype, shape = dtype_from_name(real_name, path), list(real_shape)
         numel = 1
         for d in shape:
             numel *= d
@@ -274,11 +285,12 @@ def _entry(path: Path, key: str, info: Any, raw_dtypes: dict[str, str]) -> Tenso
     return TensorEntry(key, dtype, tuple(shape), offsets[0], offsets[1])
 
 
-def _check_meta(path: Path, entries: list[TensorEntry], meta: dict[str, Any], data_bytes: int) -> None:
+def _check_meta(path: Path, entries: list[TensorEntry], meta_text: str, meta: dict[str, Any],
+                other: dict[str, str], data_bytes: int) -> None:
     found = meta.get("header_crc32")
-    if not isinstance(found, str):
-        raise _damaged(path, "the metadata has no header checksum")
-    want = f"{zlib.crc32(_canonical(entries, meta)):08x}"
+    if not isinstance(found, str) or not meta_text.endswith(f'{_CRC_TAIL}{found}"}}') or len(found) != 8:
+        raise _damaged(path, "the metadata has no header checksum where torchplace writes it")
+    want = _header_crc(entries, meta_text, other)
     if found != want:
         raise _damaged(path, f"the header checksum does not match (recorded {found}, computed {want}): "
                              "a shape, key or metadata value was altered")

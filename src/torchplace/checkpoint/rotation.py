@@ -1,18 +1,19 @@
 """Keep the last N checkpoints of a directory and a `latest` pointer; find the newest complete one.
 
-The pointer is a small JSON file named `latest` beside the checkpoints, replaced atomically after
-each new checkpoint is durable:
+Checkpoints saved with `keep_last` (or `latest=True`) carry `"rotation": true` in their metadata:
+they form the directory's rotation series. After each new one is durable, the series is read
+back from the headers in the directory, ordered by creation time, the `latest` pointer is
+replaced atomically, and only then are the oldest beyond N deleted. Rotation never deletes a file
+that is not part of the series (other files of the directory are safe), and a writer killed
+between its rename and the pointer update leaves nothing behind for good: the next save finds
+that checkpoint in the directory and counts it. The pointer is a small JSON file named `latest`:
 
     {"format": "torchplace-latest/1", "latest": "step-300.safetensors",
-     "history": ["step-100.safetensors", "step-200.safetensors", "step-300.safetensors"],
-     "pending_delete": []}
+     "history": ["step-200.safetensors", "step-300.safetensors"]}
 
-Rotation only ever deletes files it recorded in `history` (never other files of the directory),
-and only after the pointer no longer names them; a deletion cut short by a crash stays in
-`pending_delete` and is retried by the next save. Resuming does not trust the pointer blindly:
-`complete_checkpoints` reads every torchplace header in the directory and orders the complete
-ones by creation time, so a save killed after its rename but before the pointer update, or a
-file damaged later, still resolves to the newest checkpoint that is whole.
+Resuming does not trust the pointer blindly: `complete_checkpoints` reads every torchplace header
+in the directory and orders the complete ones by creation time, so a save killed after its rename
+but before the pointer update, or a file damaged later, still resolves to the newest whole one.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
 
 from ..errors import CheckpointError
 from .atomic import write_bytes
@@ -30,24 +30,6 @@ from .format import read_header
 
 POINTER = "latest"
 POINTER_FORMAT = "torchplace-latest/1"
-
-
-def _plain_name(name: Any) -> bool:
-    return (isinstance(name, str) and name == Path(name).name and not name.startswith(".")
-            and name not in ("", POINTER))
-
-
-def read_pointer(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The parsed `latest` pointer of DIRECTORY, or None if there is none or it is unreadable."""
-    try:
-        data = json.loads((Path(directory) / POINTER).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("format") != POINTER_FORMAT:
-        return None
-    for field in ("history", "pending_delete"):
-        data[field] = [n for n in data.get(field) or [] if _plain_name(n)]
-    return data
 
 
 def _remove(path: Path) -> bool:
@@ -66,25 +48,22 @@ def _remove(path: Path) -> bool:
 
 
 def rotate(target: Path, keep_last: int | None) -> list[Path]:
-    """Record TARGET (already durable) as the latest; delete the oldest beyond KEEP_LAST; return them."""
+    """Point `latest` at TARGET (already durable); delete the series' oldest beyond KEEP_LAST; return them."""
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last={keep_last!r}: keep at least 1 checkpoint (or None to keep all).")
     directory = target.parent
-    old = read_pointer(directory) or {}
-    history = [n for n in old.get("history", []) if n != target.name and os.path.lexists(directory / n)]
-    history.append(target.name)
-    pending = [n for n in old.get("pending_delete", []) if n not in history and os.path.lexists(directory / n)]
-    if keep_last is not None and len(history) > keep_last:
-        pending += history[:-keep_last]
-        history = history[-keep_last:]
-    pointer = {"format": POINTER_FORMAT, "latest": target.name, "history": history, "pending_delete": pending,
+    series = [p for p in complete_checkpoints(directory, rotation_only=True) if p.name != target.name]
+    series = [target] + series  # newest first
+    keep, drop = (series[:keep_last], series[keep_last:]) if keep_last is not None else (series, [])
+    pointer = {"format": POINTER_FORMAT, "latest": target.name, "history": [p.name for p in reversed(keep)],
                "updated_unix": time.time()}
     write_bytes(directory / POINTER, (json.dumps(pointer, indent=1) + "\n").encode())
-    return [directory / n for n in pending if _remove(directory / n)]
+    return [p for p in drop if _remove(p)]
 
 
-def _created(path: Path) -> float | None:
-    """Creation time recorded in PATH's torchplace header, or None when PATH is not a complete one."""
+def _created(path: Path, rotation_only: bool) -> float | None:
+    """Creation time recorded in PATH's torchplace header, or None when PATH is not a complete one
+    (or, with ROTATION_ONLY, not one saved with keep_last / latest=True)."""
     from .distributed import SIDE_FILE, is_dcp_dir
 
     probe = path / SIDE_FILE if is_dcp_dir(path) else path
@@ -92,13 +71,13 @@ def _created(path: Path) -> float | None:
         meta = read_header(probe).meta
     except (CheckpointError, OSError):
         return None
-    if meta is None:
+    if meta is None or (rotation_only and not meta.get("rotation")):
         return None
     created = meta.get("created_unix")
     return float(created) if isinstance(created, (int, float)) else 0.0
 
 
-def complete_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
+def complete_checkpoints(directory: str | os.PathLike[str], *, rotation_only: bool = False) -> list[Path]:
     """Torchplace checkpoints in DIRECTORY whose headers are whole, newest first.
 
     Only headers are read (sizes, structure, header checksum); tensor checksums are checked by
@@ -110,9 +89,12 @@ def complete_checkpoints(directory: str | os.PathLike[str]) -> list[Path]:
         if entry.name.startswith(".") or entry.name == POINTER:
             continue
         path = Path(entry.path)
-        created = _created(path)
-        if created is not None:
-            found.append((created, entry.stat().st_mtime, entry.name, path))
+        created = _created(path, rotation_only)
+        try:
+            if created is not None:
+                found.append((created, entry.stat().st_mtime, entry.name, path))
+        except FileNotFoundError:  # removed meanwhile (another process's rotation)
+            continue
     found.sort(reverse=True)
     return [item[3] for item in found]
 

@@ -23,11 +23,14 @@ def unwrap(model: nn.Module) -> nn.Module:
     """The module inside DataParallel / DistributedDataParallel / torch.compile wrappers."""
     while True:
         if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-            model = model.module
-        elif type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), nn.Module):
-            model = model._orig_mod
+            inner = model.module
+        elif type(model).__name__ == "OptimizedModule":
+            inner = getattr(model, "_orig_mod", None)
         else:
             return model
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
 
 
 def state_of(obj: Any, what: str) -> Any:
@@ -94,7 +97,8 @@ def module_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def optimizer_devices(optimizer: torch.optim.Optimizer, saved: Mapping[str, Any]) -> dict[tuple[Any, ...], torch.device]:
+def optimizer_devices(optimizer: torch.optim.Optimizer,
+                      saved: Mapping[str, Any]) -> dict[tuple[Any, ...], torch.device]:
     """Target device for each tensor path ('state', id, name) of a saved optimizer state.
 
     Saved ids map to the current parameters in param-group order (as `load_state_dict` maps

@@ -15,6 +15,7 @@ import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
@@ -30,8 +31,13 @@ class Sink(Protocol):
     def pwrite(self, data: Any, offset: int) -> None: ...
 
 
-def default_workers() -> int:
+PARALLEL_MIN_BYTES = 32 * 2**20  # below this, starting threads costs more than it saves
+
+
+def default_workers(data_bytes: int) -> int:
     """Threads for one save or load: enough to overlap I/O, checksums and copies, at most 8."""
+    if data_bytes < PARALLEL_MIN_BYTES:
+        return 1
     return max(1, min(8, os.cpu_count() or 1))
 
 
@@ -43,7 +49,8 @@ class _Piece:
     at: int  # byte offset inside the chunk
 
 
-def _chunks(entries: Sequence[TensorEntry], data_bytes: int, chunk: int) -> Iterator[tuple[int, int, int, list[_Piece]]]:
+def _chunks(entries: Sequence[TensorEntry], data_bytes: int,
+            chunk: int) -> Iterator[tuple[int, int, int, list[_Piece]]]:
     """Yield (index, start, end, pieces) for each chunk of the data region."""
     i, n = 0, len(entries)
     for k, c0 in enumerate(range(0, data_bytes, chunk)):
@@ -61,7 +68,7 @@ def _chunks(entries: Sequence[TensorEntry], data_bytes: int, chunk: int) -> Iter
 
 
 def byte_view(t: torch.Tensor) -> torch.Tensor:
-    """The bytes of a contiguous tensor as a flat uint8 tensor on the same device (no copy)."""
+    """A tensor's bytes as a flat uint8 tensor on its device (a view; a copy only if not contiguous)."""
     return t.reshape(-1).view(torch.uint8)
 
 
@@ -83,13 +90,12 @@ class _Staging:
         streams = getattr(self._local, "streams", None)
         if streams is None:
             streams = self._local.streams = {}
-        if device not in streams:
+        if device not in streams:  # callers synchronize the device first, so no ordering is needed here
             streams[device] = torch.cuda.Stream(device=device)
-            streams[device].wait_stream(torch.cuda.current_stream(device))
         return streams[device]
 
 
-def _run(tasks: list[Callable[[], Any]], workers: int) -> list[Any]:
+def _run(tasks: Sequence[Callable[[], Any]], workers: int) -> list[Any]:
     """Run TASKS on a thread pool; on the first failure, skip the rest and re-raise it."""
     if workers <= 1 or len(tasks) <= 1:
         return [t() for t in tasks]
@@ -151,8 +157,8 @@ def write_data(sink: Sink, data_offset: int, entries: Sequence[TensorEntry], ten
         sink.pwrite(view, data_offset + c0)
         return f"{zlib.crc32(view):08x}"
 
-    tasks = [(lambda c0=c0, c1=c1, p=p: task(c0, c1, p)) for _, c0, c1, p in _chunks(entries, data_bytes, chunk)]
-    return _run(tasks, workers or default_workers())
+    tasks = [partial(task, c0, c1, p) for _, c0, c1, p in _chunks(entries, data_bytes, chunk)]
+    return _run(tasks, workers or default_workers(data_bytes))
 
 
 def _pread_into(fd: int, view: Any, offset: int, path: Path) -> None:
@@ -181,14 +187,16 @@ def allocate(header: Header, devices: dict[str, torch.device]) -> dict[str, torc
     return {e.key: torch.empty(e.shape, dtype=e.dtype, device=devices.get(e.key, cpu)) for e in header.entries}
 
 
-def read_data(fd: int, header: Header, out: dict[str, torch.Tensor], *, workers: int | None = None,
-              verify: bool = True) -> None:
-    """Fill OUT (from `allocate`) from the file, checking every chunk's CRC before it is used."""
+def read_data(fd: int, header: Header, out: dict[str, torch.Tensor], *, workers: int | None = None) -> None:
+    """Fill OUT (from `allocate`) from the file, checking every chunk's CRC (when the file has them,
+    as torchplace's do) before its bytes reach a tensor."""
     meta = header.meta or {}
-    crcs = meta.get("crc32") if verify else None
+    crcs = meta.get("crc32")
     chunk = meta.get("chunk_bytes") or (16 * 2**20)
     flat = {e.key: byte_view(out[e.key]) for e in header.entries if e.nbytes}
     devices = _cuda_devices(list(flat.values()))
+    for dev in devices:  # memory handed out for OUT may still be in use by queued kernels of any stream
+        torch.cuda.synchronize(dev)
     staging = _Staging(chunk, pinned=True) if devices else None
     used_streams: list[Any] = []
     lock = threading.Lock()
@@ -223,9 +231,8 @@ def read_data(fd: int, header: Header, out: dict[str, torch.Tensor], *, workers:
         with lock:
             used_streams.extend(used)
 
-    tasks = [(lambda k=k, c0=c0, c1=c1, p=p: task(k, c0, c1, p))
-             for k, c0, c1, p in _chunks(header.entries, header.data_bytes, chunk)]
-    _run(tasks, workers or default_workers())
+    tasks = [partial(task, k, c0, c1, p) for k, c0, c1, p in _chunks(header.entries, header.data_bytes, chunk)]
+    _run(tasks, workers or default_workers(header.data_bytes))
     for s in set(used_streams):  # later work on the current stream sees the loaded bytes
         torch.cuda.current_stream(s.device).wait_stream(s)
 
@@ -246,6 +253,6 @@ def verify_data(fd: int, header: Header, *, workers: int | None = None) -> None:
         _pread_into(fd, view, header.data_offset + c0, header.path)
         _check(header.path, crcs, k, c0, c1, zlib.crc32(view), pieces)
 
-    _run([(lambda k=k, c0=c0, c1=c1, p=p: task(k, c0, c1, p))
-          for k, c0, c1, p in _chunks(header.entries, header.data_bytes, chunk)], workers or default_workers())
+    _run([partial(task, k, c0, c1, p) for k, c0, c1, p in _chunks(header.entries, header.data_bytes, chunk)],
+         workers or default_workers(header.data_bytes))
 

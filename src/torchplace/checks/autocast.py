@@ -9,7 +9,6 @@ with the autocast's device type, once per block. A steady step pays one hook cal
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch
@@ -17,6 +16,7 @@ import torch
 from ..errors import DeviceMismatchError
 from . import checkpoint
 from . import frames as fr
+from .layout import iter_tensors
 from .report import report
 from .state import active
 
@@ -61,7 +61,7 @@ class _Check:
     def _report(self, module: torch.nn.Module, devices: list[str]) -> None:
         site = fr.site_of(*self.where) if self.where else None
         where = f" at {site}" if site else ""
-        code = f"`{site.expression}`" if site and site.expression else f"torch.autocast({self.device_type!r})"
+        code = f"`{site.line}`" if site and site.line else f"torch.autocast({self.device_type!r})"
         message = (f"{code}{where} turns on {self.device_type} autocast ({self.dtype}), but the tensors it wraps are "
                    f"on {', '.join(devices)} (first module called: {type(module).__name__}), so autocast changes "
                    f"nothing and those ops run in their own dtype, usually float32. Fix: autocast for the device the "
@@ -71,11 +71,5 @@ class _Check:
         report(self.action, message, DeviceMismatchError, frame, lineno)
 
 
-def _tensors(value: Any, depth: int = 3) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if depth and isinstance(value, Mapping):
-        return [t for v in value.values() for t in _tensors(v, depth - 1)]
-    if depth and isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v, depth - 1)]
-    return []
+def _tensors(args: tuple[Any, ...]) -> list[torch.Tensor]:
+    return [t for _, t in iter_tensors(args, "args", 3)]

@@ -54,8 +54,17 @@ def cancel(callback: Callback) -> None:
         _drop_empty()
 
 
-def pending() -> bool:
-    return bool(_pending.get(threading.get_ident()))
+def cancel_all() -> None:
+    """Drop every check pending for this thread (strict mode ended for it)."""
+    with _lock:
+        _pending.pop(threading.get_ident(), None)
+        _keys.pop(threading.get_ident(), None)
+        _drop_empty()
+
+
+def pending() -> int:
+    """How many checks wait for this thread's next module call."""
+    return len(_pending.get(threading.get_ident(), ()))
 
 
 def _hook(module: torch.nn.Module, args: tuple[Any, ...]) -> None:

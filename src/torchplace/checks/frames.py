@@ -23,9 +23,10 @@ from typing import Any, Iterator
 import torch
 
 TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_TORCH_NN = TORCH_DIR + "nn" + os.sep
 _MODULE_PY = TORCH_DIR + os.path.join("nn", "modules", "module.py")
 _CHECKS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PLACEMENT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "placement") + os.sep
+_SKIPPED = (_CHECKS_DIR, _PLACEMENT_DIR)  # torchplace's own wrappers and scopes: never the culprit
 _SITE_DIRS = tuple(p + os.sep for p in {sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
 _PLUMBING = frozenset({"_wrapped_call_impl", "_call_impl", "inner"})
 _UNKNOWN = object()
@@ -43,9 +44,10 @@ class Site:
     def __str__(self) -> str:
         return f"{short_path(self.filename)}:{self.lineno} in {self.function}()"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"file": self.filename, "line": self.lineno, "function": self.function,
-                "expression": self.expression}
+    @property
+    def line(self) -> str:
+        """The source line, stripped."""
+        return linecache.getline(self.filename, self.lineno).strip()
 
 
 def short_path(filename: str) -> str:
@@ -106,11 +108,11 @@ def stack_entries(start: FrameType | None) -> list[tuple[FrameType, int, int]]:
 
 
 def caller_frame(skip_torch: bool = True) -> FrameType | None:
-    """The nearest frame outside torchplace's checks (and outside torch, if asked)."""
+    """The nearest frame outside torchplace's checks and scopes (and outside torch, if asked)."""
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not (filename.startswith(_CHECKS_DIR) or (skip_torch and filename.startswith(TORCH_DIR))):
+        if not (filename.startswith(_SKIPPED) or (skip_torch and filename.startswith(TORCH_DIR))):
             return frame
         frame = frame.f_back
     return None
@@ -135,10 +137,10 @@ def expression_at(frame: FrameType, lineno: int, lasti: int) -> str | None:
             lines = [linecache.getline(filename, n).encode() for n in range(start, end + 1)]
             if all(lines):
                 if len(lines) == 1:
-                    text = lines[0][col:end_col]
-                else:
-                    text = lines[0][col:] + b"".join(lines[1:-1]) + lines[-1][:end_col]
-                return " ".join(text.decode(errors="replace").split())
+                    return lines[0][col:end_col].decode(errors="replace").strip()
+                text = (lines[0][col:] + b"".join(lines[1:-1]) + lines[-1][:end_col]).decode(errors="replace")
+                tree = parse_expression(text)  # several lines: drop comments and line breaks
+                return ast.unparse(tree) if tree is not None else " ".join(text.split())
     line = linecache.getline(filename, lineno).strip()
     return line or None
 

@@ -7,6 +7,7 @@ devices. A model on one device is one row however deep it is.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
 
@@ -98,3 +99,27 @@ def module_groups(root: torch.nn.Module, label: str = "model") -> list[ModuleGro
 def model_devices(root: torch.nn.Module) -> list[str]:
     """The devices a model's parameters and buffers are on, sorted."""
     return sorted(subtree_devices(root)[id(root)])
+
+
+def iter_tensors(value: Any, path: str, depth: int = 4) -> Iterator[tuple[str, torch.Tensor]]:
+    """(path, tensor) for the tensors in nested dicts, lists and tuples: `batch['x'][0]`."""
+    if isinstance(value, torch.Tensor):
+        yield path, value
+    elif depth > 0 and isinstance(value, Mapping) and not isinstance(value, torch.nn.Module):
+        for key, item in list(value.items())[:256]:
+            yield from iter_tensors(item, f"{path}[{key!r}]", depth - 1)
+    elif depth > 0 and isinstance(value, (list, tuple)):
+        for i, item in enumerate(value[:256]):
+            yield from iter_tensors(item, f"{path}[{i}]", depth - 1)
+
+
+def plain_attributes(root: torch.nn.Module, label: str = "model") -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensors kept on modules as plain attributes (not parameters or buffers): `.to()` skips them."""
+    for name, module in root.named_modules():
+        prefix = f"{label}.{name}" if name else label
+        for key, value in vars(module).items():
+            if key.startswith("_"):
+                continue
+            for path, tensor in iter_tensors(value, f"{prefix}.{key}", 1):
+                if not isinstance(tensor, torch.nn.Parameter):
+                    yield path, tensor

@@ -7,8 +7,9 @@ leaks, the functions that change them record who called (the frame, file and lin
 judged at the next module call (a checkpoint, see checkpoint.py) and when the strict block
 ends: if the function that made it has returned and the device was not put back, the change
 leaked; the previous device is restored and the leak reported (DeviceLeakError or a warning),
-naming the function, file and line. A change made by a function that is still running (a
-program's `main` choosing its GPU) is deliberate and left alone.
+naming the function, file and line. Left alone, as deliberate: a change made by a function
+that is still running (a program's `main`), the first choice of a CUDA device in a process
+that had not started CUDA yet (a DDP `setup(rank)`, accelerate), and torchplace's own scopes.
 
 torchplace.guard (placement/scope.py) watches one block; this adds the function-level view
 strict mode needs, and shares guard's message and warning class.
@@ -26,6 +27,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import DeviceLeakError
+from ..placement import scope
 from ..placement.scope import DeviceLeakWarning, current_index, leak_message
 from . import checkpoint
 from . import frames as fr
@@ -33,6 +35,7 @@ from .report import report
 from .state import active
 
 DEFAULT = "default"  # the kind name of torch's default (factory) device
+_SCOPE_FILE = scope.__file__
 
 
 @dataclass
@@ -46,6 +49,7 @@ class Change:
     lineno: int
     action: str
     seq: int = 0
+    deliberate: bool = False  # its function was still running at a checkpoint: kept only to name it later
 
     @property
     def site(self) -> str:
@@ -92,12 +96,14 @@ def check_returned() -> None:
     """Judge this thread's changes whose function has returned (a checkpoint)."""
     changes = _changes()
     live = _stack_ids()
-    for change in list(changes):
-        changes.remove(change)
+    for change in [c for c in changes if not c.deliberate]:
         if change.frame is not None and id(change.frame) in live:
-            continue  # made by a function that is still running: deliberate
-        if _same(change.kind, current(change.kind), change.before):
-            continue  # put back in time
+            change.deliberate = True  # made by a function that is still running
+            continue
+        changes.remove(change)
+        if _same(change.kind, change.after, change.before) or not _same(change.kind, current(change.kind),
+                                                                         change.after):
+            continue  # put back in time, or changed again since (that change has its own record)
         _restore(change.kind, change.before)
         _report(change, change.function)
 
@@ -108,6 +114,8 @@ def check_block(entry: dict[str, Any], since: int, action: str) -> None:
     made = [c for c in changes if c.seq >= since]
     for change in made:
         changes.remove(change)
+    if all(c.deliberate for c in changes):
+        checkpoint.cancel(_at_module_call)
     live = _stack_ids()
     first: BaseException | None = None
     for kind, before in entry.items():
@@ -155,7 +163,7 @@ def _same(kind: str, now: Any, before: Any) -> bool:
     if kind == DEFAULT:
         return now == before or (now is None and before == torch.device("cpu")) or \
             (before is None and now == torch.device("cpu"))
-    return (now or 0) == (before or 0) or now is None
+    return now is None or before is None or now == before  # None before: the process's first choice
 
 
 def _stack_ids() -> set[int]:
@@ -186,10 +194,20 @@ def _restore(kind: str, value: Any) -> None:
 
 def _record(kind: str, before: Any, after: Any, action: str) -> None:
     frame = fr.caller_frame()
+    probe = sys._getframe(1)
+    while probe is not None and probe is not frame:
+        if probe.f_code.co_filename == _SCOPE_FILE and probe.f_code.co_name in ("__enter__", "__exit__"):
+            return  # torchplace.on / guard: they restore what they change
+        probe = probe.f_back
     changes = _changes()
     for change in changes:  # a function that changes it again: keep the first "before"
         if change.kind == kind and change.frame is frame:
             change.after, change.lineno = after, frame.f_lineno if frame is not None else 0
+            if _same(kind, after, change.before):
+                changes.remove(change)  # it put the device back itself
+            else:
+                change.deliberate = False  # judge it again
+                checkpoint.request(_at_module_call, key="leaks")
             return
     seq = _local.__dict__.get("seq", 0)
     _local.seq = seq + 1
@@ -199,7 +217,7 @@ def _record(kind: str, before: Any, after: Any, action: str) -> None:
 
 def _at_module_call(module: torch.nn.Module, args: tuple[Any, ...]) -> bool:
     check_returned()
-    return not _changes()
+    return all(c.deliberate for c in _changes())
 
 
 def _wrap_index(original: Callable[..., Any], kind_of: Callable[[], str | None]) -> Callable[..., Any]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import re
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Iterator
@@ -20,15 +19,16 @@ import torch
 
 from ..errors import DeviceMismatchError
 from . import frames as fr
-from .layout import model_devices, module_groups
+from .layout import iter_tensors, model_devices, module_groups, own_tensors, plain_attributes
 
 _MISMATCH = re.compile(
     r"Expected all tensors to be on the same device|is not on the expected device|found at least two devices"
     r"|different from other tensors on|Expected object of device type|should be either on cpu or on the same "
     r"device|(?:must|to) be on the same device|are on different devices|is on device \S+ but .* on device")
 _CONV_TYPES = re.compile(r"Input type \((torch\.[\w.]+)\) and weight type \((torch\.[\w.]+)\) should be the same")
+_EXPECTED = re.compile(r"not on the expected device (\S+?)!|different from other tensors on (\S+?)[ ,)]"
+                       r"|found at least two devices, (\S+?) and ")
 _METHOD = re.compile(r"in method (?:wrapper_(?:[A-Za-z0-9]+_)?_?)?(\w+)")
-_MAX_DEPTH = 4
 
 
 def is_device_mismatch(exc: BaseException) -> bool:
@@ -123,8 +123,9 @@ class MismatchReport:
                 tips.append(f"{t.origin} is a plain tensor attribute, which model.to() does not move: "
                             "register it with self.register_buffer(name, tensor, persistent=False)")
             elif t.kind in ("parameter", "buffer"):
-                tips.append(f"{t.kind} {t.origin} is on {t.device}: call model.to({target!r}) after the whole "
-                            "model is built (a submodule added or replaced after .to() stays behind)")
+                owner = (t.origin or "").rpartition(".")[0] or "the model"
+                tips.append(f"{owner}'s parameters/buffers are on {t.device}: call model.to({target!r}) after the "
+                            "whole model is built (a submodule added or replaced after .to() stays behind)")
             elif t.kind == "local" and t.origin and ".forward" in t.origin:
                 tips.append(f"{t.label} is made inside forward() on {t.device}: create it on the input's device "
                             "(torch.tensor(..., device=x.device)) or register it as a buffer")
@@ -156,13 +157,13 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
         report.user_site = fr.site_of(*user)
     chain = list(fr.called_modules(entries[: op_idx + 1]))
     user_frames = [e[0] for e in entries[: op_idx + 1] if not fr.is_library(e[0].f_code.co_filename)]
-    root, root_label = _root(model, chain, user_frames)
+    root, root_label = _root(model, chain)
     if chain:
         report.module = module_path(chain, root, root_label)
         report.module_type = type(chain[-1]).__name__
     origins = _origins(root, root_label, chain, user_frames)
     report.tensors = _tensors(op_frame, report.site.expression, user, origins)
-    report.expected_device = _expected_device(report.tensors, chain)
+    report.expected_device = _expected_device(report.tensors, root, report.torch_message)
     if root is not None and len(model_devices(root)) > 1:
         report.model_split = [f"{g.module} on {g.device}" for g in module_groups(root, root_label)][:6]
     if report.op is None:
@@ -205,16 +206,13 @@ def _op_index(entries: list[tuple[FrameType, int, int]]) -> int:
     return max(limit - 1, 0)
 
 
-def _root(model: torch.nn.Module | None, chain: list[torch.nn.Module],
-          user_frames: list[FrameType]) -> tuple[torch.nn.Module | None, str]:
-    root = model if model is not None else (chain[0] if chain else None)
-    if root is None:
-        return None, "model"
-    for frame in user_frames:
-        for name, value in frame.f_locals.items():
-            if value is root and name != "self":
-                return root, name
-    return root, "model" if model is not None else type(root).__name__
+def _root(model: torch.nn.Module | None, chain: list[torch.nn.Module]) -> tuple[torch.nn.Module | None, str]:
+    """The module paths' root: the given model ("model"), else the outermost running module (its class)."""
+    if model is not None:
+        return model, "model"
+    if chain:
+        return chain[0], type(chain[0]).__name__
+    return None, "model"
 
 
 def _origins(root: torch.nn.Module | None, root_label: str, chain: list[torch.nn.Module],
@@ -226,23 +224,19 @@ def _origins(root: torch.nn.Module | None, root_label: str, chain: list[torch.nn
     for label, module in modules:
         for name, sub in module.named_modules():
             prefix = f"{label}.{name}" if name else label
-            for key, p in sub._parameters.items():
-                if p is not None:
-                    out.setdefault(id(p), ("parameter", f"{prefix}.{key}"))
-            for key, b in sub._buffers.items():
-                if b is not None:
-                    out.setdefault(id(b), ("buffer", f"{prefix}.{key}"))
-            for key, value in vars(sub).items():
-                for path, tensor in _flatten(value, f"{prefix}.{key}", 1):
-                    out.setdefault(id(tensor), ("attribute", path))
-    for frame in user_frames:
-        where = _where(frame)
-        for name, value in frame.f_locals.items():
-            if name == "self":
-                continue
-            for path, tensor in _flatten(value, name, _MAX_DEPTH):
-                kind = "local" if path == name else "batch"
-                out.setdefault(id(tensor), (kind, f"{path} {where}"))
+            for kind, key, tensor in own_tensors(sub):
+                out.setdefault(id(tensor), (kind, f"{prefix}.{key}"))
+        for path, tensor in plain_attributes(module, label):
+            out.setdefault(id(tensor), ("attribute", path))
+    # batch keys first (`batch['x']` says more than `x`), each from the innermost frame that holds it
+    for want_container in (True, False):
+        for frame in reversed(user_frames):
+            where = _where(frame)
+            for name, value in frame.f_locals.items():
+                if name == "self" or isinstance(value, torch.Tensor) == want_container:
+                    continue
+                for path, tensor in _flatten(value, name):
+                    out.setdefault(id(tensor), ("batch" if want_container else "local", f"{path} {where}"))
     return out
 
 
@@ -258,16 +252,9 @@ def _contains(root: torch.nn.Module, module: torch.nn.Module) -> bool:
     return any(m is module for m in root.modules())
 
 
-def _flatten(value: Any, path: str, depth: int) -> Iterator[tuple[str, torch.Tensor]]:
-    if isinstance(value, torch.Tensor):
-        if not isinstance(value, torch.nn.Parameter):
-            yield path, value
-    elif depth > 0 and isinstance(value, Mapping) and not isinstance(value, torch.nn.Module):
-        for key, item in list(value.items())[:64]:
-            yield from _flatten(item, f"{path}[{key!r}]", depth - 1)
-    elif depth > 0 and isinstance(value, (list, tuple)):
-        for i, item in enumerate(value[:64]):
-            yield from _flatten(item, f"{path}[{i}]", depth - 1)
+def _flatten(value: Any, path: str, depth: int = 4) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensors in nested containers, leaving out parameters (those are named by the model)."""
+    return ((p, t) for p, t in iter_tensors(value, path, depth) if not isinstance(t, torch.nn.Parameter))
 
 
 def _tensors(op_frame: FrameType, expression: str | None, user: tuple[FrameType, int, int] | None,
@@ -299,17 +286,21 @@ def _info(label: str, tensor: torch.Tensor, origins: dict[int, tuple[str, str]])
                       scalar=tensor.device.type == "cpu" and tensor.dim() == 0)
 
 
-def _expected_device(tensors: list[TensorInfo], chain: list[torch.nn.Module]) -> str | None:
-    """The device the op should have run on: the model's, else the one most tensors share."""
-    owned = Counter(t.device for t in tensors if t.kind in ("parameter", "buffer") and not t.scalar)
-    if len(owned) == 1:
-        return next(iter(owned))
-    for module in reversed(chain):
-        p = next(module.parameters(), None)
-        if p is not None:
-            if any(t.device == str(p.device) for t in tensors):
-                return str(p.device)
-            break
+def _expected_device(tensors: list[TensorInfo], root: torch.nn.Module | None, text: str) -> str | None:
+    """Where the op should have run: where most of the model is, else where PyTorch expected it."""
+    present = {t.device for t in tensors if not t.scalar}
+    if root is not None:
+        weight: Counter[str] = Counter()
+        for _, _, tensor in (item for m in root.modules() for item in own_tensors(m)):
+            weight[str(tensor.device)] += tensor.numel() * tensor.element_size()
+        if weight:
+            device = weight.most_common(1)[0][0]
+            if device in present:
+                return device
+    match = _EXPECTED.search(text)
+    said = next((g for g in match.groups() if g), None) if match else None
+    if said in present:
+        return said
     counts = Counter(t.device for t in tensors if not t.scalar)
     if len(counts) < 2:
         return None

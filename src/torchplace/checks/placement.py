@@ -1,11 +1,12 @@
 """Placement that depends on the current device: `.cuda()` without an index, `.to("cuda")`,
-`device=torch.device("cuda")` in a factory, and (when asked) factories that omit the device.
+`.to(torch.device("cuda"))`, on tensors and modules.
 
 Which GPU "cuda" means is whatever the thread's current device is, and any helper's
 `torch.cuda.set_device` changes it. The wrappers below replace `Tensor.to`, `Tensor.cuda`,
-`Module.to`, `Module.cuda` and the tensor factories only while strict mode is on; each costs a
-thread-local read and a type check per call, and looks at frames only when it has found
-something to report. Calls made by torch itself (Module.to moving each parameter) are skipped.
+`Module.to` and `Module.cuda` only while strict mode is on; each costs a thread-local read and
+a type check per call, and looks at frames only when it has found something to report. Calls
+made by torch itself (Module.to moving each parameter) are skipped. Factory calls are checked
+by factories.py, on request.
 """
 
 from __future__ import annotations
@@ -23,10 +24,6 @@ from .report import report
 from .state import active
 
 INDEX_FREE = frozenset({"cpu", "meta", "mps"})  # one device of the type: no index to get wrong
-FACTORIES = ("tensor", "as_tensor", "empty", "zeros", "ones", "full", "rand", "randn", "randint",
-             "randperm", "arange", "linspace", "logspace", "eye", "empty_strided", "scalar_tensor")
-LIKE_FACTORIES = ("empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
-                  "randint_like")  # without a device they follow their input: never "omitted"
 
 
 def implicit_device(spec: Any) -> torch.device | None:
@@ -45,86 +42,50 @@ def implicit_device(spec: Any) -> torch.device | None:
 
 def patches() -> list[tuple[Any, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
     """(owner, name, wrapper factory) for every function this check watches."""
-    out: list[tuple[Any, str, Callable[[Callable[..., Any]], Callable[..., Any]]]] = [
-        (torch.Tensor, "to", lambda f: _wrap_to(f, "to")),
-        (torch.Tensor, "cuda", lambda f: _wrap_cuda(f, "cuda")),
-        (torch.nn.Module, "to", lambda f: _wrap_to(f, "to")),
-        (torch.nn.Module, "cuda", lambda f: _wrap_cuda(f, "cuda")),
-    ]
-    for name in FACTORIES + LIKE_FACTORIES:
-        if hasattr(torch, name):
-            out.append((torch, name, functools.partial(_wrap_factory, name=name, like=name in LIKE_FACTORIES)))
-    return out
+    return [(owner, "to", _wrap_to) for owner in (torch.Tensor, torch.nn.Module)] + \
+        [(owner, "cuda", _wrap_cuda) for owner in (torch.Tensor, torch.nn.Module)]
 
 
-def _wrap_to(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+def _wrap_to(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
         config = active()
         if config is not None and config.placement:
             device = implicit_device(kwargs.get("device", args[0] if args else None))
-            if device is not None and _user_called(sys._getframe(1)):
-                _report_implicit(config.placement, device, f".{name}({device.type!r})")
+            if device is not None and user_called(sys._getframe(1)):
+                report_implicit(config.placement, device, f".to({device.type!r})")
         return original(self, *args, **kwargs)
 
     return to
 
 
-def _wrap_cuda(original: Callable[..., Any], name: str) -> Callable[..., Any]:
+def _wrap_cuda(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def cuda(self: Any, *args: Any, **kwargs: Any) -> Any:
         config = active()
         if config is not None and config.placement:
             spec = kwargs.get("device", args[0] if args else None)
             device = torch.device("cuda") if spec is None else implicit_device(spec)
-            if device is not None and _user_called(sys._getframe(1)):
-                _report_implicit(config.placement, device, f".{name}()")
+            if device is not None and user_called(sys._getframe(1)):
+                report_implicit(config.placement, device, ".cuda()")
         return original(self, *args, **kwargs)
 
     return cuda
 
 
-def _wrap_factory(original: Callable[..., Any], name: str, like: bool) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def factory(*args: Any, **kwargs: Any) -> Any:
-        config = active()
-        if config is not None:
-            spec = kwargs.get("device")
-            if spec is not None:
-                device = implicit_device(spec) if config.placement else None
-                if device is not None and _user_called(sys._getframe(1)):
-                    _report_implicit(config.placement, device, f"torch.{name}(..., device={device.type!r})")
-            elif config.factories and not like and _user_called(sys._getframe(1)):
-                if not (args and isinstance(args[0], torch.Tensor)) and torch.get_default_device().type == "cpu":
-                    _report_omitted(config.factories, name)
-        return original(*args, **kwargs)
-
-    return factory
-
-
-def _user_called(frame: Any) -> bool:
+def user_called(frame: Any) -> bool:
     """False for torch's own calls (Module.to moving each parameter, optimizers' step counters)."""
     return frame is not None and not fr.in_torch(frame.f_code.co_filename)
 
 
-def _report_implicit(action: str, device: torch.device, call: str) -> None:
+def report_implicit(action: str, device: torch.device, call: str) -> None:
     frame = fr.caller_frame()
     site = fr.site_of(frame) if frame is not None else None
     code = f"`{site.expression}`" if site and site.expression else f"`{call}`"
     index = current_index(device.type)
     now = f" ({device.type}:{index} at the moment)" if index is not None else ""
-    message = (f"{code}{f' at {site}' if site else ''} places the tensor on whatever {device.type} device is current "
+    message = (f"{code}{f' at {site}' if site else ''} puts it on whatever {device.type} device is current "
                f"in this thread{now}, and any torch.{device.type}.set_device() elsewhere changes that silently. "
                f"torchplace.strict() asks for named devices. Fix: name the device, e.g. "
                f"dev = torchplace.device('{device.type}:0') once, then .to(dev) or device=dev.")
-    report(action, message, DeviceError, frame)
-
-
-def _report_omitted(action: str, name: str) -> None:
-    frame = fr.caller_frame()
-    site = fr.site_of(frame) if frame is not None else None
-    code = f"`{site.expression}`" if site and site.expression else f"`torch.{name}(...)`"
-    message = (f"{code}{f' at {site}' if site else ''} omits the device, so the tensor is made on the CPU "
-               f"(the default device) whatever the model uses; a `with torch.cuda.device(n)` block does not "
-               f"change that. Fix: pass device= explicitly, e.g. device=x.device or a torchplace.device(...).")
     report(action, message, DeviceError, frame)

@@ -4,9 +4,10 @@
         train(model, loader)
 
 checks, each "error" (default), "warn", or off:
-- placement: `.cuda()` without an index, `.to("cuda")`, `device=torch.device("cuda")`:
-  where they land depends on the thread's current device (placement.py); `factories=True`
-  also flags factory calls that omit the device (off by default);
+- placement: `.cuda()` without an index, `.to("cuda")`, `.to(torch.device("cuda"))`: where
+  they land depends on the thread's current device (placement.py);
+- factories (off by default: it runs a per-op mode, for debugging runs): factory calls that
+  omit the device, or give one without an index (factories.py);
 - mismatch: an op mixing devices raises DeviceMismatchError naming the op, each tensor (device,
   dtype, shape, parameter/buffer/batch key) and the module path (mismatch.py); always on;
 - leaks: a function that changes the current (or default) device and returns without
@@ -15,9 +16,10 @@ checks, each "error" (default), "warn", or off:
 - syncs (off by default): host-device synchronizations inside the block, through torch's own
   CUDA sync debug mode (so mark the hot loop: `with torchplace.strict(syncs=True): ...`).
 
-Cost: nothing per op. While on, the checks are wrappers around a few torch functions and
-one-shot module hooks; a device mismatch is diagnosed only after PyTorch has raised it.
-Off, torch's own functions are in place: zero cost (`torchplace bench strict` measures both).
+Cost: nothing per op (except factories=True). While on, the checks are wrappers around a few
+torch functions and one-shot module hooks; a device mismatch is diagnosed only after PyTorch
+has raised it. Off, torch's own functions are in place: zero cost (`torchplace bench strict`
+measures both).
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ import torch
 
 from ..errors import TorchplaceError
 from . import autocast as autocast_check
-from . import boundary, state
+from . import boundary, checkpoint, state
 from . import leaks as leak_check
 from . import placement as placement_check
+from .factories import FactoryCheck
 from .mismatch import is_device_mismatch, to_error
 from .patches import PatchSet
 from .state import ACTIONS, Action, StrictConfig
@@ -53,6 +56,7 @@ class Strict(ContextDecorator):
         self._entry: dict[str, Any] = {}
         self._seq = 0
         self._sync_mode: int | None = None
+        self._factories: FactoryCheck | None = None
 
     def _recreate_cm(self) -> "Strict":  # a decorated function gets a fresh context per call
         return Strict(self.config)
@@ -63,11 +67,16 @@ class Strict(ContextDecorator):
         if self.config.leaks:
             self._entry, self._seq = leak_check.snapshot(), leak_check.next_seq()
         self._sync_mode = _set_sync_mode(self.config.syncs)
+        if self.config.factories:
+            self._factories = FactoryCheck(self.config.placement, self.config.factories)
+            self._factories.__enter__()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> bool:
         try:
+            if self._factories is not None:
+                self._factories.__exit__(exc_type, exc, tb)
             if self._sync_mode is not None:
                 torch.cuda.set_sync_debug_mode(self._sync_mode)
             if self.config.leaks:  # while an error is already propagating, a leak is only a warning
@@ -75,6 +84,8 @@ class Strict(ContextDecorator):
         finally:
             state.pop(self.config)
             _PATCHES.release()
+            if state.active() is None:
+                checkpoint.cancel_all()  # an autocast block that never reached a module: no one to check now
         if exc is not None and is_device_mismatch(exc):
             raise to_error(exc, self.config.model) from exc
         return False
@@ -93,10 +104,14 @@ def strict(action: Action = "error", *, model: torch.nn.Module | None = None, pl
                               factories=factories, syncs=syncs))
 
 
-def make_config(action: str, model: torch.nn.Module | None = None, **checks: Check) -> StrictConfig:
+def make_config(action: str, model: torch.nn.Module | None = None, *, placement: Check = True,
+                leaks: Check = True, autocast: Check = True, factories: Check = False,
+                syncs: Check = False) -> StrictConfig:
     """A validated StrictConfig from strict()'s arguments."""
+    checks = {"placement": placement, "leaks": leaks, "autocast": autocast, "factories": factories, "syncs": syncs}
     if action not in ACTIONS:
-        raise ValueError(f"strict(action={action!r}): use 'error' (raise) or 'warn' (warn and go on).")
+        raise ValueError(f"strict(action={action!r}): use 'error' (raise) or 'warn' (warn and go on); "
+                         "as a decorator, write @torchplace.strict() with the parentheses.")
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"strict(model=...) takes an nn.Module, got {type(model).__name__}.")
     resolved: dict[str, Any] = {}

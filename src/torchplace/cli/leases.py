@@ -42,12 +42,19 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"No GPU is leased ({leases.path}).")
         return 0
     table = Table(title=f"GPU leases in {leases.path}")
-    for column in ("GPU", "UUID", "held", "pid", "user", "since", "command"):
-        table.add_column(column)
+    table.add_column("GPU", justify="right")
+    table.add_column("UUID", overflow="fold")
+    if args.all:
+        table.add_column("held")
+    for column in ("pid", "user", "since"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("command", overflow="fold")
     for rec in records:
         holder = rec["holder"] or {}
-        gpu = "?" if rec["physical_index"] is None else f"{rec['physical_index']} {rec['name'] or ''}".strip()
-        table.add_row(gpu, rec["uuid"], "yes" if rec["held"] else "no", str(holder.get("pid") or ""),
-                      holder.get("user") or "", holder.get("since") or "", holder.get("command") or "")
+        gpu = "?" if rec["physical_index"] is None else str(rec["physical_index"])
+        held = ["yes" if rec["held"] else "no"] if args.all else []
+        since = (holder.get("since") or "").replace("T", " ")[:19]
+        table.add_row(gpu, rec["uuid"], *held, str(holder.get("pid") or ""), holder.get("user") or "",
+                      since, holder.get("command") or "")
     console.print(table)
     return 0

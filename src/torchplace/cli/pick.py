@@ -29,14 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..distributed.pick import pick
-    from ..errors import LeaseError
 
     count = args.count if args.count == "auto" else _count(args.count)
-    try:
-        picked = pick(count, min_free_memory=args.min_free_memory, max_utilization=args.max_utilization,
-                      wait=args.wait, snapshot=args.snapshot, lease=False)
-    except ValueError as exc:  # a size or duration that does not parse
-        raise LeaseError(str(exc)) from None
+    picked = pick(count, min_free_memory=args.min_free_memory, max_utilization=args.max_utilization,
+                  wait=args.wait, snapshot=args.snapshot, lease=False)
     if args.json:
         print(json.dumps(picked.to_dict(), indent=1))
     else:

@@ -45,17 +45,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..distributed import run as runner
-    from ..errors import DistributedError, TorchplaceError
+    from ..errors import TorchplaceError
 
     torchrun = {k[3:]: v for k, v in vars(args).items() if k.startswith("tr_") and v is not None}
-    try:
-        plan = runner.plan(args.cmd, gpus=args.gpus, nproc=args.nproc, once=args.once, wait=args.wait,
-                           min_free_memory=args.min_free_memory, max_utilization=args.max_utilization,
-                           snapshot=args.snapshot, torchrun=torchrun, lease=not args.dry_run)
-    except ValueError as exc:
-        if isinstance(exc, TorchplaceError):
-            raise
-        raise DistributedError(str(exc)) from None
+    plan = runner.plan(args.cmd, gpus=args.gpus, nproc=args.nproc, once=args.once, wait=args.wait,
+                       min_free_memory=args.min_free_memory, max_utilization=args.max_utilization,
+                       snapshot=args.snapshot, torchrun=torchrun, lease=not args.dry_run)
     if args.dry_run:
         if args.json:
             print(json.dumps(plan.to_dict(), indent=1))

@@ -21,14 +21,12 @@ the kernel's /proc/locks.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import errno
 import fcntl
 import json
 import os
 import pwd
 import re
-import socket
 import stat
 import sys
 import threading
@@ -69,7 +67,8 @@ def _lock_name(uuid: str) -> str:
 
 
 def _now_iso() -> str:
-    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return f"{stamp[:-2]}:{stamp[-2:]}"  # +0000 -> +00:00, as ISO 8601 writes it
 
 
 @dataclass(frozen=True)
@@ -323,7 +322,7 @@ class LeaseDir:
                 os.close(fd)
                 return None
             holder = Holder(pid=os.getpid(), user=_user(os.getuid()), uid=os.getuid(),
-                            hostname=socket.gethostname(), since=_now_iso(),
+                            hostname=os.uname().nodename, since=_now_iso(),
                             command=(command or " ".join(sys.argv))[:300])
             holder_file = self._write_holder(dirfd, uuid, holder)
         lease = Lease(uuid, self.path, fd, holder, holder_file)

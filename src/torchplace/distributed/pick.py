@@ -319,16 +319,19 @@ def pick(count: int | str = 1, *, gpus: Sequence[int | str] | None = None,
     """
     if count != "auto" and (not isinstance(count, int) or count < 1):
         raise LeaseError(f"count={count!r} must be a whole number >= 1 or 'auto'.")
-    min_free = parse_size(min_free_memory) if min_free_memory is not None else None
+    try:
+        min_free = parse_size(min_free_memory) if min_free_memory is not None else None
+        wait_s = parse_duration(wait) if wait is not None else 0.0
+    except ValueError as exc:
+        raise LeaseError(str(exc)) from None
     if max_utilization is not None and not 0 <= max_utilization <= 100:
         raise LeaseError(f"max_utilization={max_utilization} must be a percentage from 0 to 100.")
-    wait_s = parse_duration(wait) if wait is not None else 0.0
     deadline = time.monotonic() + wait_s
     rng = random.Random(seed)
     user = _my_user()
     leases_at = LeaseDir(lease_dir)
     notify = on_wait or (lambda text: print(f"torchplace: {text}", file=sys.stderr, flush=True))
-    last_notice, delay = None, 0.05
+    last_reasons, delay = None, 0.05
     while True:
         topo = topology if topology is not None else load_topology(snapshot)
         if not topo.gpus:
@@ -337,6 +340,9 @@ def pick(count: int | str = 1, *, gpus: Sequence[int | str] | None = None,
                              "`torchplace doctor`, or run on CPU (`torchplace run --gpus none`).")
         only = _resolve_explicit(topo, gpus) if gpus is not None else None
         need = len(only) if only is not None else count
+        if need != "auto" and int(need) > len(topo.gpus):
+            raise LeaseError(f"{need} GPUs were requested, but {topo.source} has {len(topo.gpus)}: "
+                             f"{_inventory(topo)}. Fix: ask for at most {len(topo.gpus)}.")
         ordered, rejected = rank_gpus(topo, min_free_memory=min_free, max_utilization=max_utilization,
                                       only=only, user=user, rng=rng)
         result = _try_lease(ordered, need, leases_at, lease, command, user)
@@ -355,10 +361,9 @@ def pick(count: int | str = 1, *, gpus: Sequence[int | str] | None = None,
                 f"Cannot pick {request}{waited} in {topo.source}: {reasons}. Fix: wait for one "
                 "(--wait 10m / wait='10m'), relax --min-free-memory / --max-utilization, or ask "
                 f"with fewer GPUs; `torchplace leases` lists who holds what.")
-        notice = f"waiting up to {left:.0f} s for {request}: {reasons}"
-        if notice.split(": ", 1)[1] != (last_notice or ": ").split(": ", 1)[1]:
-            notify(notice)
-            last_notice = notice
+        if reasons != last_reasons:  # say it again only when the reasons change
+            notify(f"waiting up to {left:.0f} s for {request}: {reasons}")
+            last_reasons = reasons
         time.sleep(min(left, delay * (0.5 + rng.random())))
         delay = min(delay * 2, 1.0)
 
@@ -369,11 +374,14 @@ def _try_lease(ordered: list[GpuRecord], need: int | str, leases_at: LeaseDir, l
     busy: list[Rejection] = []
     free: list[tuple[GpuRecord, Holder | None]] = []  # holder set: inherited from an ancestor
     family = _ancestors()
+    handed = {e.strip() for e in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")}
     for gpu in ordered:
         status = leases_at.status(gpu.uuid)
         if not status.held:
             free.append((gpu, None))
-        elif not status.mine and status.holder is not None and status.holder.pid in family:
+        elif (not status.mine and gpu.uuid in handed and status.holder is not None
+              and status.holder.pid in family):
+            # leased by our launcher (torchplace run) and made visible to us: ours to use
             free.append((gpu, status.holder))
         else:
             who = "this process" if status.mine else (status.holder.describe() if status.holder

@@ -18,7 +18,6 @@ Every other environment variable (NCCL_NVLS_ENABLE included) passes through unch
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Sequence
@@ -145,7 +144,8 @@ def plan(cmd: Sequence[str], *, gpus: str | int | GpuRequest = 1, nproc: int | N
     for name in TORCHRUN_OPTIONS:
         if name in torchrun:
             argv += [f"--{name.replace('_', '-')}", str(torchrun[name])]
-    argv += ["--nproc-per-node", str(count), "--no-python", *cmd]
+    # "--" keeps torchrun's parser away from CMD's options (it would take "--nproc" for its own)
+    argv += ["--nproc-per-node", str(count), "--no-python", "--", *cmd]
     return RunPlan(argv=argv, env_changes=changes, nproc=count, launcher="torchrun", picked=picked, notes=notes)
 
 
@@ -155,14 +155,20 @@ def execute(run: RunPlan) -> NoReturn:
         for lease in run.picked.leases:
             lease.keep_across_exec()
     program = run.argv[0]
-    if shutil.which(program, path=run.environ().get("PATH")) is None and not os.path.exists(program):
-        if run.picked is not None:
-            run.picked.release()
-        raise TorchplaceError(f"Command {program!r} was not found on PATH. Fix: check its spelling, "
-                              "or give its full path (for Python, sys.executable or `python3`).")
+    env = run.environ()
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execvpe(program, run.argv, run.environ())
+    try:
+        os.execvpe(program, run.argv, env)
+    except OSError as exc:  # exec returned: nothing ran, so give the GPUs back and say why
+        if run.picked is not None:
+            run.picked.release()
+        if isinstance(exc, FileNotFoundError) and "/" not in program:
+            where = " (it is in this directory; write ./" + program + ")" if os.path.exists(program) else ""
+            raise TorchplaceError(f"Command {program!r} was not found on PATH{where}. Fix: check its "
+                                  "spelling, or give its path (for Python: `-- python3 train.py`).") from None
+        raise TorchplaceError(f"Cannot run {program!r}: {exc.strerror}. Fix: make it executable "
+                              f"(chmod +x) or run it through its interpreter, e.g. `-- python3 {program}`.") from None
 
 
 # --------------------------------------------------------------------------- torchrun side

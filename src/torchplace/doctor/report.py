@@ -37,6 +37,10 @@ def driver_check(facts: Facts) -> list[Finding]:
             env[key] = facts.env[key]
     view = probe_driver(env)
     ours = [d.mig_uuid or d.uuid for d in facts.visible.visible]
+    if view.uuids is None and facts.visible.duplicates and "returned 101" in (view.error or ""):
+        return [Finding("driver.agrees", "info", "The driver refuses this CUDA_VISIBLE_DEVICES, as torchplace predicts",
+                        f"cuInit failed with error 101 (invalid device) because of the repeated entries "
+                        f"{facts.visible.duplicates}.")]
     if view.uuids is None:
         return [Finding("driver.probe_failed", "info", "The driver cross-check could not run", view.error or "",
                         "Run on the GPU machine itself, with the NVIDIA driver installed.")]

@@ -15,6 +15,7 @@ holds them. A leak warns (`MemoryLeakWarning`) or, under strict mode, raises `Me
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -50,6 +51,7 @@ class LeakReport:
     samples: list[int]
     new_graph_holders: int
     holders: list[TensorInfo] = field(default_factory=list)
+    kept_by: list[str] = field(default_factory=list)  # "28 x float32 [] made by MeanBackward0 in ..."
     message: str = ""
 
 
@@ -87,8 +89,6 @@ class MemoryTracker:
         if self.report is not None:
             if strict_enabled(self.strict):
                 raise MemoryLeakError(self.report.message)
-            import warnings
-
             warnings.warn(self.report.message, MemoryLeakWarning, stacklevel=2)
 
     def step(self) -> None:
@@ -132,22 +132,28 @@ class MemoryTracker:
             if not (steady or piled):
                 return None
             new = [t for t in current if id(t) not in self._baseline_holders]
-            holders = _describe_holders(new, tensors, current)
+            holders, kept_by = _describe_holders(new, tensors, current)
             del current, new
         finally:
             tensors.clear()
-        report = LeakReport(str(self.device), tracked, growth, self.tolerance_bytes, list(s), max(0, added), holders)
+        report = LeakReport(str(self.device), tracked, growth, self.tolerance_bytes, list(s), max(0, added),
+                            holders, kept_by)
         report.message = _message(report, steady)
         return report
 
 
-def _describe_holders(new: list[torch.Tensor], *own_lists: list[torch.Tensor]) -> list[TensorInfo]:
-    """Describe the new graph holders, those that Python containers keep first (the culprits);
-    the rest are kept alive by local variables or as saved activations inside those graphs."""
+def _describe_holders(new: list[torch.Tensor], *own_lists: list[torch.Tensor]) -> tuple[list[TensorInfo], list[str]]:
+    """Describe the new graph holders, those kept in Python containers first (the culprits), and
+    count them per container; the rest are referenced by local variables, or only by those
+    graphs (saved activations)."""
     origins = cuda_origins(new[:_DESCRIBED])
     described: list[TensorInfo] = []
+    kept_by: list[str] = []
     seen: set[int] = set()
     for where, hits in containers_of(new, *own_lists):
+        kinds = Counter(f"{str(t.dtype).removeprefix('torch.')} {list(t.shape)} made by {type(t.grad_fn).__name__}"
+                        for t in hits)
+        kept_by += [f"{n} x {kind} in {where}" for kind, n in kinds.most_common(3)]
         for t in hits:
             if id(t) not in seen and len(described) < _DESCRIBED:
                 seen.add(id(t))
@@ -156,7 +162,7 @@ def _describe_holders(new: list[torch.Tensor], *own_lists: list[torch.Tensor]) -
         if id(t) not in seen and len(described) < _DESCRIBED:
             seen.add(id(t))
             described.append(tensor_info(t, None, origins))
-    return described
+    return described, kept_by
 
 
 def _message(r: LeakReport, steady: bool) -> str:
@@ -170,26 +176,14 @@ def _message(r: LeakReport, steady: bool) -> str:
         parts.append(f"Memory on {r.device} grew by {_fmt(r.growth_bytes)} over {r.steps} steps, within the "
                      f"tolerance of {_fmt(r.tolerance_bytes)}, but live tensors holding autograd graphs piled up.")
     if r.new_graph_holders:
-        held = Counter(_group(h) for h in r.holders if h.held_by)
-        loose = len([h for h in r.holders if not h.held_by])
-        listed = "; ".join(f"{n} x {g}" for g, n in held.most_common(5)) or "none in a container"
-        more = (f" ({loose} of those described are referenced only by local variables or, as saved "
-                "activations, by those graphs)") if loose else ""
-        parts.append(f"{r.new_graph_holders} more live tensor(s) hold autograd graphs than at the start: "
-                     f"{listed}{more}.")
+        listed = "; ".join(r.kept_by[:5]) or "none is kept in a list, dict or attribute (look at local variables)"
+        parts.append(f"{r.new_graph_holders} more live tensor(s) hold autograd graphs than at the start: {listed}.")
         parts.append("Fix: keep loss.item() or loss.detach() instead of the tensor, and run evaluation "
                      "under torch.no_grad() or torch.inference_mode().")
     else:
         parts.append("No new tensor holds an autograd graph; look for tensors kept in lists or caches, "
                      "or memory outside torch (torchplace.memory_report() lists the largest live tensors).")
     return " ".join(parts)
-
-
-def _group(info: TensorInfo) -> str:
-    text = f"{info.dtype} {list(info.shape)} made by {info.grad_fn}"
-    if info.held_by:
-        text += f", held by {info.held_by}"
-    return text
 
 
 def track_memory(device: Any = None, *, tolerance_bytes: int | None = None, warmup_steps: int = 2,
@@ -199,7 +193,8 @@ def track_memory(device: Any = None, *, tolerance_bytes: int | None = None, warm
     DEVICE defaults to this process's device (`torchplace.device()`). TOLERANCE_BYTES is the
     growth allowed over the whole run (default 1 MiB on CUDA, 16 MiB on the CPU, whose
     resident set is noisier). `record_origins=True` records CUDA allocation stacks while
-    tracking, so the report says where leaked tensors were made (it slows allocations).
+    tracking, so the report says where leaked tensors were made (it slows allocations, and
+    turns torch's history recording off again on exit).
     """
     from ..placement.resolve import device as resolve_device
 

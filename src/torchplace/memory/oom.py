@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import mmap
 import re
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -24,6 +25,7 @@ import torch
 from ..errors import TorchplaceError
 from .report import MemoryReport, _fmt, device_memory, describe_tensors, graph_holders, live_tensors
 
+RESERVE_BYTES = 32 * 2**20
 _CPU_OOM = "DefaultCPUAllocator: can't allocate memory"
 _SIZES = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
@@ -94,7 +96,8 @@ def diagnose(exc: BaseException, device: Any = None, top: int = 5) -> OomReport:
     report = OomReport(str(dev) if dev else None, requested_bytes(message),
                        message.strip().splitlines()[0] if message.strip() else type(exc).__name__)
     if dev is not None:
-        tensors = live_tensors(lambda t: t.device.type == dev.type)
+        same = lambda t: t.device.type == dev.type and dev.index in (None, t.device.index)  # noqa: E731
+        tensors = live_tensors(same)
         try:
             ranked = sorted(tensors, key=lambda t: t.untyped_storage().nbytes(), reverse=True)[:top]
             holders = graph_holders(tensors)[:top]
@@ -118,15 +121,16 @@ def _suggestions(r: OomReport, dev: torch.device | None) -> list[str]:
             out.append(f"{_fmt(slack)} is reserved by the caching allocator but unallocated, more than the "
                        f"{_fmt(r.requested_bytes)} asked for: fragmentation. Set "
                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before the process starts.")
-    if r.memory and r.memory.graph_holders:
-        out.append("live tensors hold autograd graphs (listed above): keep loss.item() or .detach() instead "
-                   "of the tensor, and run evaluation under torch.no_grad() or torch.inference_mode().")
+    if r.memory and any(t.held_by for t in r.memory.graph_holders):  # the failing step's own are expected
+        out.append("tensors kept in variables or containers hold autograd graphs (listed above): keep "
+                   "loss.item() or .detach() instead of the tensor, and run evaluation under torch.no_grad() "
+                   "or torch.inference_mode().")
     if r.other_processes:
         out.append("other processes use this GPU (listed above): pick a free one with torchplace.pick(), "
                    "or stop them.")
     if mem and mem.limit_bytes is not None and dev is not None and dev.type == "cpu":
-        out.append(f"this process is limited to {_fmt(mem.limit_bytes)} (cgroup memory limit or RLIMIT_AS): "
-                   "raise the limit, or use less memory as below.")
+        out.append(f"this process is limited to {_fmt(mem.limit_bytes)} ({mem.limit_kind}): raise the limit, "
+                   "or use less memory as below.")
     out.append("use a smaller batch: torchplace.find_batch_size(fn, start) finds the largest that fits.")
     if dev is not None and dev.type == "cuda":
         out.append("compute in bf16/fp16 (torchplace.precision_for(device).autocast()) to halve activations, "
@@ -157,19 +161,31 @@ class diagnose_oom(contextlib.ContextDecorator):  # noqa: N801 - used like a fun
     """Turn an out-of-memory failure inside the block (or decorated function) into a diagnosis.
 
     Raises `OutOfMemoryDiagnosis` (a torch.OutOfMemoryError) whose message is the report;
-    the report is also kept on `.report`. Other exceptions pass through untouched.
+    the report is also kept on `.report`. Other exceptions pass through untouched. On entry it
+    maps RESERVE_BYTES of address space that it unmaps on a failure, so that under RLIMIT_AS or
+    strict overcommit the report itself still has room to be built.
     """
 
-    def __init__(self, device: Any = None, *, top: int = 5) -> None:
+    def __init__(self, device: Any = None, *, top: int = 5, reserve_bytes: int = RESERVE_BYTES) -> None:
         self.device = device
         self.top = top
+        self.reserve_bytes = reserve_bytes
         self.report: OomReport | None = None
+        self._reserve: mmap.mmap | None = None
 
     def __enter__(self) -> "diagnose_oom":
+        if self.reserve_bytes and self._reserve is None:
+            try:  # address space (and commit charge) only; untouched pages use no RAM
+                self._reserve = mmap.mmap(-1, self.reserve_bytes)
+            except (OSError, ValueError):
+                self._reserve = None
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if self._reserve is not None:  # give the reserve back, so the report has room to be built
+            self._reserve.close()
+            self._reserve = None
         if exc is None or isinstance(exc, OutOfMemoryDiagnosis) or not is_oom(exc):
             return None
         self.report = diagnose(exc, self.device, self.top)

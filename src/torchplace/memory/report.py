@@ -16,7 +16,7 @@ CUDA when torch's memory history is being recorded (`track_memory(record_origins
 from __future__ import annotations
 
 import gc
-import types
+import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -65,6 +65,7 @@ class DeviceMemory:
     total_bytes: int | None = None
     peak_allocated_bytes: int | None = None
     limit_bytes: int | None = None
+    limit_kind: str | None = None  # what sets the limit, e.g. "RLIMIT_AS (address space)"
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
@@ -73,7 +74,7 @@ class DeviceMemory:
         if self.peak_allocated_bytes is not None:
             items.append(f"peak {_fmt(self.peak_allocated_bytes)}")
         if self.limit_bytes is not None:
-            items.append(f"limit {_fmt(self.limit_bytes)}")
+            items.append(f"limit {_fmt(self.limit_bytes)} ({self.limit_kind})")
         return f"{self.device}: " + ", ".join(items)
 
 
@@ -89,14 +90,23 @@ class MemoryReport:
         lines = [d.describe() for d in self.devices]
         if self.largest:
             lines.append("largest live tensors:")
-            lines += [f"  {t.describe()}" for t in self.largest]
+            lines += _grouped(self.largest)
         if self.graph_holders:
             lines.append("live tensors holding autograd graphs:")
-            lines += [f"  {t.describe()}" for t in self.graph_holders]
+            lines += _grouped(self.graph_holders)
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _grouped(infos: list[TensorInfo]) -> list[str]:
+    """One line per distinct description, with a count when it repeats."""
+    counts: dict[str, int] = {}
+    for info in infos:
+        text = info.describe()
+        counts[text] = counts.get(text, 0) + 1
+    return [f"  {n} x {text}" if n > 1 else f"  {text}" for text, n in counts.items()]
 
 
 def memory_report(device: Any = None, *, top: int = 10) -> MemoryReport:
@@ -146,10 +156,12 @@ def _cpu_memory(tensors: Iterable[torch.Tensor]) -> DeviceMemory:
 
     vm = psutil.virtual_memory()
     live = sum(_storage_bytes(t) for t in tensors if t.device.type == "cpu")
-    limits = [v for v in (host.cgroup_memory_limit(), host.address_space_limit()) if v is not None]
+    limits = [(v, kind) for v, kind in ((host.cgroup_memory_limit(), "cgroup memory limit"),
+                                        (host.address_space_limit(), "RLIMIT_AS, address space")) if v is not None]
+    limit = min(limits) if limits else (None, None)
     mem = DeviceMemory("cpu", allocated_bytes=live, reserved_bytes=int(psutil.Process().memory_info().rss),
-                       free_bytes=int(vm.available), total_bytes=int(vm.total),
-                       limit_bytes=min(limits) if limits else None)
+                       free_bytes=int(vm.available), total_bytes=int(vm.total), limit_bytes=limit[0],
+                       limit_kind=limit[1])
     mem.notes.append("cpu: allocated = live tensors found by the garbage collector, reserved = resident set "
                      "of this process, limit = the smaller of the cgroup memory limit and RLIMIT_AS")
     return mem
@@ -227,7 +239,19 @@ def describe_tensors(chosen: list[torch.Tensor], *own_lists: list[torch.Tensor])
     """TensorInfo for CHOSEN; OWN_LISTS (the caller's scan lists) are not reported as holders."""
     origins = _cuda_origins({t.device for t in chosen if t.device.type == "cuda"})
     own = {id(chosen), *map(id, own_lists)}
-    return [tensor_info(t, holder_of(t, own), origins) for t in chosen]
+    grads = {id(p.grad): p for pool in own_lists for p in pool
+             if p.is_leaf and p.requires_grad and p.grad is not None}
+    return [tensor_info(t, _holder_or_grad(t, own, grads), origins) for t in chosen]
+
+
+def _holder_or_grad(t: torch.Tensor, own: set[int], grads: dict[int, torch.Tensor]) -> str | None:
+    """What holds T; a gradient is held by its parameter's `.grad`, which Python cannot see."""
+    found = holder_of(t, own)
+    if found is None and id(t) in grads:
+        param = grads[id(t)]
+        owner = holder_of(param, own | {id(grads)})
+        return f".grad of {owner}" if owner else ".grad of a parameter"
+    return found
 
 
 def tensor_info(t: torch.Tensor, held_by: str | None = None, origins: dict[int, str] | None = None) -> TensorInfo:
@@ -250,14 +274,14 @@ def containers_of(targets: list[torch.Tensor], *own_lists: Any, limit: int = 5) 
     """The Python containers (lists, tuples, sets, dicts) that reference TARGETS, most first, each
     described ('a list of 60 items (global 'history' in __main__)') with the targets it holds.
 
-    One pass over the heap, so it stays cheap for many targets. Targets in no container are
+    One traversal of the heap for all targets together. Targets in no container are
     referenced only by local variables or by autograd graphs (saved activations).
     """
     wanted = {id(t): t for t in targets}
-    heap = gc.get_objects()
-    own = {id(targets), id(wanted), id(heap), *map(id, own_lists)}
+    referrers = gc.get_referrers(*targets)  # one traversal of the heap, in C, for all targets
+    own = {id(targets), id(wanted), id(referrers), *map(id, own_lists)}
     found: dict[int, tuple[Any, list[torch.Tensor]]] = {}
-    for obj in heap:
+    for obj in referrers:
         if id(obj) in own or type(obj) not in (list, tuple, set, dict):
             continue
         values = obj.values() if type(obj) is dict else obj
@@ -267,7 +291,7 @@ def containers_of(targets: list[torch.Tensor], *own_lists: Any, limit: int = 5) 
             continue
         if hits:
             found[id(obj)] = (obj, hits)
-    heap.clear()
+    referrers.clear()
     ranked = sorted(found.values(), key=lambda item: len(item[1]), reverse=True)[:limit]
     ignore = own | {id(found), id(ranked)} | {id(item) for item in ranked} | {id(item) for item in found.values()}
     out = [(_describe_container(obj, hits[0], ignore), hits) for obj, hits in ranked]
@@ -279,50 +303,65 @@ def containers_of(targets: list[torch.Tensor], *own_lists: Any, limit: int = 5) 
 def _describe_container(obj: Any, first: Any, ignore: set[int]) -> str:
     if type(obj) is dict:
         key = next((k for k, v in obj.items() if v is first), None)
-        if "__builtins__" in obj and "__name__" in obj:
-            return f"global {key!r} in {obj['__name__']}"
-        owner = _dict_owner(obj, ignore | {id(obj)})
-        return f"{key!r} of {owner}" if owner else f"key {key!r} of a dict of {len(obj)} items"
+        return _dict_entry(obj, key, ignore | {id(obj)})
     what = f"a {type(obj).__name__} of {len(obj)} items"
     outer = holder_of(obj, ignore, depth=1)
     return f"{what} ({outer})" if outer else what
 
 
 def holder_of(obj: Any, ignore: set[int], depth: int = 2) -> str | None:
-    """Name what references OBJ: 'global x in m', 'attribute x of C', 'a list of N items in ...'."""
+    """Name what references OBJ: "global 'x' in m", 'Trainer.x', "Linear._parameters['weight']",
+    'a list of N items (...)'. None when only local variables or C++ (autograd) hold it."""
     refs = gc.get_referrers(obj)  # one heap scan per call: only for the few objects a report names
     ignore = ignore | {id(obj), id(refs)}
-    for ref in refs:
-        if id(ref) in ignore or isinstance(ref, (types.FrameType, types.CoroutineType, types.GeneratorType)):
-            continue
+    refs = [r for r in refs if id(r) not in ignore]
+    for ref in refs:  # named places first: a global, an attribute, a dict entry
         if isinstance(ref, dict):
             key = next((k for k, v in ref.items() if v is obj), None)
-            if key is None:
-                continue
-            if "__builtins__" in ref and "__name__" in ref:
-                return f"global {key!r} in {ref['__name__']}"
-            owner = _dict_owner(ref, ignore | {id(ref)})
-            return f"{key!r} of {owner}" if owner else f"key {key!r} of a dict"
-        if isinstance(ref, (list, tuple, set)):
+            if key is not None:
+                return _dict_entry(ref, key, ignore | {id(ref), id(refs)})
+        elif type(ref) not in (list, tuple, set):  # an object whose attributes live inline (3.11+)
+            attrs = getattr(ref, "__dict__", None)
+            key = next((k for k, v in attrs.items() if v is obj), None) if type(attrs) is dict else None
+            if key is not None:
+                return f"{type(ref).__name__}.{key}"
+    for ref in refs:
+        if type(ref) in (list, tuple, set):
             what = f"a {type(ref).__name__} of {len(ref)} items"
-            if depth > 1:
-                outer = holder_of(ref, ignore | {id(ref)}, depth - 1)
-                if outer:
-                    return f"{what} ({outer})"
-            return what
+            outer = holder_of(ref, ignore | {id(ref), id(refs)}, depth - 1) if depth > 1 else None
+            return f"{what} ({outer})" if outer else what
     return None
 
 
-def _dict_owner(d: dict, ignore: set[int]) -> str | None:
+def _dict_entry(d: dict, key: Any, ignore: set[int]) -> str:
+    """Name entry KEY of dict D: a module global, an attribute, or an entry of an attribute dict."""
+    key = _key_text(key)
+    if "__builtins__" in d and "__name__" in d:
+        return f"global {key} in {d['__name__']}"
     refs = gc.get_referrers(d)
+    ignore = ignore | {id(refs)}
     for ref in refs:
-        if ref is refs or id(ref) in ignore or isinstance(ref, (dict, types.FrameType)):
+        if id(ref) in ignore:
             continue
         if getattr(ref, "__dict__", None) is d:
-            return f"a {type(ref).__name__}"
-        if isinstance(ref, torch.nn.Module):  # _parameters / _buffers dicts
-            return f"a {type(ref).__name__} module"
-    return None
+            return f"{type(ref).__name__}.{key.strip(chr(39))}"
+        if isinstance(ref, dict):  # D is an attribute of an object, e.g. a module's _parameters
+            attr = next((k for k, v in ref.items() if v is d), None)
+            if attr is None:
+                continue
+            if "__builtins__" in ref and "__name__" in ref:
+                return f"{ref['__name__']}.{attr}[{key}]"
+            owner = next((o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref), None)
+            if owner is not None:
+                return f"{type(owner).__name__}.{attr}[{key}]"
+    return f"key {key} of a dict of {len(d)} items"
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, torch.Tensor):
+        return f"<{type(key).__name__} {list(key.shape)}>"
+    text = repr(key)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _cuda_origins(devices: set[torch.device]) -> dict[int, str]:
@@ -333,12 +372,13 @@ def _cuda_origins(devices: set[torch.device]) -> dict[int, str]:
         snapshot = torch.cuda.memory._snapshot()
     except Exception:
         return {}
+    libraries = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep)
     out: dict[int, str] = {}
     for segment in snapshot.get("segments", []):
         for block in segment.get("blocks", []):
-            frames = block.get("frames") or []
-            user = next((f for f in frames if "/torch/" not in f.get("filename", "")
-                         and "/torchplace/" not in f.get("filename", "")), None)
+            frames = block.get("frames") or []  # innermost first: the first frame outside torch is the caller
+            user = next((f for f in frames if f.get("filename", "").endswith(".py")
+                         and not f.get("filename", "").startswith(libraries)), None)
             if user and block.get("state") == "active_allocated":
                 out[int(block["address"])] = f"{user.get('filename')}:{user.get('line')} in {user.get('name')}"
     return out

@@ -58,11 +58,12 @@ def pack(tensors: Sequence[torch.Tensor], plan: Layout, *, pin: bool) -> torch.T
 
 def unpack(buf: torch.Tensor, like: Sequence[torch.Tensor], plan: Layout) -> list[torch.Tensor]:
     """Tensors shaped like LIKE that view BUF (on whatever device BUF lives) at PLAN's offsets."""
-    storage = buf.untyped_storage()
+    typed: dict[torch.dtype, torch.Tensor] = {}
     base = buf.storage_offset()
     out = []
     for t, offset in zip(like, plan.offsets):
-        view = torch.empty(0, dtype=t.dtype, device=buf.device)
-        view.set_(storage, (base + offset) // t.element_size(), t.shape, t.stride())
-        out.append(view)
+        view = typed.get(t.dtype)
+        if view is None:  # one reinterpretation per dtype; the total is a multiple of every itemsize
+            view = typed[t.dtype] = buf.view(t.dtype)
+        out.append(view.as_strided(t.shape, t.stride(), (base + offset) // t.element_size()))
     return out

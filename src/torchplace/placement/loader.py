@@ -3,7 +3,9 @@
 Per iteration, one worker thread pulls from the wrapped loader, pins host memory (reusing the
 DataLoader's pinning where it is on), packs small tensors into one buffer, and copies on one
 side stream per loader. The consumer's stream waits on an event, and `record_stream` keeps each
-batch's memory from being reused until the consumer's work on it is done. On devices without
+batch's memory from being reused until the consumer's work on it is done. The worker stays at
+most `prefetch` batches ahead of the step the device is running (not the step the host is
+enqueueing), so device memory stays bounded however far the host runs ahead. On devices without
 streams (cpu, meta, mps) it is a plain pass-through through `to_device`, unless asked to run
 the same worker in the background (to overlap a slow loader, or a transform, with compute).
 """
@@ -29,7 +31,7 @@ _JOIN_S = 2.0  # how long close() waits for the worker thread
 class DeviceLoader(Generic[T]):
     """Wrap a DataLoader (or any iterable of batches) so that its batches arrive on DEVICE.
 
-    `prefetch` batches are copied ahead of the one in use. `transform(batch)` runs on the
+    At most `prefetch` batches are copied ahead of the step the device is running. `transform(batch)` runs on the
     device, on the side stream, after the copy (see `image_transform`). `pack=False` keeps one
     copy per tensor instead of packing small tensors into one buffer. `background` chooses the
     worker thread: by default on devices with streams (cuda, xpu) and not elsewhere.
@@ -82,7 +84,7 @@ class DeviceLoader(Generic[T]):
 
 
 class _SyncIter(Iterator[Any]):
-    """Pass-through for devices without streams: `to_device` then the transform, in order."""
+    """The loader without a worker: `to_device` then the transform, on the consumer's thread."""
 
     def __init__(self, it: Iterator[Any], owned: bool, device: torch.device,
                  transform: Callable[[Any], Any] | None) -> None:
@@ -130,31 +132,34 @@ class _BackgroundIter(Iterator[Any]):
 
     def __init__(self, it: Iterator[Any], owned: bool, stager: "_Stager", prefetch: int) -> None:
         self._stager = stager
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._slots = threading.Semaphore(prefetch)
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # worker -> consumer: staged batches
+        self._handed: queue.SimpleQueue = queue.SimpleQueue()  # consumer -> worker: one token per batch taken
         self._stop = threading.Event()
         self._done = False
         # the thread gets the shared state, never `self`, so dropping the iterator stops it
-        self._thread = threading.Thread(target=_produce, args=(it, owned, stager, self._queue, self._slots, self._stop),
-                                        name="torchplace-DeviceLoader", daemon=True)
+        shared = (it, owned, stager, prefetch, self._queue, self._handed, self._stop)
+        self._thread = threading.Thread(target=_produce, args=shared, name="torchplace-DeviceLoader", daemon=True)
         self._thread.start()
 
     def __next__(self) -> Any:
         if self._done:
             raise StopIteration
         item = self._queue.get()
-        self._slots.release()
         if item is _END:
             self.close()
             raise StopIteration
         if isinstance(item, _Failure):
             self.close()
             raise item.error
+        started = None
         if item.ready is not None:
             stream = self._stager.mod.current_stream(self._stager.device)
+            started = _sleeping_event(self._stager.mod)
+            started.record(stream)  # done once the device finished the steps before this one
             stream.wait_event(item.ready)
             for t in item.keep:
                 t.record_stream(stream)
+        self._handed.put(started)
         return item.batch
 
     def close(self) -> None:
@@ -163,7 +168,7 @@ class _BackgroundIter(Iterator[Any]):
             return
         self._done = True
         self._stop.set()
-        self._slots.release()  # wake a worker waiting for a free slot
+        self._handed.put(None)  # wake a worker waiting for the consumer
         while True:
             try:
                 self._queue.get_nowait()
@@ -179,15 +184,22 @@ class _BackgroundIter(Iterator[Any]):
             pass
 
 
-def _produce(it: Iterator[Any], owned: bool, stage: "_Stager", out: queue.SimpleQueue,
-             slots: threading.Semaphore, stop: threading.Event) -> None:
-    """Worker loop: take a slot, pull a batch, stage it, hand it over; end with _END or a failure."""
+def _produce(it: Iterator[Any], owned: bool, stage: "_Stager", prefetch: int, out: queue.SimpleQueue,
+             handed: queue.SimpleQueue, stop: threading.Event) -> None:
+    """Worker loop: wait until fewer than PREFETCH batches are ahead of the device, pull a batch,
+    stage it, hand it over; end with _END or a failure."""
     try:
         source_read = None
+        ahead = 0
         while True:
-            while not slots.acquire(timeout=0.1):
-                if stop.is_set():
-                    return
+            while ahead >= prefetch and not stop.is_set():
+                try:
+                    started = handed.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if started is not None:
+                    started.synchronize()  # the device reached the step of a batch handed out
+                ahead -= 1
             if stop.is_set():
                 return
             if source_read is not None:  # the upstream may overwrite its own pinned buffers in next()
@@ -201,12 +213,21 @@ def _produce(it: Iterator[Any], owned: bool, stage: "_Stager", out: queue.Simple
             del batch
             source_read = staged.source_read
             out.put(staged)
+            ahead += 1
     except BaseException as exc:  # handed to the consumer, raised there
         out.put(_Failure(exc))
     finally:
         if stop.is_set() and owned:
             _close_upstream(it)
         del it
+
+
+def _sleeping_event(mod: Any) -> Any:
+    """An event whose synchronize() sleeps rather than spins: the worker may wait a whole step on it."""
+    try:
+        return mod.Event(blocking=True)
+    except TypeError:  # a backend without the flag
+        return mod.Event()
 
 
 def _close_upstream(it: Any) -> None:
@@ -247,7 +268,7 @@ class _Stager:
 
         map_tensors(batch, collect, collect)
         with self._on(self.side):
-            moved, source_read = self._copy(leaves)
+            moved, made, source_read = self._copy(leaves)
         others = [i for i, x in enumerate(leaves) if not isinstance(x, torch.Tensor)]
         if others:  # unknown internals: moved on the consumer's stream, synchronously
             mover = _Mover(self.device, False) if self.streams else self._mover
@@ -261,45 +282,58 @@ class _Stager:
         with self._on(self.side):
             if self.transform is not None:
                 out = self.transform(out)
+                made = self._device_tensors(out)  # the transform made new tensors: find them all
             ready = self.mod.Event()
             ready.record(self.side)
-        return _Staged(out, ready, self._device_tensors(out), source_read)
+        return _Staged(out, ready, made, source_read)
 
-    def _send(self, t: torch.Tensor) -> torch.Tensor:
-        return t.to(self.device, non_blocking=True) if self.streams else self._mover.tensor(t)
+    def _copy(self, leaves: Sequence[Any]) -> tuple[list[Any], list[torch.Tensor], Any]:
+        """Issue every tensor's copy (on the side stream); small ones packed into one buffer.
 
-    def _copy(self, leaves: Sequence[Any]) -> tuple[list[Any], Any]:
-        """Issue every tensor's copy (on the side stream); small ones packed into one buffer."""
-        dev, pin = self.device, self.streams
+        Returns the moved leaves, the device tensors made here (one per allocation), and an
+        event after the copies that read the caller's own pinned memory (None if none did).
+        """
         moved: list[Any] = list(leaves)
+        made: list[torch.Tensor] = []
         small: list[int] = []
         direct = False
         for i, x in enumerate(leaves):
-            if not isinstance(x, torch.Tensor) or x.device == dev:
+            if not isinstance(x, torch.Tensor) or x.device == self.device:
                 continue
-            if x.device.type != "cpu":  # another device: torch orders the copy on both streams
-                moved[i] = self._send(x)
-            elif self.pack and _pack.packable(x):
+            if self.pack and _pack.packable(x):
                 small.append(i)
-            elif pin and x.is_pinned():  # the DataLoader pinned it: copy straight from it
-                moved[i] = self._send(x)
-                direct = True
-            else:
-                moved[i] = self._send(pin_tensor(x) if pin else x)
+                continue
+            moved[i], reads_source = self._one(x)
+            made.append(moved[i])
+            direct = direct or reads_source
         if len(small) == 1:
             i = small[0]
-            moved[i] = self._send(pin_tensor(leaves[i]) if pin else leaves[i])
+            moved[i], reads_source = self._one(leaves[i])
+            made.append(moved[i])
+            direct = direct or reads_source
         elif small:
             tensors = [leaves[i] for i in small]
             plan = _pack.layout(tensors)
-            buf = self._send(_pack.pack(tensors, plan, pin=pin))
+            buf = self._send(_pack.pack(tensors, plan, pin=self.streams))
+            made.append(buf)
             for i, view in zip(small, _pack.unpack(buf, tensors, plan)):
                 moved[i] = view
         source_read = None
         if direct:
             source_read = self.mod.Event()
             source_read.record(self.side)
-        return moved, source_read
+        return moved, made, source_read
+
+    def _one(self, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """Copy one tensor; True when the copy reads the caller's own pinned memory."""
+        if x.device.type != "cpu" or not self.streams:  # another device: torch orders both streams
+            return self._send(x), False
+        if x.is_pinned():  # pinned already (the DataLoader's pin_memory): copy straight from it
+            return self._send(x), True
+        return self._send(pin_tensor(x)), False
+
+    def _send(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.device, non_blocking=True) if self.streams else self._mover.tensor(t)
 
     def _device_tensors(self, batch: Any) -> list[torch.Tensor]:
         """One tensor per device storage in BATCH (packed views share one)."""

@@ -62,14 +62,14 @@ def place(module: nn.Module, devices: Mapping[str, DeviceSpec], *, output: Devic
     on two devices raise DeviceError, before anything moves.
     """
     targets = {name: target_device(spec) for name, spec in _checked(module, devices).items()}
+    out_dev = target_device(output) if output is not None else None
     owners = dict(module.named_modules(remove_duplicate=False))
     _check_shared(module, targets)
     for name, sub in owners.items():
         dev = _effective(name, targets)
         if dev is not None:
             sub._apply(lambda t, dev=dev: t.to(dev), recurse=False)  # its own tensors only
-    placement = Placement(module, dict(sorted(targets.items(), key=lambda kv: (kv[0].count("."), kv[0]))),
-                          target_device(output) if output is not None else None)
+    placement = Placement(module, dict(sorted(targets.items(), key=lambda kv: kv[0].count("."))), out_dev)
     for name, dev in placement.devices.items():
         placement._handles.append(owners[name].register_forward_pre_hook(_mover(dev), with_kwargs=True))
     placement._handles.append(module.register_forward_hook(_output_hook(placement)))

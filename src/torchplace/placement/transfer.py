@@ -28,6 +28,7 @@ _ATOMIC = frozenset({str, bytes, bytearray, int, float, bool, complex, type(None
 # device types whose copies must finish before the caller may read the result
 _SYNC_TYPES = frozenset({"cpu", "mps"})
 _CUDA_INDEXED = re.compile(r"^cuda:\d+$")
+_MPS_BUILT = torch.backends.mps.is_built()  # no tensor can be on mps otherwise: skip the check
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any],
@@ -37,20 +38,19 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any],
     Handles dict, OrderedDict, defaultdict (factory kept), other mappings, list, tuple,
     namedtuple, dataclasses (frozen ones and init=False fields included); anything else is
     returned as it is. A container whose items all come back unchanged is returned itself, like
-    `Tensor.to` returns self, so a traversal for side effects allocates nothing. A tensor that
-    appears twice is visited once, and both places get the same result (sharing is kept).
+    `Tensor.to` returns self, so a traversal for side effects allocates nothing. Like a loop of
+    `.to()` calls, a tensor that appears twice is visited twice (a memo cost more per tensor
+    than accelerate's whole per-tensor overhead).
     """
-    memo: dict[int, Any] = {}
+
+    tensor_type = torch.Tensor
 
     def walk(x: Any) -> Any:
+        if isinstance(x, tensor_type):
+            return fn(x)
         cls = type(x)
         if cls in _ATOMIC:
             return x
-        if isinstance(x, torch.Tensor):
-            key = id(x)
-            if key not in memo:
-                memo[key] = fn(x)
-            return memo[key]
         if cls is dict:
             new = {k: walk(v) for k, v in x.items()}
             return x if _unchanged(x.values(), new.values()) else new
@@ -177,33 +177,39 @@ def to_device(obj: T, device: DeviceSpec, *, non_blocking: bool | None = None) -
 class _Mover:
     """The per-call state of `to_device`: the copy flags and the devices left to synchronize."""
 
-    __slots__ = ("dev", "nb_auto", "nb", "pending")
+    __slots__ = ("dev", "nb_auto", "nb", "sync_dst", "pending", "tensor")
 
     def __init__(self, dev: torch.device, non_blocking: bool | None) -> None:
         self.dev = dev
-        self.nb_auto = non_blocking is None
-        self.nb = bool(non_blocking) or (self.nb_auto and dev.type not in ("cpu", "mps", "meta"))
+        self.nb_auto = auto = non_blocking is None
+        self.nb = nb = bool(non_blocking) or (auto and dev.type not in ("cpu", "mps", "meta"))
+        self.sync_dst = sync_dst = dev.type in _SYNC_TYPES
         self.pending: set[torch.device] = set()
+        pending = self.pending
 
-    def tensor(self, t: torch.Tensor) -> torch.Tensor:
-        src = t.device
-        if src == self.dev:
-            return t
-        nb = self.nb
-        if nb and src.type == "mps":
-            nb = not self.nb_auto
-        try:
-            out = t.to(self.dev, non_blocking=nb)
-        except NotImplementedError:
-            if src.type == "meta":
-                raise DeviceError(
-                    f"cannot move a meta tensor (shape {tuple(t.shape)}, {t.dtype}) to {self.dev}: meta "
-                    "tensors have a shape but no data. Fix: create it on the target device, or for a "
-                    "module call module.to_empty(device=...) and then load real weights.") from None
-            raise
-        if nb and (self.dev.type in _SYNC_TYPES or src.type == "mps"):
-            self.pending.add(src)
-        return out
+        if not (sync_dst or _MPS_BUILT):  # the common case (host or GPU to a GPU): nothing to track
+            def tensor(t: torch.Tensor) -> torch.Tensor:  # closures: these run once per tensor
+                try:
+                    return t.to(dev, non_blocking=nb)
+                except NotImplementedError:
+                    _raise_if_meta(t, dev)
+                    raise
+        else:
+            def tensor(t: torch.Tensor) -> torch.Tensor:
+                n = nb
+                src_mps = n and t.is_mps
+                if src_mps and auto:
+                    n = False
+                try:
+                    out = t.to(dev, non_blocking=n)
+                except NotImplementedError:
+                    _raise_if_meta(t, dev)
+                    raise
+                if n and (sync_dst or src_mps) and out is not t:
+                    pending.add(t.device)
+                return out
+
+        self.tensor = tensor
 
     def other(self, x: Any) -> Any:
         nb = self.nb and self.dev.type not in _SYNC_TYPES
@@ -220,6 +226,14 @@ class _Mover:
                 torch.mps.synchronize()
             elif src.type != "cpu":
                 torch.get_device_module(src.type).current_stream(src).synchronize()
+
+
+def _raise_if_meta(t: torch.Tensor, dev: torch.device) -> None:
+    if t.is_meta:
+        raise DeviceError(
+            f"cannot move a meta tensor (shape {tuple(t.shape)}, {t.dtype}) to {dev}: meta tensors have a "
+            "shape but no data. Fix: create it on the target device, or for a module call "
+            "module.to_empty(device=...) and then load real weights.") from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 A `TorchDispatchMode` sees every aten op after autocast has cast its inputs, so it observes the
 kernels that really ran: it counts floating-point ops by output dtype and notes inputs on a
 device type other than the autocast's (CPU tensors under CUDA autocast are untouched by it and
-run in fp32). Copy ops and views are not counted; 0-dim CPU tensors (wrapped scalars) are allowed.
+run in fp32). Copy ops and views are neither counted nor checked; 0-dim CPU tensors (wrapped scalars) are allowed.
 The mode is active for one step only, because a Python mode on every op costs 35-120% on
 launch-bound steps (docs: MEASUREMENTS.md).
 """
@@ -64,7 +64,7 @@ class FirstStepCheck(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
         op = func._opname
-        if op in _COPY_OPS:
+        if op in _COPY_OPS or self._is_view(func):
             return out
         inputs = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
         for tensor in inputs:
@@ -74,8 +74,6 @@ class FirstStepCheck(TorchDispatchMode):
                     self.wrong.append(f"{func} got a {str(tensor.dtype).removeprefix('torch.')} tensor of "
                                       f"shape {tuple(tensor.shape)} on {tensor.device}")
                 break
-        if self._is_view(func):
-            return out
         floats = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
         if floats:
             kind = str(floats[0].dtype).removeprefix("torch.")

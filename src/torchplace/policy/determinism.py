@@ -113,8 +113,9 @@ class Determinism:
                 self.nondeterministic_ops.append(match.group(1))
                 exc.add_note(f"torchplace: {match.group(1)} has no deterministic implementation on this back end. "
                              "Fix: use a deterministic alternative (e.g. index_put_/scatter with accumulate, "
-                             "or another layer), or deterministic(True, warn_only=True) to run it with a "
-                             "warning and collect every such op.")
+                             "or another layer; the docstring of torch.use_deterministic_algorithms lists "
+                             "every such op), or deterministic(True, warn_only=True) to run it with a warning "
+                             "and collect every such op.")
         _restore(self._previous)
 
     def _replay(self, log: list[Any]) -> None:

@@ -25,6 +25,7 @@ under CUDA autocast run in fp32 without a word). Later entries are plain `torch.
 
 from __future__ import annotations
 
+import os
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
     from .autocast_check import AutocastCheck
 
+PRECISION_ENV = "TORCHPLACE_PRECISION"  # a run-wide request ("bf16", "fp16", "fp32") when dtype is not given
 NATIVE_BF16_CAPABILITY = (8, 0)
 TENSOR_CORE_CAPABILITY = (7, 0)
 FAST_FP16_WITHOUT_TENSOR_CORES = frozenset({(5, 3), (6, 0), (6, 2)})
@@ -48,8 +50,6 @@ _ALIASES = {
     "bf16-mixed": "bfloat16",
     "fp32": "float32", "float32": "float32", "float": "float32", "32": "float32",
 }
-_LOW = ("bfloat16", "float16")
-
 
 class PrecisionError(TorchplaceError, RuntimeError):
     """A precision was requested that the device cannot run natively, or autocast did nothing."""
@@ -206,15 +206,23 @@ def cpu_features() -> tuple[bool, bool, str]:
     return bf16, fp16, label
 
 
-def _cuda_facts(dev: "torch.device") -> tuple[tuple[int, int] | None, str | None]:
+def _cuda_decision(dev: "torch.device", requested: str | None, name: str | None,
+                   tf32: bool | None) -> tuple[Decision, tuple[int, int] | None]:
+    """Decide for a live CUDA (or ROCm) device; returns the decision and the capability used."""
     import torch
 
-    name = torch.cuda.get_device_name(dev)
-    if torch.version.hip:  # ROCm reports gfx numbers as capabilities; ask torch about bf16 directly
+    name = name or torch.cuda.get_device_name(dev)
+    if torch.version.hip:  # ROCm's "capabilities" are gfx numbers: ask torch about native bf16 instead
         with torch.cuda.device(dev):
             native = torch.cuda.is_bf16_supported(including_emulation=False)
-        return ((9, 0) if native else (7, 0)), f"{name} (ROCm)"
-    return tuple(torch.cuda.get_device_capability(dev)), name  # type: ignore[return-value]
+        auto = (Decision("bfloat16", False, False, f"{name} (ROCm): torch reports native bf16") if native else
+                Decision("float16", True, False, f"{name} (ROCm): torch reports no native bf16; fp16 needs "
+                                                 "a GradScaler"))
+        problem = (f"bf16 was requested on {name}, which torch reports has no native bf16. Fix: use fp16 "
+                   "(dtype=None picks it)." if requested == "bfloat16" and not native else None)
+        return _apply_request(auto, requested, tf32, problem), None
+    major, minor = torch.cuda.get_device_capability(dev)
+    return decide_cuda((major, minor), requested, name, tf32), (major, minor)
 
 
 # --------------------------------------------------------------------------- the policy
@@ -297,12 +305,15 @@ class PrecisionPolicy:
         kind = self.device.type
         if kind == "cpu":
             return
-        module = getattr(torch, kind, None)
-        available = bool(module is not None and getattr(module, "is_available", lambda: False)())
+        if kind == "cuda":
+            available = torch.cuda.is_available()
+        else:
+            accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+            available = accelerator is not None and accelerator.type == kind
         if not available:
             made = f" (computed from compute capability {_cc(self.capability)})" if self.capability else ""
             raise DeviceError(f"The precision policy for {self.device}{made} cannot enter autocast: this "
-                              f"process has no {kind} device (torch.{kind}.is_available() is False). "
+                              f"process has no {kind} device. "
                               "Fix: run on a machine with that device, or use precision_for('cpu').")
 
     def _report(self, result: AutocastCheck, strict: bool | None) -> None:
@@ -322,12 +333,13 @@ def precision_for(device: Any, dtype: Any = None, *, capability: tuple[int, int]
 
     `capability=(major, minor)` plans for a CUDA device without touching it (from a snapshot's
     `GpuRecord.compute_capability`); otherwise the device is resolved and queried. An explicit
-    DTYPE is respected; when it cannot run natively here the policy says so with a
-    `PrecisionWarning` (a `PrecisionError` under strict mode).
+    DTYPE (or, without one, TORCHPLACE_PRECISION=bf16/fp16/fp32 in the environment) is
+    respected; when it cannot run natively here the policy says so with a `PrecisionWarning`
+    (a `PrecisionError` under strict mode).
     """
     import torch
 
-    requested = normalize_dtype(dtype)
+    requested = normalize_dtype(dtype if dtype is not None else os.environ.get(PRECISION_ENV) or None)
     if capability is not None:
         dev = torch.device(device)
         if dev.type != "cuda":
@@ -341,8 +353,7 @@ def precision_for(device: Any, dtype: Any = None, *, capability: tuple[int, int]
         dev = resolve_device(device)
         cc = None
         if dev.type == "cuda":
-            cc, found = _cuda_facts(dev)
-            decision = decide_cuda(cc, requested, name or found, tf32)
+            decision, cc = _cuda_decision(dev, requested, name, tf32)
         elif dev.type == "cpu":
             bf16, fp16, isa = cpu_features()
             decision = decide_cpu(bf16, fp16, isa, requested)

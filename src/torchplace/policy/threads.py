@@ -101,8 +101,8 @@ def plan_threads(host: HostFacts, *, local_world_size: int = 1, intra_op: int | 
         else:
             near = sorted(set(gpu_cpus) & set(allowed)) if allowed else sorted(gpu_cpus)
             if not near:
-                notes.append(f"bind=True, but none of the GPU's CPUs ({_span(gpu_cpus)}) are in this process's "
-                             f"affinity ({_span(allowed or [])}); not binding. Fix: start the process with "
+                notes.append(f"bind=True, but none of the GPU's CPUs ({cpu_span(gpu_cpus)}) are in this process's "
+                             f"affinity ({cpu_span(allowed or [])}); not binding. Fix: start the process with "
                              "those CPUs allowed (numactl/taskset/container cpuset)")
             else:
                 bind_cpus = near
@@ -140,7 +140,7 @@ def _numa_view(numa: Mapping[int, list[int]] | None, allowed: list[int] | None) 
     return {n: sorted(c for c in cpus if allow is None or c in allow) for n, cpus in sorted(numa.items())}
 
 
-def _span(cpus: list[int]) -> str:
+def cpu_span(cpus: list[int]) -> str:
     """[0,1,2,3,8] -> '0-3,8' (the kernel's cpulist form), for messages."""
     out: list[str] = []
     for cpu in sorted(set(cpus)):

@@ -1,0 +1,341 @@
+"""`torchplace.save` and `torchplace.load`: checkpoints that load anywhere and never tear.
+
+    torchplace.save("ckpt/step-000300.safetensors", model=model, optimizer=opt, scheduler=sched,
+                    scaler=scaler, extra={"step": 300}, keep_last=3)
+    ck = torchplace.load("ckpt", device="cuda:0", model=model, optimizer=opt, scheduler=sched,
+                         scaler=scaler)   # the newest complete checkpoint in ckpt/
+    step = ck.extra["step"]
+
+Save writes model weights (unwrapped: no `module.` / `_orig_mod.`), optimizer, scheduler,
+scaler, RNG states, extras and metadata as one safetensors-compatible file, atomically, with
+checksums. Load puts every tensor straight onto the device it will live on (any device, with or
+without a GPU), fills the objects it is given (model first, then the optimizer so its state lands
+with its parameters), restores the RNG states that make sense here, and never runs code from the
+file unless told to trust it. In a process group only rank 0 writes; sharded models go through
+torch.distributed.checkpoint (see `distributed`).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError
+from . import distributed as tpdist
+from . import foreign, rng
+from .fileio import read_file, write_file
+from .format import read_header
+from .reading import Read, place_optimizer_state, read_any
+from .rotation import complete_checkpoints, rotate
+from .state import module_device, module_versions, state_of, strip_prefixes, unwrap, with_versions
+
+RESERVED = ("model", "optimizer", "scheduler", "scaler", "extra", "rng")
+
+
+@dataclass
+class Checkpoint:
+    """What `load` found and did.
+
+    `state` holds everything in the file (tensors on the devices they were loaded to):
+    'model', 'optimizer', 'scheduler', 'scaler', 'extra', 'rng' and any named state given to
+    save; `ck["name"]` reads it. The rest reports what load did, so nothing happens silently.
+    """
+
+    path: Path
+    state: dict[str, Any]
+    metadata: dict[str, Any]
+    tool: str
+    stripped_prefix: str = ""
+    missing_keys: list[str] = field(default_factory=list)
+    unexpected_keys: list[str] = field(default_factory=list)
+    rng_restored: list[str] = field(default_factory=list)
+    rng_skipped: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def __getitem__(self, name: str) -> Any:
+        return self.state[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.state
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.state.get(name, default)
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The `extra=` mapping given to save ({} if none)."""
+        return self.state.get("extra") or {}
+
+
+def _resolve(device: Any) -> torch.device | None:
+    if device is None:
+        return None
+    from ..placement.resolve import device as resolve_device
+
+    return resolve_device(device)
+
+
+def _primary_device(model: Any, tree: dict[str, Any]) -> str:
+    if isinstance(model, nn.Module):
+        return str(module_device(model))
+    for value in (tree.get("model") or {}).values():
+        if isinstance(value, torch.Tensor):
+            return str(value.device)
+    return "cpu"
+
+
+def _type_name(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
+def _collect(model: Any, optimizer: Any, scheduler: Any, scaler: Any, extra: Any,
+             more_state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    tree: dict[str, Any] = {}
+    objects: dict[str, str] = {}
+    for name, obj in (("model", model), ("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler)):
+        if obj is not None:
+            tree[name] = state_of(obj, name)
+            objects[name] = _type_name(unwrap(obj) if isinstance(obj, nn.Module) else obj)
+    if extra is not None:
+        if not isinstance(extra, Mapping):
+            raise TypeError(f"extra= must be a mapping (e.g. {{'step': 300}}), not {type(extra).__name__}")
+        tree["extra"] = dict(extra)
+    for name, obj in more_state.items():
+        stateful = not isinstance(obj, (Mapping, torch.Tensor)) and callable(getattr(obj, "state_dict", None))
+        tree[name] = state_of(obj, name) if stateful else obj
+        if stateful:
+            objects[name] = _type_name(obj)
+    return tree, objects
+
+
+def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] | None = None,
+         optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
+         extra: Mapping[str, Any] | None = None, keep_last: int | None = None, latest: bool = False,
+         rng_state: bool = True, allow_pickle: bool = False, **more_state: Any) -> Path:
+    """Save what is needed to resume training to PATH, atomically; return PATH.
+
+    model, optimizer, scheduler, scaler: the objects (or their state dicts). extra: plain data
+    (numbers, strings, lists, dicts, tensors) such as the step or a config. **more_state: more
+    named objects with state_dict() (an EMA model, a data sampler) or plain values; `load` gives
+    them back by name. rng_state: also save the Python, numpy, CPU and CUDA generator states.
+    keep_last=N: also update the directory's `latest` pointer and delete all but the newest N
+    checkpoints saved this way (latest=True updates the pointer and keeps all). allow_pickle:
+    store values that only pickle can (loading them will need trust_pickle=True).
+
+    Raises CheckpointError if the file cannot be written completely (full disk, read-only or
+    missing directory); the previous file at PATH is then untouched. In a process group every
+    rank must call save; rank 0 writes and every rank returns only once the file is complete.
+    """
+    bad = [k for k in more_state if k in RESERVED]
+    if bad:
+        raise TypeError(f"save() got {bad[0]!r} as named state; that name is reserved. Use another name.")
+    if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
+        raise ValueError(f"keep_last={keep_last!r}: keep at least 1 checkpoint (or None to keep all).")
+    target = Path(path)
+    _, world_size = tpdist.world()
+    rotate_after = keep_last is not None or latest
+    rng_tree: Any = rng.capture() if rng_state else None
+    if world_size > 1 and rng_state:
+        rng_tree = {"per_rank": tpdist.gather(rng_tree)}
+    info = {"world_size": world_size, "rotation": rotate_after}
+
+    if isinstance(model, nn.Module) and tpdist.is_sharded(model):
+        def write_side(side: Path, skeleton: dict[str, Any]) -> None:
+            tree, objects = _collect(None, None, scheduler, scaler, extra, more_state)
+            tree.update(skeleton)
+            if rng_tree is not None:
+                tree["rng"] = rng_tree
+            write_file(side, tree, allow_pickle=allow_pickle,
+                       info={**info, "sharded": True, "objects": {**objects, "model": _type_name(unwrap(model))},
+                             "primary_device": str(module_device(model))})
+
+        tpdist.save_sharded(target, model, optimizer, write_side)
+        if rotate_after:
+            tpdist.on_rank0(lambda: rotate(target, keep_last), target)
+        return target
+
+    def write() -> Path:
+        tree, objects = _collect(model, optimizer, scheduler, scaler, extra, more_state)
+        if rng_tree is not None:
+            tree["rng"] = rng_tree
+        meta = {**info, "objects": objects, "primary_device": _primary_device(model, tree)}
+        if isinstance(model, nn.Module):
+            meta["module_versions"] = module_versions(model)
+        write_file(target, tree, info=meta, allow_pickle=allow_pickle)
+        if rotate_after:
+            rotate(target, keep_last)
+        return target
+
+    if world_size > 1:
+        tpdist.on_rank0(write, target)
+        return target
+    return write()
+
+
+def _needs_pickle(path: Path) -> bool:
+    try:
+        return bool((read_header(path).meta or {}).get("pickled"))
+    except CheckpointError:
+        return False
+
+
+def _holds(state: dict[str, Any]) -> str:
+    return ", ".join(sorted(state)) or "nothing"
+
+
+def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], strict: bool,
+           foreign_file: bool) -> None:
+    state, path = ck.state, ck.path
+    if model is not None:
+        sd = state.get("model")
+        if not isinstance(sd, Mapping):
+            raise CheckpointError(f"{path} holds no model weights (it holds: {_holds(state)}). "
+                                  "Fix: load it without model=, or point at the checkpoint that has them.")
+        target = unwrap(model)
+        expected = set(target.state_dict().keys())
+        prefix = strip_prefixes(list(sd), expected)
+        if prefix:
+            sd = {k[len(prefix):]: v for k, v in sd.items()}
+            state["model"], ck.stripped_prefix = sd, prefix
+        try:
+            result = target.load_state_dict(with_versions(sd, ck.metadata.get("module_versions")), strict=strict)
+        except RuntimeError as exc:
+            raise CheckpointError(f"{path}: the weights do not fit {type(target).__name__}: {exc}\nFix: pass the "
+                                  "model the checkpoint was saved from, or strict=False to load the keys "
+                                  "that match (missing and unexpected keys are then reported).") from None
+        ck.missing_keys, ck.unexpected_keys = list(result.missing_keys), list(result.unexpected_keys)
+    elif foreign_file and isinstance(state.get("model"), Mapping):
+        prefix = strip_prefixes(list(state["model"]))
+        if prefix:
+            state["model"] = {k[len(prefix):]: v for k, v in state["model"].items()}
+            ck.stripped_prefix = prefix
+    for name, obj in objects.items():
+        if obj is None:
+            continue
+        if name not in state:
+            raise CheckpointError(f"{path} has no {name} state (it holds: {_holds(state)}). "
+                                  f"Fix: load it without {name}=.")
+        value = state[name]
+        if name == "optimizer" and foreign_file and isinstance(value, Mapping):
+            value = place_optimizer_state(obj, dict(value))
+        try:
+            obj.load_state_dict(value)
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{path}: the saved {name} state does not fit the {type(obj).__name__} given "
+                                  f"({exc}). Fix: build it as it was when saved (same parameters and groups)."
+                                  ) from None
+
+
+def _restore_rng(ck: Checkpoint, dev: torch.device) -> None:
+    saved = ck.state.get("rng")
+    if not isinstance(saved, Mapping):
+        return
+    if "per_rank" in saved:
+        ranks = saved["per_rank"] or []
+        rank, world_size = tpdist.world()
+        if rank < len(ranks) and len(ranks) == world_size:
+            saved = ranks[rank]
+        else:
+            saved = ranks[0] if ranks else {}
+            ck.notes.append(f"RNG states were saved by {len(ranks)} ranks and this run has {world_size}; "
+                            "rank 0's states were restored")
+    ck.rng_restored, ck.rng_skipped = rng.restore(dict(saved), dev, ck.metadata.get("primary_device"))
+
+
+def _load_one(path: Path, *, dev: torch.device | None, model: nn.Module | None, objects: dict[str, Any],
+              strict: bool, restore_rng: bool, trust_pickle: bool,
+              read: Read | None = None) -> Checkpoint:
+    optimizer = objects.get("optimizer")
+    if tpdist.is_dcp_dir(path):
+        ck = _load_dcp(path, model=model, optimizer=optimizer, trust_pickle=trust_pickle)
+        rest = {k: v for k, v in objects.items() if k != "optimizer"}
+        _apply(ck, model=None, objects=rest, strict=strict, foreign_file=False)
+    else:
+        tool, state, meta, notes = read or read_any(path, dev=dev, model=model, optimizer=optimizer,
+                                                 trust_pickle=trust_pickle)
+        ck = Checkpoint(path, state, meta, tool, notes=list(notes))
+        _apply(ck, model=model, objects=objects, strict=strict, foreign_file=tool != "torchplace")
+    if restore_rng:
+        where = dev or (module_device(unwrap(model)) if model is not None else torch.device("cpu"))
+        _restore_rng(ck, where)
+    return ck
+
+
+def _load_dcp(path: Path, *, model: nn.Module | None, optimizer: Any, trust_pickle: bool) -> Checkpoint:
+    side = path / tpdist.SIDE_FILE
+    if model is None:
+        raise CheckpointError(f"{path} is a sharded checkpoint (torch.distributed.checkpoint). Fix: pass model= "
+                              "(and optimizer=) set up and sharded as in this run; the shards are loaded into them.")
+    fs = read_file(side, lambda _: torch.device("cpu"), trust_pickle=trust_pickle)
+    tree = fs.tree
+    skeleton: dict[str, Any] = {k: tree[k] for k in ("model", "optimizer") if k in tree}
+    msd, osd = tpdist.load_sharded(path, model, optimizer, skeleton, trust_pickle)
+    tree["model"] = msd
+    if osd is not None:
+        tree["optimizer"] = osd
+    return Checkpoint(path, tree, fs.meta, "torchplace (sharded, torch.distributed.checkpoint)")
+
+
+def load(path: str | os.PathLike[str], *, device: Any = None, model: nn.Module | None = None,
+         optimizer: Any = None, scheduler: Any = None, scaler: Any = None, strict: bool = True,
+         restore_rng: bool = True, trust_pickle: bool = False, **more_state: Any) -> Checkpoint:
+    """Load a checkpoint onto DEVICE and into the objects given; return what was found and done.
+
+    path: a checkpoint file, a directory (its newest complete checkpoint; a damaged newest one is
+    reported with a warning and the next is used), a sharded checkpoint, or another tool's file
+    (torch.save, Lightning, accelerate's save_state directory, safetensors).
+    device: where tensors go ("cpu", "cuda:0", a torch.device, ...; resolved and validated). With a
+    model, the model is moved there first; without one, tensors go to the model's own devices, or
+    to the CPU. model/optimizer/scheduler/scaler/**more_state: objects whose load_state_dict is
+    called, the model first so the optimizer's state lands on its parameters' devices. Wrapper
+    prefixes (`module.`, `_orig_mod.`) from other tools are stripped. strict: passed to the
+    model's load_state_dict. restore_rng: restore the RNG states that make sense here (the
+    result says which were skipped and why). trust_pickle: allow files that need pickle (which
+    runs code from the file); only for files from someone you trust.
+    """
+    objects = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, **more_state}
+    for name, obj in objects.items():
+        if obj is not None and not callable(getattr(obj, "load_state_dict", None)):
+            raise TypeError(f"load() got {name}={type(obj).__name__}, which has no load_state_dict(); "
+                            f"pass objects to fill, and read saved values from the result (ck[{name!r}]).")
+    dev = _resolve(device)  # validated before anything is touched
+    if model is not None and dev is not None:
+        unwrap(model).to(dev)
+    target = Path(path)
+
+    def one(where: Path, read: Read | None = None) -> Checkpoint:
+        return _load_one(where, dev=dev, model=model, objects=objects, strict=strict, restore_rng=restore_rng,
+                         trust_pickle=trust_pickle, read=read)
+
+    if not target.is_dir() or tpdist.is_dcp_dir(target):
+        return one(target)
+    candidates = complete_checkpoints(target)
+    if not candidates:
+        if foreign.sniff(target) == "accelerate":
+            return one(target)
+        names = sorted(os.listdir(target))[:10]
+        held = ", ".join(names) or "nothing"
+        raise CheckpointError(f"{target} holds no complete torchplace checkpoint (it holds: {held}). Fix: point at a "
+                              "checkpoint file, or at the directory you saved into with keep_last.")
+    skipped: list[str] = []
+    for candidate in candidates:
+        if tpdist.is_dcp_dir(candidate):
+            return one(candidate)
+        try:
+            read = read_any(candidate, dev=dev, model=model, optimizer=optimizer, trust_pickle=trust_pickle)
+        except CheckpointError as exc:
+            if not trust_pickle and _needs_pickle(candidate):
+                raise
+            warnings.warn(f"skipping {candidate}: {exc}", RuntimeWarning, stacklevel=2)
+            skipped.append(f"skipped {candidate.name}: {exc}")
+            continue
+        ck = one(candidate, read)
+        ck.notes[:0] = skipped
+        return ck
+    raise CheckpointError(f"every checkpoint in {target} is damaged: " + "; ".join(skipped))

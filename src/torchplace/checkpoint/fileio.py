@@ -1,0 +1,143 @@
+"""Write one torchplace checkpoint file atomically, and read one back onto chosen devices.
+
+`write_file` encodes the state tree, lays the tensors out, streams their bytes (with checksums)
+into a temporary file behind a placeholder header, writes the final header in place, then lets
+`atomic.atomic_write` fsync and rename it. `read_file` validates the header, refuses pickled
+entries unless trusted, allocates every tensor on the device the caller picked for its path in
+the tree, and reads the data with every chunk's checksum checked before anything is returned.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from .. import __version__
+from ..errors import CheckpointError
+from . import codec
+from .atomic import FileSink, atomic_write
+from .format import (
+    CHUNK_BYTES,
+    FORMAT_VERSION,
+    ZERO_CRC,
+    Header,
+    dtype_name,
+    dump_meta,
+    encode_header,
+    plan_layout,
+    read_header,
+    seal,
+)
+from .stream import allocate, read_data, write_data
+
+DeviceFor = Callable[[tuple[Any, ...]], torch.device]
+
+
+def _devices_summary(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """{'default': most common device, 'except': {device: [keys]}} (compact for big models)."""
+    where = {k: str(t.device) for k, t in tensors.items()}
+    if not where:
+        return {"default": None, "except": {}}
+    default = Counter(where.values()).most_common(1)[0][0]
+    others: dict[str, list[str]] = {}
+    for k, d in where.items():
+        if d != default:
+            others.setdefault(d, []).append(k)
+    return {"default": default, "except": others}
+
+
+def write_file(target: Path, tree: dict[str, Any], *, info: dict[str, Any], allow_pickle: bool = False,
+               sink: Callable[[int], Any] = FileSink, chunk_bytes: int = CHUNK_BYTES,
+               workers: int | None = None) -> Path:
+    """Write TREE to TARGET as one checkpoint file; INFO adds to the metadata (world size, ...).
+
+    SINK wraps the temporary file (tests inject faults); WORKERS overrides the thread count."""
+    enc = codec.encode(tree, allow_pickle=allow_pickle)
+    tensors = enc.tensors
+    entries = plan_layout(tensors)
+    data_bytes = entries[-1].end if entries else 0
+    now = time.time()
+    meta: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "torchplace_version": __version__,
+        "torch_version": torch.__version__,
+        "created_unix": now,
+        "created_utc": datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
+        "hostname": platform.node(),
+        **info,
+        "devices": _devices_summary(tensors),
+        "raw_dtypes": {e.key: [dtype_name(e.dtype), list(e.shape)] for e in entries if e.code == "U8"
+                       and e.dtype != torch.uint8},
+        "pickled": enc.pickled,
+        "state": enc.tree,
+        "data_bytes": data_bytes,
+        "chunk_bytes": chunk_bytes,
+        "crc32": [ZERO_CRC] * math.ceil(data_bytes / chunk_bytes),
+    }
+    placeholder = encode_header(entries, dump_meta(meta))
+
+    def write(out: Any) -> None:
+        meta["crc32"] = write_data(out, len(placeholder), entries, tensors, data_bytes, chunk_bytes,
+                                   workers=workers)
+        final = encode_header(entries, seal(entries, meta))
+        if len(final) != len(placeholder):  # cannot happen: every field that changes is fixed-width
+            raise CheckpointError(f"internal error saving {target}: the header changed length. Please report it.")
+        out.pwrite(final, 0)
+
+    return atomic_write(target, write, sink=sink)
+
+
+@dataclass
+class FileState:
+    """What `read_file` returns: the rebuilt tree and the validated header."""
+
+    tree: dict[str, Any]
+    header: Header
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.header.meta or {}
+
+
+def read_file(path: Path, device_for: DeviceFor, *, trust_pickle: bool = False,
+              workers: int | None = None) -> FileState:
+    """Read PATH; DEVICE_FOR(path_in_tree) picks each tensor's device; every checksum is checked."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} does not exist. Fix: check the path; torchplace.load(DIRECTORY) finds "
+                              "the newest checkpoint in a directory.") from None
+    try:
+        header = read_header(path, fd)
+        if header.meta is None:  # a safetensors file from another tool: its tensors are the model
+            targets = {e.key: device_for(("model", e.key)) for e in header.entries}
+            out = allocate(header, targets)
+            read_data(fd, header, out, workers=workers)
+            return FileState({"model": out}, header)
+        meta = header.meta
+        if meta.get("pickled") and not trust_pickle:
+            raise CheckpointError(f"{path} holds entries that only pickle can rebuild ({', '.join(meta['pickled'])}; "
+                                  "saved with allow_pickle=True), and a pickle runs code when loaded. "
+                                  f"{codec.PICKLE_FIX}")
+        paths = codec.tensor_keys_by_path(meta["state"])
+        targets = {key: device_for(p) for p, key in paths.items()}
+        out = allocate(header, targets)
+        read_data(fd, header, out, workers=workers)
+    finally:
+        os.close(fd)
+    unpickle = (lambda key: codec.unpickle_bytes(out[key])) if trust_pickle else None
+    try:
+        tree = codec.decode(meta["state"], out.__getitem__, unpickle=unpickle)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"{path}: the saved state does not decode ({exc}); it was written by a newer or "
+                              "different torchplace. Fix: upgrade torchplace.") from None
+    return FileState(tree, header)

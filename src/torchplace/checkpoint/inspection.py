@@ -1,0 +1,229 @@
+"""What is in a checkpoint, without loading it: keys, shapes, dtypes, sizes, where each tensor was.
+
+For torchplace and safetensors files only the header is read; for torch.save files the pickle is
+opened memory-mapped with `weights_only=True` (no code runs, and the bytes stay on disk), and the
+device each storage was saved from is taken from the file itself. `verify=True` also reads the
+data of a torchplace file and checks every checksum.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError
+from . import codec, foreign
+from .distributed import SIDE_FILE, read_dcp_metadata
+from .format import Header, dtype_name, read_header
+from .stream import verify_data
+
+_META_SHOWN = ("format_version", "torchplace_version", "torch_version", "created_utc", "hostname", "world_size",
+               "primary_device", "sharded", "objects", "pickled", "converted_from")
+
+
+@dataclass
+class TensorInfo:
+    """One tensor of a checkpoint. `saved_on` is the device it was on when saved, when recorded."""
+
+    key: str
+    dtype: str
+    shape: list[int]
+    nbytes: int
+    saved_on: str | None = None
+
+
+@dataclass
+class CheckpointInfo:
+    """A checkpoint's contents, for `torchplace ckpt inspect` (as a table or as JSON)."""
+
+    path: str
+    tool: str
+    size_bytes: int
+    tensors: list[TensorInfo] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    contents: dict[str, str] = field(default_factory=dict)
+    verified: bool | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["tensor_bytes"] = self.tensor_bytes
+        return data
+
+
+def _size(path: Path) -> int:
+    if path.is_dir():
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    return path.stat().st_size
+
+
+def _describe(value: Any) -> str:
+    """A one-line summary of a top-level entry of the state tree (tensors as placeholders)."""
+    tensors = 0
+
+    def count(node: Any) -> None:
+        nonlocal tensors
+        if isinstance(node, (codec.TensorRef, torch.Tensor)):
+            tensors += 1
+        elif isinstance(node, dict):
+            for v in node.values():
+                count(v)
+        elif isinstance(node, (list, tuple)):
+            for v in node:
+                count(v)
+
+    count(value)
+    if isinstance(value, dict):
+        parts = [f"{len(value)} entries"]
+        groups = value.get("param_groups")
+        if isinstance(groups, list) and groups and isinstance(groups[0], dict):
+            parts.append("lr " + ", ".join(f"{g.get('lr')!r}" if not isinstance(g.get("lr"), torch.Tensor)
+                                           else "tensor" for g in groups))
+        if tensors:
+            parts.append(f"{tensors} tensors")
+        plain = [f"{k}={v!r}" for k, v in value.items() if isinstance(v, (int, float, str, bool)) and len(repr(v)) < 40]
+        if plain and not groups:
+            parts.append(", ".join(plain[:6]) + (" ..." if len(plain) > 6 else ""))
+        return "; ".join(parts)
+    if isinstance(value, (list, tuple)):
+        return f"{type(value).__name__} of {len(value)}" + (f"; {tensors} tensors" if tensors else "")
+    return repr(value) if len(repr(value)) < 80 else f"{type(value).__name__}"
+
+
+def _from_header(header: Header, info: CheckpointInfo) -> None:
+    meta = header.meta
+    saved_on: dict[str, str] = {}
+    if meta is not None:
+        devices = meta.get("devices") or {}
+        for dev, keys in (devices.get("except") or {}).items():
+            saved_on.update({k: dev for k in keys})
+        default = devices.get("default")
+        info.metadata = {k: meta[k] for k in _META_SHOWN if k in meta}
+        skeleton = codec.decode(meta["state"], codec.TensorRef)
+        info.contents = {k: _describe(v) for k, v in skeleton.items()}
+        order = {key: i for i, key in enumerate(codec.tensor_keys_by_path(meta["state"]).values())}
+    else:
+        order = {}
+        default = None
+        info.metadata = dict(header.foreign_metadata)
+        info.contents = {"model": f"{len(header.entries)} tensors (a safetensors file: its tensors are the model)"}
+    for e in sorted(header.entries, key=lambda e: order.get(e.key, len(order))):  # as saved, not as laid out
+        info.tensors.append(TensorInfo(e.key, dtype_name(e.dtype), list(e.shape), e.nbytes,
+                                       saved_on.get(e.key, default)))
+
+
+def _walk_tensors(tree: Any, path: tuple[str, ...], out: list[tuple[str, torch.Tensor]]) -> None:
+    if isinstance(tree, torch.Tensor):
+        out.append(("/".join(path), tree))
+    elif isinstance(tree, dict):
+        for k, v in tree.items():
+            _walk_tensors(v, path + (str(k),), out)
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            _walk_tensors(v, path + (str(i),), out)
+
+
+def _from_torch_file(path: Path, info: CheckpointInfo, trust_pickle: bool) -> None:
+    locations: dict[int, str] = {}
+
+    def record(storage: Any, location: str) -> Any:
+        locations[storage.data_ptr()] = location
+        return storage
+
+    obj = foreign.torch_load(path, record, trust_pickle, mmap=foreign.sniff(path) == "torch-zip")
+    info.tool, state = foreign.normalize(obj)
+    found: list[tuple[str, torch.Tensor]] = []
+    _walk_tensors(state, (), found)
+    for key, t in found:
+        loc = locations.get(t.untyped_storage().data_ptr())
+        info.tensors.append(TensorInfo(key, dtype_name(t.dtype), list(t.shape), t.numel() * t.element_size(), loc))
+    info.contents = {k: _describe(v) for k, v in state.items()}
+    model = state.get("model")
+    if isinstance(model, dict):
+        from .state import strip_prefixes
+
+        prefix = strip_prefixes(list(model))
+        if prefix:
+            info.notes.append(f"every model key starts with {prefix!r} (a wrapper's prefix); load and convert strip it")
+
+
+def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle: bool = False) -> CheckpointInfo:
+    """Describe the checkpoint at PATH; with VERIFY, also check every data checksum (reads it all)."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path} does not exist. Fix: check the path.")
+    kind = foreign.sniff(path)
+    info = CheckpointInfo(str(path), kind, _size(path))
+    if kind == "safetensors":
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            header = read_header(path, fd)
+            info.tool = "torchplace" if header.meta is not None else "safetensors"
+            _from_header(header, info)
+            if verify and header.meta is not None:
+                verify_data(fd, header)
+                info.verified = True
+            elif verify:
+                info.notes.append("a safetensors file has no checksums: only its structure and size were checked")
+        finally:
+            os.close(fd)
+    elif kind in ("torch-zip", "torch-pickle"):
+        _from_torch_file(path, info, trust_pickle)
+    elif kind in ("dcp", "dcp-foreign"):
+        _from_dcp(path, info, verify)
+    elif kind == "accelerate":
+        info.tool = "accelerate (save_state directory)"
+        for name in sorted(os.listdir(path)):
+            child = path / name
+            if not child.is_file():
+                continue
+            try:
+                sub = inspect(child, trust_pickle=trust_pickle)
+            except CheckpointError as exc:
+                info.contents[name] = "not opened: needs pickle" if "trust_pickle" in str(exc) else f"not opened: {exc}"
+                continue
+            info.tensors += [TensorInfo(f"{name}/{t.key}", t.dtype, t.shape, t.nbytes, t.saved_on) for t in sub.tensors]
+            parts = "; ".join(f"{k}: {v}" for k, v in sub.contents.items())
+            info.contents[name] = f"{len(sub.tensors)} tensors; {parts}"
+    else:
+        raise CheckpointError(f"{path} is not a checkpoint torchplace recognises (not torchplace/safetensors, "
+                              "torch.save, Lightning, accelerate or DCP).")
+    return info
+
+
+def _from_dcp(path: Path, info: CheckpointInfo, verify: bool) -> None:
+    info.tool = "torch.distributed.checkpoint" + (" (torchplace, sharded)" if (path / SIDE_FILE).is_file() else "")
+    metadata = read_dcp_metadata(path)
+    for key, md in sorted(getattr(metadata, "state_dict_metadata", {}).items()):
+        size = getattr(md, "size", None)
+        props = getattr(md, "properties", None)
+        dtype = getattr(props, "dtype", None)
+        if size is None or dtype is None:
+            continue
+        numel = 1
+        for d in size:
+            numel *= d
+        info.tensors.append(TensorInfo(key, dtype_name(dtype), list(size), numel * dtype.itemsize,
+                                       f"{len(getattr(md, 'chunks', []))} shards"))
+    side = path / SIDE_FILE
+    if side.is_file():
+        header = read_header(side)
+        meta = header.meta or {}
+        info.metadata = {k: meta[k] for k in _META_SHOWN if k in meta}
+        skeleton = codec.decode(meta.get("state", {"t": "dict", "v": []}), codec.TensorRef)
+        info.contents = {k: _describe(v) for k, v in skeleton.items()}
+        if verify:
+            fd = os.open(side, os.O_RDONLY)
+            try:
+                verify_data(fd, header)
+            finally:
+                os.close(fd)
+            info.notes.append("checksums cover the side file; DCP shards carry no checksums")

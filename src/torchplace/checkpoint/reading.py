@@ -1,0 +1,106 @@
+"""Read any checkpoint torchplace knows into one state tree, every tensor on the device it will live on.
+
+The state tree is torchplace's layout: 'model', 'optimizer', 'scheduler', 'scaler', 'extra', 'rng'
+and named state. For torchplace files (and plain safetensors files) each tensor is allocated on
+its final device before the bytes are read, chosen from the objects being loaded: a model's
+tensors on the device of the parameter they fill, optimizer state with its parameter, RNG states
+on the CPU. Other tools' files (torch.save, Lightning, accelerate) go through `foreign`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError
+from . import codec, foreign
+from .fileio import FileState, read_file
+from .format import read_header
+from .state import module_device, module_devices, optimizer_devices, strip_prefixes, unwrap
+
+Read = tuple[str, dict[str, Any], dict[str, Any], list[str]]
+
+
+def _device_for(model: nn.Module | None, optimizer: Any, default: torch.device,
+                saved_model_keys: list[str], saved_optimizer: Any) -> Callable[[tuple[Any, ...]], torch.device]:
+    """A function from a tensor's path in the saved tree to the device it should be read onto."""
+    cpu = torch.device("cpu")
+    model_devs: dict[str, torch.device] = {}
+    prefix = ""
+    if model is not None:
+        model_devs = module_devices(model)
+        prefix = strip_prefixes(saved_model_keys, set(model_devs))
+    opt_devs = optimizer_devices(optimizer, saved_optimizer) if optimizer is not None and saved_optimizer else {}
+
+    def device_for(path: tuple[Any, ...]) -> torch.device:
+        head = path[0] if path else None
+        if head == "rng":
+            return cpu
+        if head == "model" and len(path) == 2 and model is not None:
+            dev = model_devs.get(str(path[1])[len(prefix):])
+            if dev is not None and dev.type != "meta":
+                return dev
+        if head == "optimizer" and optimizer is not None:
+            return opt_devs.get(tuple(path[1:]), default)
+        return default
+
+    return device_for
+
+
+def _skeleton(path: Path) -> dict[str, Any]:
+    """The saved tree with placeholders for tensors (reads only the header)."""
+    header = read_header(path)
+    if header.meta is None:
+        return {"model": {e.key: None for e in header.entries}}
+    return codec.decode(header.meta["state"], codec.TensorRef)
+
+
+def read_any(path: Path, *, dev: torch.device | None, model: nn.Module | None, optimizer: Any,
+             trust_pickle: bool) -> Read:
+    """(tool, state tree, metadata, notes) of PATH, every tensor on its target device."""
+    default = dev or (module_device(unwrap(model)) if model is not None else torch.device("cpu"))
+    if default.type == "meta":
+        default = torch.device("cpu")
+    kind = foreign.sniff(path)
+    if kind == "safetensors":
+        skeleton = _skeleton(path)
+        saved_model = skeleton.get("model") or {}
+        device_for = _device_for(unwrap(model) if model is not None else None, optimizer, default,
+                                 list(saved_model), skeleton.get("optimizer"))
+        fs: FileState = read_file(path, device_for, trust_pickle=trust_pickle)
+        tool = "torchplace" if fs.header.meta is not None else "safetensors"
+        return tool, fs.tree, fs.meta, []
+    if kind in ("torch-zip", "torch-pickle"):
+        tool, state = foreign.normalize(foreign.torch_load(path, default, trust_pickle))
+        return tool, state, {}, []
+    if kind == "accelerate":
+        def load_st(p: Path) -> dict[str, Any]:
+            return read_file(p, lambda _: default).tree["model"]
+
+        state, notes = foreign.load_accelerate(path, load_st, default, trust_pickle)
+        return "accelerate", state, {}, notes
+    if kind == "dcp":
+        raise CheckpointError(f"{path} is a sharded checkpoint (torch.distributed.checkpoint): its tensors only "
+                              "exist as shards. Fix: torchplace.load it with model= (and optimizer=) in a process "
+                              "group, or make one file with "
+                              "torch.distributed.checkpoint.format_utils.dcp_to_torch_save.")
+    if kind == "dcp-foreign":
+        raise CheckpointError(f"{path} was written by torch.distributed.checkpoint directly, without torchplace's "
+                              "side file. Fix: load it with torch.distributed.checkpoint.load, or turn it into one "
+                              "file with torch.distributed.checkpoint.format_utils.dcp_to_torch_save.")
+    raise CheckpointError(f"{path} is not a checkpoint torchplace recognises (not torchplace/safetensors, torch.save, "
+                          "Lightning, accelerate or DCP). Fix: check the path.")
+
+
+def place_optimizer_state(optimizer: Any, osd: dict[str, Any]) -> dict[str, Any]:
+    """Move a foreign optimizer state's tensors next to their parameters (`step` where PyTorch keeps it)."""
+    targets = optimizer_devices(optimizer, osd)
+    if not targets:
+        return osd
+    state = {pid: {name: (v.to(targets[("state", pid, name)]) if isinstance(v, torch.Tensor)
+                          and ("state", pid, name) in targets else v) for name, v in entry.items()}
+             for pid, entry in (osd.get("state") or {}).items()}
+    return {**osd, "state": state}

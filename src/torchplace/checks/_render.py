@@ -1,0 +1,60 @@
+"""Rich tables for explain()'s dict: placement by module, inputs, optimizer state, problems."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group
+from rich.table import Table
+
+
+def size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def render(data: dict[str, Any]) -> Group:
+    model = data["model"]
+    parts: list[Any] = []
+    table = Table(title=f"where {model['type']} lives ({', '.join(model['devices']) or 'no tensors'})")
+    for column in ("module", "type", "device", "parameters", "buffers", "size"):
+        table.add_column(column, justify="right" if column in ("parameters", "buffers", "size") else "left")
+    for g in data["modules"]:
+        name = g["module"] + (" (own tensors)" if g["own"] else "")
+        table.add_row(name, g["type"], g["device"], str(g["parameters"]), str(g["buffers"]), size(g["bytes"]))
+    parts.append(table)
+    if data["plain_attributes"]:
+        parts.append(_rows("plain tensor attributes (not moved by .to())", data["plain_attributes"],
+                           ("name", "device", "dtype", "shape")))
+    if data["inputs"]:
+        parts.append(_rows("inputs", data["inputs"], ("path", "device", "dtype", "shape")))
+    opt = data.get("optimizer")
+    if opt:
+        table = Table(title=f"optimizer {opt['type']} ({opt['parameters']} parameters)")
+        table.add_column("state on device")
+        table.add_column("tensors", justify="right")
+        for device, count in opt["state_devices"].items():
+            table.add_row(device, str(count))
+        parts.append(table)
+    if data["problems"]:
+        table = Table(title="problems")
+        for column in ("severity", "kind", "where", "what and how to fix"):
+            table.add_column(column, overflow="fold")
+        for p in data["problems"]:
+            colour = "red" if p["severity"] == "error" else "yellow"
+            table.add_row(f"[{colour}]{p['severity']}[/]", p["kind"], p["where"], p["message"])
+        parts.append(table)
+    else:
+        parts.append("[green]no placement problems found[/]")
+    return Group(*parts)
+
+
+def _rows(title: str, rows: list[dict[str, Any]], columns: tuple[str, ...]) -> Table:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(str(row[c]) for c in columns))
+    return table

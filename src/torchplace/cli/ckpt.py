@@ -1,0 +1,110 @@
+"""`torchplace ckpt inspect FILE` and `torchplace ckpt convert IN OUT`.
+
+Thin: parse, call torchplace.checkpoint, render with rich (or print JSON). torch is imported
+inside the commands only, so building the parser stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+_TENSORS_SHOWN = 40
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("ckpt", help="inspect and convert checkpoints (torchplace, torch.save, Lightning, ...)")
+    cmds = parser.add_subparsers(dest="ckpt_command", metavar="COMMAND")
+
+    p = cmds.add_parser("inspect", help="keys, shapes, dtypes, devices saved from, sizes, metadata, tool")
+    p.add_argument("file", metavar="FILE", help="a checkpoint file or directory")
+    p.add_argument("--json", action="store_true", help="print everything as JSON")
+    p.add_argument("--verify", action="store_true", help="also read the data and check every checksum")
+    p.add_argument("--all", action="store_true", help=f"list every tensor (default: the first {_TENSORS_SHOWN})")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="open files that need pickle (runs code from the file: only for files you trust)")
+    p.set_defaults(func=_inspect)
+
+    p = cmds.add_parser("convert", help="rewrite a torch.save / Lightning / accelerate checkpoint as a torchplace one "
+                                        "(on the CPU, wrapper prefixes stripped)")
+    p.add_argument("src", metavar="IN", help="the checkpoint to read")
+    p.add_argument("dst", metavar="OUT", help="the torchplace checkpoint to write")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="open files that need pickle (runs code from the file: only for files you trust)")
+    p.set_defaults(func=_convert)
+    parser.set_defaults(func=lambda args: parser.print_help() or 2)
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from ..checkpoint import inspect
+
+    info = inspect(args.file, verify=args.verify, trust_pickle=args.trust_pickle)
+    if args.json:
+        print(json.dumps(info.to_dict(), indent=1, default=str))
+        return 0
+    _render_info(info, show_all=args.all)
+    return 0
+
+
+def _render_info(info: Any, *, show_all: bool) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from .render import console
+
+    console.print(f"[bold]{escape(info.path)}[/]  made by [cyan]{escape(info.tool)}[/]  "
+                  f"{_bytes(info.size_bytes)} on disk, {len(info.tensors)} tensors ({_bytes(info.tensor_bytes)})")
+    for key, value in info.metadata.items():
+        console.print(f"  {key}: {escape(str(value))}")
+    if info.contents:
+        table = Table(title="contents")
+        table.add_column("entry")
+        table.add_column("summary")
+        for key, value in info.contents.items():
+            table.add_row(escape(str(key)), escape(value))
+        console.print(table)
+    shown = info.tensors if show_all else info.tensors[:_TENSORS_SHOWN]
+    if shown:
+        table = Table(title="tensors")
+        for col in ("key", "dtype", "shape", "size", "saved on"):
+            table.add_column(col, justify="right" if col == "size" else "left")
+        for t in shown:
+            shape = "x".join(map(str, t.shape)) or "scalar"
+            table.add_row(escape(t.key), t.dtype, shape, _bytes(t.nbytes), t.saved_on or "?")
+        console.print(table)
+        if len(shown) < len(info.tensors):
+            console.print(f"[dim]... {len(info.tensors) - len(shown)} more (--all lists them)[/]")
+    if info.verified:
+        console.print("[green]every checksum matches[/]")
+    for note in info.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}")
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from ..checkpoint import convert
+
+    result = convert(args.src, args.dst, trust_pickle=args.trust_pickle)
+    if args.json:
+        print(json.dumps({"path": str(result.path), "source_tool": result.source_tool,
+                          "stripped_prefix": result.stripped_prefix, "tensors": result.tensors,
+                          "notes": result.notes}, indent=1))
+        return 0
+    from rich.markup import escape
+
+    from .render import console
+
+    stripped = f", stripped {result.stripped_prefix!r}" if result.stripped_prefix else ""
+    console.print(escape(f"wrote {result.path}: {result.tensors} tensors from a {result.source_tool} checkpoint, "
+                         f"on the CPU{stripped}"))
+    for note in result.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}")
+    return 0

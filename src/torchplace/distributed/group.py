@@ -1,0 +1,237 @@
+"""`torchplace.dist`: a process group from torchrun's (or SLURM's) environment that never hangs silently.
+
+    info = torchplace.dist.init()            # validated env, device set, group made
+    torchplace.dist.health_check(timeout=60) # names ranks that do not answer
+    ...
+    report = torchplace.dist.stragglers(step_seconds)   # slow ranks, for load balancing
+    torchplace.dist.teardown()               # also runs at exit
+
+What `init` does, in order, and why:
+1. Reads RANK/WORLD_SIZE/LOCAL_RANK/... (`hardware.launch_env`) and checks them before any
+   network call: a RANK past WORLD_SIZE would otherwise wait for a peer that never comes.
+2. Chooses this rank's device (cuda:LOCAL_RANK when GPUs are visible), checks LOCAL_RANK
+   against the visible GPUs, and sets it as the current device explicitly.
+3. Joins a rendezvous store (rank 0 hosts it, or torchrun's agent does) and, through it,
+   compares every rank's WORLD_SIZE, backend and GPU before creating the group (`join`). A
+   missing rank is named within `join_timeout`, a mismatch at once, on every rank.
+4. Creates the group with a backend that serves CPU and CUDA tensors ("cpu:gloo,cuda:nccl")
+   and passes the device as `device_id`, so NCCL connects now rather than at the first
+   collective, plus a small gloo group for the health check's monitored barrier.
+Health checks and straggler reports live in `health`; known failures in `failures`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime as _dt
+import os
+import socket
+import sys
+import threading
+from typing import Any, Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+
+from ..errors import DistributedError
+from ..hardware.launch_env import LaunchEnv, check, read_launch_env
+from .failures import explain, explained
+from .health import HealthReport, StragglerReport, health_check, stragglers
+from .join import join, make_store
+from .state import LOCK, STATE, DistInfo, seconds
+
+__all__ = ["DistInfo", "HealthReport", "StragglerReport", "init", "health_check", "stragglers",
+           "teardown", "session", "explain", "explained", "info"]
+
+_ACCELERATOR_BACKENDS = {"cuda": "nccl", "xpu": "xccl"}
+
+
+def info() -> DistInfo:
+    """The record `init` returned; raises if the group was not made by torchplace.dist.init."""
+    if STATE.info is None:
+        raise DistributedError("torchplace.dist.init() has not run in this process. Fix: call it first.")
+    return STATE.info
+
+
+def init(*, backend: str | None = None, device: str | torch.device | None = None,
+         timeout: float | _dt.timedelta | None = None, join_timeout: float | _dt.timedelta = 300.0,
+         env: Mapping[str, str] | None = None) -> DistInfo:
+    """Create the default process group from the launcher's environment, validated first.
+
+    Args:
+        backend: default "cpu:gloo,cuda:nccl" on a GPU (CPU and CUDA tensors both work),
+            "gloo" on CPU.
+        device: default cuda:LOCAL_RANK when GPUs are visible, else cpu.
+        timeout: how long a collective may take before it fails (torch's default if None).
+        join_timeout: how long to wait for every rank to join before naming the missing ones.
+        env: the environment to read (default os.environ).
+
+    Without a launcher (a plain `python script.py`), makes a group of one process.
+    Returns the DistInfo record; a second call returns the same record.
+    """
+    with LOCK:
+        if STATE.info is not None and dist.is_initialized():
+            return STATE.info
+        if dist.is_initialized():
+            raise DistributedError(
+                "A default process group already exists (made by torch.distributed.init_process_group "
+                "or another library), so torchplace.dist.init() cannot make one. Fix: call only one "
+                "of them, once, at the start of the program.")
+        environ = os.environ if env is None else env
+        launch = read_launch_env(environ)
+        check(launch)
+        single = not launch.launched
+        rank = 0 if single else int(launch.rank or 0)
+        world = 1 if single else int(launch.world_size or 1)
+        local_rank = launch.local_rank if launch.local_rank is not None else (0 if world == 1 else None)
+        dev = _choose_device(device, launch, local_rank, environ)
+        chosen = backend or ("cpu:gloo,cuda:nccl" if dev.type == "cuda" else
+                             f"cpu:gloo,{dev.type}:{_ACCELERATOR_BACKENDS[dev.type]}"
+                             if dev.type in _ACCELERATOR_BACKENDS else "gloo")
+        join_s = seconds(join_timeout, 300.0)
+        with explained(launch):
+            store = dist.HashStore() if single else make_store(launch, rank, world, join_s)
+        own = dist.PrefixStore(f"torchplace/{launch.restart_count}/", store)
+        if not single:
+            join(own, launch, rank, world, dev, chosen, join_s)
+        kwargs: dict[str, Any] = {}
+        if timeout is not None:
+            kwargs["timeout"] = _dt.timedelta(seconds=seconds(timeout, 0))
+        if dev.type != "cpu":
+            kwargs["device_id"] = dev
+        with explained(launch):
+            dist.init_process_group(chosen, store=store, rank=rank, world_size=world, **kwargs)
+            try:
+                gloo = dist.group.WORLD if chosen == "gloo" else dist.new_group(backend="gloo")
+            except BaseException:
+                dist.destroy_process_group()  # no half-made group left behind
+                raise
+        STATE.info = DistInfo(rank=rank, world_size=world, local_rank=local_rank,
+                               local_world_size=launch.local_world_size if not single else 1,
+                               device=dev, backend=chosen, launcher=launch.launcher,
+                               node_rank=launch.node_rank, hostname=socket.gethostname())
+        STATE.launch, STATE.store, STATE.gloo = launch, own, gloo
+        STATE.checks, STATE.broken = 0, False
+        if not STATE.atexit_registered:
+            atexit.register(teardown)
+            STATE.atexit_registered = True
+        return STATE.info
+
+
+def _accelerator() -> tuple[str | None, int]:
+    """(device type, count) of this build's accelerator, or (None, 0)."""
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and acc.is_available():
+        kind = acc.current_accelerator().type
+        return kind, int(acc.device_count())
+    if torch.cuda.is_available():
+        return "cuda", torch.cuda.device_count()
+    return None, 0
+
+
+def _visible_summary(environ: Mapping[str, str]) -> str:
+    try:
+        from ..hardware.visible import map_visible
+
+        return map_visible(environ.get("CUDA_VISIBLE_DEVICES"), None, environ.get("CUDA_DEVICE_ORDER")).summary()
+    except Exception:  # NVML missing: fall back to the raw variable
+        return f"CUDA_VISIBLE_DEVICES={environ.get('CUDA_VISIBLE_DEVICES')!r}"
+
+
+def _choose_device(device: str | torch.device | None, launch: LaunchEnv, local_rank: int | None,
+                   environ: Mapping[str, str]) -> torch.device:
+    """This rank's device, checked against what is visible, and made current."""
+    lrank_var = "SLURM_LOCALID" if launch.launcher == "slurm" else "LOCAL_RANK"
+    if device is None:
+        kind, count = _accelerator()
+        if kind is None or count == 0:
+            return torch.device("cpu")
+        if local_rank is None:
+            raise DistributedError(
+                f"{lrank_var} is not set, so torchplace cannot tell which of the {count} visible "
+                f"{kind} devices belongs to this rank ({launch.describe()}). Fix: launch with torchrun "
+                "or `torchplace run`, which set LOCAL_RANK, or pass device='cuda:K' to init().")
+        if launch.local_world_size is not None and launch.local_world_size > count:
+            raise DistributedError(
+                f"LOCAL_WORLD_SIZE={launch.local_world_size} processes run on this node but only {count} "
+                f"{kind} device(s) are visible ({_visible_summary(environ)}), so ranks would share a GPU, "
+                "which NCCL refuses. Fix: start one process per GPU (torchrun --nproc-per-node "
+                f"{count}, or `torchplace run --gpus {launch.local_world_size}` on a machine with that many).")
+        dev = torch.device(kind, local_rank)
+    else:
+        dev = torch.device(device)
+        if dev.type == "cpu":
+            return torch.device("cpu")
+        kind, count = _accelerator()
+        if kind != dev.type:
+            raise DistributedError(f"device={str(device)!r} was asked for, but this torch build sees "
+                                   f"{'no accelerator' if kind is None else kind + ' devices'}. Fix: "
+                                   "pass device='cpu' or one of the visible devices.")
+        if dev.index is None:
+            if local_rank is None:
+                raise DistributedError(f"device={str(device)!r} has no index and {lrank_var} is not set. "
+                                       f"Fix: pass an indexed device such as '{dev.type}:0'.")
+            dev = torch.device(dev.type, local_rank)
+    if dev.index is not None and dev.index >= count:
+        raise DistributedError(
+            f"{lrank_var}={local_rank} selects {dev}, but only {count} {dev.type} device(s) are visible "
+            f"({_visible_summary(environ)}; LOCAL_WORLD_SIZE={launch.local_world_size}). Fix: start at "
+            f"most {count} process(es) per node (torchrun --nproc-per-node {count}), or make more GPUs "
+            "visible (`torchplace run --gpus N` sets CUDA_VISIBLE_DEVICES for you).")
+    getattr(torch, dev.type).set_device(dev)
+    return dev
+
+
+def teardown(timeout: float = 30.0) -> None:
+    """Destroy every process group torchplace made (idempotent; also runs at exit).
+
+    A group whose collectives timed out (a failed health check) is aborted rather than destroyed,
+    and destruction has a deadline when called from the program, so a stuck peer cannot keep
+    this process from exiting.
+    """
+    with LOCK:
+        was_ours = STATE.info is not None
+        broken = STATE.broken
+        STATE.info, STATE.store, STATE.gloo, STATE.launch = None, None, None, None
+        STATE.broken = False
+    if not was_ours or not dist.is_initialized():
+        return
+    if broken and _abort():
+        return
+    done = threading.Event()
+
+    def destroy() -> None:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+        done.set()
+
+    try:
+        threading.Thread(target=destroy, name="torchplace-teardown", daemon=True).start()
+    except RuntimeError:  # Python >= 3.12 starts no thread at interpreter exit (atexit): no deadline
+        destroy()
+    if not done.wait(timeout) and not _abort():
+        print(f"torchplace.dist.teardown: the process group did not shut down within {timeout:.0f} s "
+              "(a collective is still stuck); exiting without it.", file=sys.stderr, flush=True)
+
+
+def _abort() -> bool:
+    """Abort all groups (NCCL communicators included) without waiting for peers."""
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is None:
+        return False
+    try:
+        abort()
+    except Exception:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def session(**kwargs: Any) -> Iterator[DistInfo]:
+    """``with torchplace.dist.session() as info:`` = init(**kwargs), then teardown() always."""
+    record = init(**kwargs)
+    try:
+        yield record
+    finally:
+        teardown()

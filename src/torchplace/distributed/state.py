@@ -1,0 +1,65 @@
+"""The process-wide record of the group torchplace.dist made (one per process, like torch's own)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..errors import DistributedError
+from ..hardware.launch_env import LaunchEnv
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process stands in the job. `device` is an indexed torch.device."""
+
+    rank: int
+    world_size: int
+    local_rank: int | None
+    local_world_size: int | None
+    device: torch.device
+    backend: str
+    launcher: str | None
+    node_rank: int | None = None
+    hostname: str = ""
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0 (log, save checkpoints, print)."""
+        return self.rank == 0
+
+
+@dataclass
+class _State:
+    """What init made: the record, the launch env, torchplace's store namespace, the gloo group."""
+
+    info: DistInfo | None = None
+    launch: LaunchEnv | None = None
+    store: Any = None  # PrefixStore for torchplace's own keys
+    gloo: Any = None  # gloo group for the health check's monitored barrier
+    checks: int = 0  # health checks and straggler reports so far (names their store keys)
+    broken: bool = False  # a collective timed out: abort rather than destroy at teardown
+    atexit_registered: bool = False
+
+
+STATE = _State()
+LOCK = threading.Lock()
+
+
+def seconds(value: float | _dt.timedelta | None, default: float) -> float:
+    """A timeout given as seconds or a timedelta, as seconds (`default` for None)."""
+    if value is None:
+        return default
+    return value.total_seconds() if isinstance(value, _dt.timedelta) else float(value)
+
+
+def require() -> DistInfo:
+    """The current record; raises when torchplace.dist.init() has not made a group."""
+    if STATE.info is None or not dist.is_initialized():
+        raise DistributedError("No process group: call torchplace.dist.init() first (on every rank).")
+    return STATE.info

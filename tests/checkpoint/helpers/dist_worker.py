@@ -1,0 +1,130 @@
+"""One rank of the 2-process gloo checkpoint test. Usage: dist_worker.py RANK WORLD DIR
+
+MASTER_ADDR / MASTER_PORT come from the environment. Checks, in order:
+1. replicated (DDP): only rank 0 writes; no rank returns before the file is complete; each rank
+   gets its own RNG streams back;
+2. a failure on rank 0 is raised on every rank;
+3. a sharded (DTensor) model goes through torch.distributed.checkpoint and comes back, with its
+   optimizer, scheduler and extras, into a model sharded the same way.
+Prints "ok RANK" at the end; any failure exits non-zero with a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import torchplace
+from torchplace.checkpoint import inspect, latest
+
+
+def replicated(rank: int, root: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 2)))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model(torch.randn(6, 4)).sum().backward()
+    opt.step()
+    torch.manual_seed(100 + rank)  # every rank has its own stream
+    path = root / "ddp.safetensors"
+    returned = torchplace.save(path, model=model, optimizer=opt, extra={"written_by": rank})
+    assert returned == path and path.exists(), "save returned before the file was complete"
+    expected = torch.rand(3)  # what this rank draws right after the save
+    names = sorted(p.name for p in root.iterdir())
+    assert names == ["ddp.safetensors"], names  # no temp files, nothing written by rank 1
+    torch.manual_seed(7)
+    other = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 2)))
+    other_opt = torch.optim.Adam(other.parameters(), lr=1.0)
+    ck = torchplace.load(path, model=other, optimizer=other_opt)
+    assert ck.extra == {"written_by": 0} and ck.metadata["world_size"] == 2
+    assert ck.stripped_prefix == "" and ck.rng_restored == ["python", "numpy", "cpu"]
+    assert torch.equal(torch.rand(3), expected), "this rank's RNG stream was not restored"
+    for a, b in zip(model.state_dict().values(), other.state_dict().values()):
+        assert torch.equal(a, b)
+    dist.barrier()
+
+
+def failure(rank: int, root: Path) -> None:
+    try:
+        torchplace.save(root / "missing-dir" / "c.safetensors", extra={"a": 1})
+    except torchplace.CheckpointError as exc:
+        expected = "does not exist" if rank == 0 else "rank 0 could not save"
+        assert expected in str(exc), str(exc)
+    else:
+        raise AssertionError("a failed save reported success")
+
+
+def _sharded_model(seed: int, mesh) -> nn.Module:
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    for module in model:
+        for name, param in list(module.named_parameters(recurse=False)):
+            setattr(module, name, nn.Parameter(distribute_tensor(param.detach(), mesh, [Shard(0)])))
+    return model
+
+
+def sharded(rank: int, root: Path) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = _sharded_model(0, mesh)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    for _ in range(2):
+        opt.zero_grad()
+        model(distribute_tensor(torch.randn(5, 4), mesh, [Replicate()])).sum().backward()
+        opt.step()
+        sched.step()
+    target = root / "sharded"
+    for step in (1, 2):  # the second save replaces the first atomically
+        torchplace.save(target, model=model, optimizer=opt, scheduler=sched, extra={"step": step}, keep_last=1)
+    assert target.is_symlink() and (target / ".metadata").is_file()
+    hidden = [p.name for p in root.iterdir() if p.name.startswith(".sharded.")]
+    assert len(hidden) == 1, hidden  # the first version's shards are gone
+
+    other = _sharded_model(5, mesh)
+    other_opt = torch.optim.Adam(other.parameters(), lr=1.0)
+    other_sched = torch.optim.lr_scheduler.StepLR(other_opt, step_size=1, gamma=0.5)
+    ck = torchplace.load(root if rank == 0 else target, model=other, optimizer=other_opt, scheduler=other_sched)
+    assert ck.extra == {"step": 2}, ck.extra
+    for a, b in zip(model.parameters(), other.parameters()):
+        assert torch.equal(a.full_tensor(), b.full_tensor())
+    s1, s2 = opt.state_dict()["state"], other_opt.state_dict()["state"]
+    for pid in s1:
+        assert torch.equal(s1[pid]["exp_avg"].full_tensor(), s2[pid]["exp_avg"].full_tensor())
+        assert float(s1[pid]["step"]) == float(s2[pid]["step"]) == 2.0
+    assert other_sched.state_dict() == sched.state_dict() and other_opt.param_groups[0]["lr"] == 2.5e-3
+    if rank == 0:
+        assert latest(root) == target
+        info = inspect(target)
+        assert info.tool.startswith("torch.distributed.checkpoint") and info.metadata["sharded"] is True
+        assert {t.key for t in info.tensors} >= {"model/0.weight", "optimizer/state/0.weight/exp_avg"}
+    dist.barrier()
+
+
+def main() -> None:
+    rank, world, root = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        for name, check in (("replicated", replicated), ("failure", failure), ("sharded", sharded)):
+            directory = root / name
+            if rank == 0:
+                directory.mkdir()
+            dist.barrier()
+            check(rank, directory)
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    print(f"ok {rank}", flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

@@ -1,0 +1,31 @@
+"""`torchplace bench checkpoint --quick`: every variant runs, targets are recorded, files are removed."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from torchplace.bench import checkpoint as bench
+
+
+def test_quick_run_measures_every_variant_and_cleans_up(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--quick", "--sizes", "4MiB", "--dir", str(tmp_path), "--device", "cpu"])
+    result = bench.run(args)
+    variants = [row.variant for row in result.rows]
+    assert variants == ["4MiB plain write+fsync", "4MiB torch.save+fsync", "4MiB torchplace.save",
+                        "4MiB torch.load -> cpu", "4MiB torchplace.load -> cpu"]
+    assert all(row.value > 0 and row.unit == "GB/s" and row.ratio is not None for row in result.rows)
+    assert [t.name for t in result.targets] == ["4MiB save vs plain write"]
+    assert result.targets[0].op == ">=" and result.targets[0].limit == 0.9
+    assert any("no GPU" in note for note in result.notes)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sizes_parse_with_units() -> None:
+    assert bench.parse_sizes("1GiB,512MiB,2") == [2**30, 2**29, 2 * 2**30]
+    with pytest.raises(ValueError, match="not understood"):
+        bench.parse_sizes("lots")

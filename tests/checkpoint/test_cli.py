@@ -1,0 +1,74 @@
+"""`torchplace ckpt inspect` and `torchplace ckpt convert`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import torchplace
+from torchplace.checkpoint.format import read_header
+from torchplace.cli import main
+
+
+def _ckpt(tmp_path: Path) -> Path:
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.25)
+    return torchplace.save(tmp_path / "c.safetensors", model=model, optimizer=opt, extra={"step": 11})
+
+
+def test_inspect_json_lists_tensors_and_metadata(tmp_path: Path, capsys) -> None:
+    path = _ckpt(tmp_path)
+    assert main(["ckpt", "inspect", str(path), "--json", "--verify"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["tool"] == "torchplace" and data["verified"] is True
+    weight = next(t for t in data["tensors"] if t["key"] == "model/weight")
+    assert weight == {"key": "model/weight", "dtype": "float32", "shape": [2, 3], "nbytes": 24, "saved_on": "cpu"}
+    assert data["metadata"]["objects"]["optimizer"] == "torch.optim.sgd.SGD"
+    assert "step=11" in data["contents"]["extra"] and "lr 0.25" in data["contents"]["optimizer"]
+
+
+def test_inspect_table(tmp_path: Path, capsys) -> None:
+    path = _ckpt(tmp_path)
+    assert main(["ckpt", "inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "torchplace" in out and "model/weight" in out and "2x3" in out and "torch.optim.sgd.SGD" in out
+
+
+def test_inspect_verify_fails_on_a_damaged_file(tmp_path: Path, capsys) -> None:
+    path = _ckpt(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[read_header(path).data_offset] ^= 1
+    path.write_bytes(bytes(data))
+    assert main(["ckpt", "inspect", str(path)]) == 0  # the header is whole: inspecting works
+    assert main(["ckpt", "inspect", str(path), "--verify"]) == 2
+    err = capsys.readouterr().err
+    assert "is damaged" in err and "checksum" in err and str(path) in err
+
+
+def test_convert_writes_a_torchplace_file(tmp_path: Path, capsys) -> None:
+    src = tmp_path / "ddp.pt"
+    model = torch.nn.Linear(3, 2)
+    torch.save({"model": {f"module.{k}": v for k, v in model.state_dict().items()}, "epoch": 2}, src)
+    assert main(["ckpt", "convert", str(src), str(tmp_path / "out.safetensors"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["stripped_prefix"] == "module." and result["tensors"] == 2
+    target = torch.nn.Linear(3, 2)
+    torchplace.load(tmp_path / "out.safetensors", model=target)
+    assert torch.equal(target.weight, model.weight)
+    assert main(["ckpt", "convert", str(src), str(tmp_path / "again.safetensors")]) == 0
+    assert "stripped 'module.'" in " ".join(capsys.readouterr().out.split())  # rich wraps lines
+
+
+def test_ckpt_without_a_command_prints_help(capsys) -> None:
+    assert main(["ckpt"]) == 2
+    assert "inspect" in capsys.readouterr().out
+
+
+def test_building_the_parser_does_not_import_torch() -> None:
+    code = "import sys, torchplace.cli as c; c.build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

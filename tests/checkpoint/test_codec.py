@@ -1,0 +1,97 @@
+"""Non-tensor state survives exactly, types included; what needs pickle is refused by name."""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import torchplace
+from torchplace.checkpoint import codec
+
+
+def _roundtrip(tree: object) -> object:
+    enc = codec.encode(tree)
+    return codec.decode(enc.tree, enc.tensors.__getitem__)
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal values of the same types, all the way down (NaN equals NaN)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and np.array_equal(a, b)
+    return a == b
+
+
+leaves = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
+                   st.text(max_size=8), st.binary(max_size=8),
+                   st.sampled_from([torch.float32, torch.bfloat16, torch.device("cpu"), torch.device("cuda", 1),
+                                    torch.Size([2, 3])]))
+keys = st.one_of(st.text(max_size=6), st.integers(-5, 5), st.tuples(st.integers(0, 3), st.text(max_size=3)))
+trees = st.recursive(leaves, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.lists(inner, max_size=4).map(tuple),
+    st.dictionaries(keys, inner, max_size=4)), max_leaves=20)
+
+
+@settings(max_examples=150, deadline=None)
+@given(trees)
+def test_any_plain_tree_round_trips_with_its_types(tree: object) -> None:
+    assert _same(_roundtrip(tree), tree)
+
+
+def test_training_state_shapes_round_trip() -> None:
+    rng_state = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.get_rng_state()}
+    tree = {
+        "optimizer": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.ones(2)}},
+                      "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999), "params": [0], "foreach": None}]},
+        "plateau": {"best": float("inf"), "mode_worse": -math.inf, "eps": 1e-8},
+        "rng": rng_state,
+        "np": {"scalar": np.float32(0.5), "int": np.int64(7), "array": np.arange(6, dtype=np.uint32).reshape(2, 3)},
+    }
+    back = _roundtrip(tree)
+    assert _same(back["optimizer"], tree["optimizer"])
+    assert back["plateau"]["best"] == math.inf and back["plateau"]["mode_worse"] == -math.inf
+    assert back["rng"]["python"] == rng_state["python"]
+    assert _same(back["rng"]["numpy"], rng_state["numpy"])
+    assert back["np"]["scalar"] == 0.5 and back["np"]["int"] == 7
+    assert _same(back["np"]["array"], tree["np"]["array"])
+
+
+class Config:
+    def __init__(self) -> None:
+        self.depth = 3
+
+
+def test_objects_that_need_pickle_are_refused_by_path(tmp_path: Path) -> None:
+    with pytest.raises(torchplace.CheckpointError, match=r"extra/run/cfg is a .*Config.*allow_pickle=True"):
+        torchplace.save(tmp_path / "c", extra={"run": {"cfg": Config()}})
+    assert not list(tmp_path.iterdir())
+
+
+def test_allow_pickle_stores_them_and_load_needs_trust(tmp_path: Path) -> None:
+    path = torchplace.save(tmp_path / "c", extra={"cfg": Config(), "step": 4}, allow_pickle=True)
+    with pytest.raises(torchplace.CheckpointError, match=r"extra/cfg.*trust_pickle=True"):
+        torchplace.load(path)
+    ck = torchplace.load(path, trust_pickle=True)
+    assert isinstance(ck.extra["cfg"], Config) and ck.extra["cfg"].depth == 3 and ck.extra["step"] == 4
+
+
+def test_sparse_tensors_need_pickle_too(tmp_path: Path) -> None:
+    sparse = torch.eye(3).to_sparse()
+    with pytest.raises(torchplace.CheckpointError, match="extra/m is a torch.sparse_coo Tensor"):
+        torchplace.save(tmp_path / "c", extra={"m": sparse})

@@ -1,0 +1,34 @@
+"""Two gloo ranks on the CPU: rank 0 writes, failures reach every rank, sharded models go through DCP."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+HELPER = Path(__file__).parent / "helpers" / "dist_worker.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_ranks_save_and_load(tmp_path: Path) -> None:
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(HELPER), str(rank), "2", str(tmp_path)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    outputs = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=120)
+            outputs.append((proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    for rank, (code, out, err) in enumerate(outputs):
+        assert code == 0 and f"ok {rank}" in out, f"rank {rank} failed ({code}):\n{out}\n{err[-4000:]}"

@@ -1,0 +1,121 @@
+"""Other tools' checkpoints: a torch.save file from a GPU job, Lightning, accelerate; inspect and convert."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import safetensors.torch
+import torch
+from torch import nn
+
+import torchplace
+from torchplace.checkpoint import convert, inspect
+
+
+def _gpu_job_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+@pytest.fixture(scope="module")
+def gpu_checkpoint(tmp_path_factory) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A training checkpoint as a job on cuda:1 writes it (module.-prefixed, Adam state), and its values."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path_factory.mktemp("gpu") / "ckpt.pt"
+    helper = Path(__file__).parent / "helpers" / "make_cuda_checkpoint.py"
+    subprocess.run([sys.executable, str(helper), str(path)], check=True, env=dict(os.environ))
+    return path, safetensors.torch.load_file(str(path) + ".reference.safetensors")
+
+
+def test_plain_torch_load_fails_here_and_torchplace_load_works(gpu_checkpoint) -> None:
+    path, ref = gpu_checkpoint
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="Attempting to deserialize object on a CUDA device"):
+            torch.load(path, weights_only=True)
+    model = _gpu_job_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.5)
+    ck = torchplace.load(path, model=model, optimizer=opt)
+    assert ck.tool == "torch.save (training dict)" and ck.stripped_prefix == "module." and ck.extra == {"epoch": 3}
+    for k, v in model.state_dict().items():
+        assert v.device.type == "cpu" and torch.equal(v, ref[f"model/{k}"])
+    state = opt.state_dict()["state"]
+    for pid, entry in state.items():
+        assert entry["step"].device.type == "cpu"
+        for name in ("exp_avg", "exp_avg_sq"):
+            assert entry[name].device.type == "cpu" and torch.equal(entry[name], ref[f"opt/{pid}/{name}"])
+    assert opt.param_groups[0]["lr"] == 1e-3
+
+
+def test_inspect_reports_where_tensors_were_and_the_prefix(gpu_checkpoint) -> None:
+    path, _ = gpu_checkpoint
+    info = inspect(path)
+    assert info.tool == "torch.save (training dict)"
+    assert {t.saved_on for t in info.tensors} == {"cuda:1"}
+    assert any(t.key == "model/module.0.weight" and t.shape == [8, 4] and t.dtype == "float32" for t in info.tensors)
+    assert "'module.'" in info.notes[0]
+
+
+def test_convert_makes_a_cpu_torchplace_checkpoint(gpu_checkpoint, tmp_path: Path) -> None:
+    path, ref = gpu_checkpoint
+    result = convert(path, tmp_path / "out.safetensors")
+    assert result.stripped_prefix == "module." and result.source_tool == "torch.save (training dict)"
+    info = inspect(result.path, verify=True)
+    assert info.tool == "torchplace" and info.verified
+    assert {t.saved_on for t in info.tensors} == {"cpu"}
+    assert info.metadata["converted_from"]["tool"] == "torch.save (training dict)"
+    model = _gpu_job_model()
+    torchplace.load(result.path, model=model)
+    assert torch.equal(model[0].weight, ref["model/0.weight"])
+
+
+def _lightning_checkpoint(model: nn.Module, opt: torch.optim.Optimizer, sched) -> dict:
+    """The dict Lightning's Trainer.save_checkpoint writes (keys as Lightning 2.x names them)."""
+    return {"epoch": 4, "global_step": 120, "pytorch-lightning_version": "2.4.0",
+            "state_dict": {f"net.{k}": v for k, v in model.state_dict().items()},
+            "loops": {"fit_loop": {"state_dict": {}, "epoch_progress": {"current": {"completed": 4}}}},
+            "callbacks": {}, "optimizer_states": [opt.state_dict()], "lr_schedulers": [sched.state_dict()],
+            "hparams_name": "kwargs", "hyper_parameters": {"lr": 0.01, "hidden": 8}}
+
+
+def test_lightning_checkpoints_load_and_convert(tmp_path: Path) -> None:
+    model = _gpu_job_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 10)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    path = tmp_path / "epoch=4.ckpt"
+    torch.save(_lightning_checkpoint(model, opt, sched), path)
+    ck = torchplace.load(path)
+    assert ck.tool == "lightning 2.4.0" and set(ck["model"]) == {f"net.{k}" for k in model.state_dict()}
+    assert ck.extra["global_step"] == 120 and ck.extra["hyper_parameters"] == {"lr": 0.01, "hidden": 8}
+    out = convert(path, tmp_path / "out.safetensors")
+    back = torchplace.load(out.path)
+    assert torch.equal(back["model"]["net.0.weight"], model[0].weight)
+    assert back["optimizer"]["param_groups"][0]["momentum"] == 0.9 and back["scheduler"]["step_size"] == 10
+
+
+def test_accelerate_save_state_directories_load(tmp_path: Path) -> None:
+    Accelerator = pytest.importorskip("accelerate").Accelerator
+
+    torch.manual_seed(0)
+    model = _gpu_job_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 2)
+    accelerator = Accelerator(cpu=True)
+    p_model, p_opt, p_sched = accelerator.prepare(model, opt, sched)
+    p_model(torch.randn(3, 4)).sum().backward()
+    p_opt.step()
+    p_sched.step()
+    accelerator.save_state(str(tmp_path / "acc"))
+
+    target = _gpu_job_model()
+    target_opt = torch.optim.AdamW(target.parameters(), lr=0.5)
+    ck = torchplace.load(tmp_path / "acc", model=target, optimizer=target_opt)
+    assert ck.tool == "accelerate" and any("random_states_0.pkl" in n for n in ck.notes)
+    for a, b in zip(model.state_dict().values(), target.state_dict().values()):
+        assert torch.equal(a, b)
+    assert target_opt.state_dict()["state"][0]["step"] == 1
+    assert "scheduler" in ck and inspect(tmp_path / "acc").tool.startswith("accelerate")

@@ -1,0 +1,142 @@
+"""watch(model): a device mismatch becomes a DeviceMismatchError naming the culprit (cpu vs meta)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchplace as tp
+from checks_programs import (FILE, Scaled, Toy, WithBuffer, WithConstant, at, batch_on, clean_training,
+                             forward_loss, late_submodule)
+
+
+def mismatch(fn, *args, model=None):
+    """Run fn under watch(model) and return the DeviceMismatchError it must raise."""
+    with pytest.raises(tp.DeviceMismatchError) as info:
+        with tp.watch(model):
+            fn(*args)
+    return info.value
+
+
+def tensor(report, label):
+    return next(t for t in report.tensors if t.label == label)
+
+
+def test_batch_left_on_the_cpu_names_module_tensor_and_line():
+    model = Toy().to("meta")
+    batch = batch_on("cpu")
+    err = mismatch(forward_loss, model, batch, model=model)
+    report = err.report
+    assert isinstance(err, RuntimeError) and isinstance(err.__cause__, RuntimeError)
+    assert report.module == "model.layers.0.proj" and report.module_type == "Linear"
+    assert report.site.expression == "F.linear(input, self.weight, self.bias)"
+    x = tensor(report, "input")
+    assert (x.device, x.dtype, x.shape, x.kind) == ("cpu", "float32", (4, 8), "batch")
+    assert x.origin.startswith("batch['x']")
+    assert tensor(report, "self.weight").origin == "model.layers.0.proj.weight"
+    assert [t.label for t in report.culprits] == ["input"] and report.expected_device == "meta"
+    assert at("block") in str(err)  # the user's line that reached the op
+    assert "to_device(batch, 'meta')" in str(err)
+
+
+def test_plain_attribute_left_behind_by_to():
+    model = Scaled().to("meta")
+    err = mismatch(model, torch.randn(2, 8, device="meta"), model=model)
+    scale = tensor(err.report, "self.scale")
+    assert (scale.kind, scale.origin, scale.device) == ("attribute", "model.scale", "cpu")
+    assert err.report.module == "model" and err.report.op == "mul"
+    assert at("plain-attribute") in str(err) and "register_buffer" in str(err)
+
+
+def test_constant_made_in_forward_without_a_device():
+    model = WithConstant().to("meta")
+    err = mismatch(model, torch.randn(2, 8, device="meta"), model=model)
+    offsets = tensor(err.report, "offsets")
+    assert offsets.kind == "local" and "WithConstant.forward" in offsets.origin
+    assert [t.label for t in err.report.culprits] == ["offsets"]
+    assert at("constant") in str(err) and "device=x.device" in str(err)
+
+
+def test_submodule_added_after_to_is_named_as_a_parameter():
+    model = late_submodule("meta")
+    err = mismatch(model, torch.randn(2, 8, device="meta"), model=model)
+    report = err.report
+    assert report.module == "model.head"
+    assert {t.label for t in report.culprits} == {"self.weight", "self.bias"}
+    assert tensor(report, "self.weight").origin == "model.head.weight"
+    assert report.expected_device == "meta"
+    assert "model.layers on meta" in str(err) and "model.head on cpu" in str(err)
+    assert at("head") in str(err)
+
+
+def test_labels_on_another_device_outside_any_module():
+    model = Toy().to("meta")
+    batch = {"x": torch.randn(4, 8, device="meta"), "y": torch.randint(0, 3, (4,))}
+    err = mismatch(forward_loss, model, batch, model=model)
+    assert err.report.module is None
+    labels = err.report.culprits
+    assert len(labels) == 1 and labels[0].device == "cpu" and labels[0].origin.startswith("batch['y']")
+    assert at("loss") in str(err)
+
+
+def test_without_a_model_paths_start_at_the_outermost_module():
+    net = Toy().to("meta")
+    err = mismatch(net, torch.randn(2, 8))
+    assert err.report.module == "Toy.layers.0.proj"
+    assert tensor(err.report, "self.weight").origin == "Toy.layers.0.proj.weight"
+
+
+def test_cpu_scalars_are_allowed_and_not_blamed():
+    model = WithBuffer().to("meta")
+    with tp.watch(model):
+        out = model(torch.randn(2, 8, device="meta"))
+    assert out.device.type == "meta"
+    x = torch.randn(3, device="meta")
+    two = torch.tensor(2.0)
+    offsets = torch.arange(3.0)
+    with pytest.raises(tp.DeviceMismatchError) as info, tp.watch():
+        x * two + offsets
+    scalar = next(t for t in info.value.report.tensors if t.scalar)
+    assert scalar.device == "cpu" and scalar not in info.value.report.culprits
+    assert [t.label for t in info.value.report.culprits] == ["offsets"]
+
+
+def test_clean_training_stays_silent_and_unchanged():
+    with tp.watch():
+        watched = clean_training("cpu")
+    assert watched == clean_training("cpu")
+
+
+def test_other_errors_pass_through_untouched():
+    model = Toy()
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied") as info:
+        with tp.watch(model):
+            model(torch.randn(2, 5))
+    assert not isinstance(info.value, tp.DeviceMismatchError)
+
+
+def test_works_as_a_decorator():
+    model = Toy().to("meta")
+
+    @tp.watch(model)
+    def step(batch):
+        return forward_loss(model, batch)
+
+    with pytest.raises(tp.DeviceMismatchError, match="model.layers.0.proj"):
+        step(batch_on("cpu"))
+
+
+def test_message_reads_in_one_go():
+    model = Toy().to("meta")
+    err = mismatch(forward_loss, model, batch_on("cpu"), model=model)
+    text = str(err)
+    first = text.splitlines()[0]
+    assert first.startswith("Device mismatch in F.linear(input, self.weight, self.bias)")
+    assert "inside module model.layers.0.proj (Linear)" in first and FILE in first
+    assert "PyTorch said: Tensor on device" in text and text.splitlines()[-1].startswith("Fix: ")
+
+
+def test_rejects_what_is_not_a_module():
+    with pytest.raises(TypeError, match="nn.Module"):
+        tp.watch(F.relu)

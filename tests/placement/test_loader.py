@@ -1,0 +1,233 @@
+"""DeviceLoader on cpu and meta: pass-through, the background worker's life cycle, packing."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import torchplace as tp
+from torchplace.placement import _pack
+from torchplace.placement.loader import image_transform
+
+BACKGROUND = [pytest.param(False, id="inline"), pytest.param(True, id="background")]
+
+
+@dataclasses.dataclass
+class Sample:
+    image: torch.Tensor
+    label: torch.Tensor
+    name: str
+
+
+def batches(n: int = 5) -> list[dict]:
+    return [{"x": torch.full((2, 3), float(i)), "y": [torch.tensor(i), "tag"]} for i in range(n)]
+
+
+def workers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "torchplace-DeviceLoader"]
+
+
+def wait_for_no_workers() -> None:
+    for _ in range(200):  # the worker exits within one poll of its stop flag
+        if not workers():
+            return
+        time.sleep(0.01)
+
+
+def test_cpu_is_a_plain_pass_through():
+    data = batches()
+    loader = tp.DeviceLoader(data, "cpu")
+    out = list(loader)
+    assert len(out) == len(data) and all(a is b for a, b in zip(out, data))
+    assert loader.stream is None and not workers()
+
+
+@pytest.mark.parametrize("background", BACKGROUND)
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_iterating_again_gives_the_same_epoch(background, device):
+    loader = tp.DeviceLoader(batches(), device, background=background)
+    first, second = list(loader), list(loader)
+    assert len(first) == len(second) == len(loader) == 5
+    for a, b in zip(first, second):
+        assert a["x"].device.type == device and a["y"][1] == "tag"
+        assert a["x"].shape == b["x"].shape
+    if device == "cpu":
+        assert [int(b["y"][0]) for b in second] == list(range(5))
+
+
+@pytest.mark.parametrize("background", BACKGROUND)
+def test_empty_loader(background):
+    loader = tp.DeviceLoader([], "meta", background=background)
+    assert list(loader) == [] and len(loader) == 0
+
+
+@pytest.mark.parametrize("background", BACKGROUND)
+def test_loader_shorter_than_the_prefetch_depth(background):
+    out = list(tp.DeviceLoader(batches(2), "cpu", prefetch=8, background=background))
+    assert [float(b["x"][0, 0]) for b in out] == [0.0, 1.0]
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def failing(after: int):
+    for i in range(after):
+        yield torch.full((2,), float(i))
+    raise Boom(f"dataset broke at item {after}")
+
+
+@pytest.mark.parametrize("background", BACKGROUND)
+def test_the_loaders_exception_reaches_the_consumer(background):
+    it = iter(tp.DeviceLoader(failing(2), "meta", background=background))
+    assert next(it).shape == (2,) and next(it).shape == (2,)
+    with pytest.raises(Boom, match="broke at item 2"):
+        next(it)
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+@pytest.mark.parametrize("background", BACKGROUND)
+def test_breaking_out_mid_epoch_cleans_up(background):
+    closed = threading.Event()
+
+    class Source:
+        def __iter__(self):
+            try:
+                for i in range(1000):
+                    yield torch.full((4,), float(i))
+            finally:
+                closed.set()
+
+    for i, batch in enumerate(tp.DeviceLoader(Source(), "meta", background=background)):
+        if i == 3:
+            break
+    assert closed.wait(5), "the upstream iterator was not closed after the consumer broke out"
+    wait_for_no_workers()
+    assert not workers()
+
+
+def test_a_users_own_iterator_is_not_closed_under_them():
+    gen = (torch.ones(1) * i for i in range(10))
+    for _ in tp.DeviceLoader(gen, "cpu"):
+        break
+    assert float(next(gen)) == 1.0  # a plain for loop would leave it open too
+
+
+def test_the_worker_never_runs_more_than_prefetch_ahead():
+    pulled = []
+
+    def source():
+        for i in range(50):
+            pulled.append(i)
+            yield torch.ones(1)
+
+    it = iter(tp.DeviceLoader(source(), "meta", prefetch=3, background=True))
+    next(it)
+    time.sleep(0.3)  # let the worker run as far ahead as it may
+    assert len(pulled) <= 1 + 3
+    it.close()
+
+
+def test_len_of_an_unsized_loader_explains_itself():
+    loader = tp.DeviceLoader((i for i in range(3)), "cpu")
+    with pytest.raises(TypeError, match="has no len\\(\\).*generator"):
+        len(loader)
+
+
+@pytest.mark.parametrize("prefetch", [0, -1, 1.5, True])
+def test_prefetch_must_be_a_positive_int(prefetch):
+    with pytest.raises(ValueError, match="prefetch"):
+        tp.DeviceLoader([], "cpu", prefetch=prefetch)
+
+
+@pytest.mark.parametrize("background", BACKGROUND)
+def test_a_torch_dataloader_with_dataclass_batches(background):
+    data = TensorDataset(torch.arange(40, dtype=torch.float32).view(10, 4), torch.arange(10))
+    loader = DataLoader(data, batch_size=3, collate_fn=lambda rows: Sample(
+        torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows]), "s"))
+    out = list(tp.DeviceLoader(loader, "cpu", background=background))
+    assert len(out) == len(loader) == 4 and all(isinstance(b, Sample) for b in out)
+    assert torch.equal(torch.cat([b.label for b in out]), torch.arange(10))
+
+
+def test_many_small_tensors_are_packed_and_viewed_back():
+    small = [torch.full((3, 5), float(i)) for i in range(6)]
+    big = torch.ones(_pack.MAX_TENSOR_BYTES // 4 + 1)  # one element past the packing limit
+    batch = {"small": small, "big": big, "mask": torch.ones(3, dtype=torch.bool), "n": 1}
+    out = next(iter(tp.DeviceLoader([batch], "meta", background=True)))
+    assert [(t.shape, t.dtype, t.device.type) for t in out["small"]] == [((3, 5), torch.float32, "meta")] * 6
+    storages = {t.untyped_storage().nbytes() for t in [*out["small"], out["mask"]]}
+    assert len(storages) == 1 and storages.pop() >= 6 * 64 + 64  # one shared, aligned buffer
+    assert out["big"].untyped_storage().nbytes() == big.nbytes and out["n"] == 1
+
+
+def test_pack_false_copies_each_tensor_on_its_own():
+    batch = [torch.ones(2), torch.zeros(3)]
+    out = next(iter(tp.DeviceLoader([batch], "meta", background=True, pack=False)))
+    assert [t.untyped_storage().nbytes() for t in out] == [8, 12]
+
+
+def test_pack_round_trips_every_dtype_bit_exactly():
+    tensors = [torch.randn(3, 4), torch.tensor(True), torch.arange(5, dtype=torch.int16), torch.empty(0, 3),
+               torch.randn(2, dtype=torch.complex64), torch.randn(7).to(torch.bfloat16),
+               torch.randint(0, 255, (9,), dtype=torch.uint8), torch.tensor(3.5, dtype=torch.float64)]
+    plan = _pack.layout(tensors)
+    assert all(offset % _pack.ALIGN == 0 for offset in plan.offsets)
+    buf = _pack.pack(tensors, plan, pin=False)
+    for original, view in zip(tensors, _pack.unpack(buf.clone(), tensors, plan)):
+        assert view.dtype == original.dtype and view.shape == original.shape
+        assert torch.equal(view.reshape(-1).view(torch.uint8), original.reshape(-1).view(torch.uint8))
+
+
+@pytest.mark.parametrize("make,ok", [
+    (lambda: torch.ones(4), True),
+    (lambda: torch.ones(4, requires_grad=True), False),        # packing would cut the autograd graph
+    (lambda: torch.ones(4, 4).t(), False),                     # not contiguous
+    (lambda: torch.nn.Parameter(torch.ones(2), requires_grad=False), False),  # a subclass keeps its type
+    (lambda: torch.ones(_pack.MAX_TENSOR_BYTES), False),       # large: its own copy
+    (lambda: torch.ones(2).to_sparse(), False),
+    (lambda: torch.ones(2, device="meta"), False),
+])
+def test_what_gets_packed(make, ok):
+    assert _pack.packable(make()) is ok
+
+
+class Moves:
+    def __init__(self, device="cpu") -> None:
+        self.device = torch.device(device)
+
+    def to(self, device, non_blocking=False):
+        return Moves(device)
+
+
+def test_objects_with_their_own_to_move_in_the_background_too():
+    out = next(iter(tp.DeviceLoader([{"obj": Moves(), "t": torch.ones(1)}], "meta", background=True)))
+    assert out["obj"].device == torch.device("meta") and out["t"].device.type == "meta"
+
+
+@pytest.mark.parametrize("background", BACKGROUND)
+def test_image_transform(background):
+    images = torch.randint(0, 256, (2, 3, 4, 5), dtype=torch.uint8)
+    labels = torch.tensor([1, 2])
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    loader = tp.DeviceLoader([(images, labels)], "cpu", background=background,
+                             transform=image_transform(mean, std, channels_last=True))
+    x, y = next(iter(loader))
+    expected = (images.float() / 255 - torch.tensor(mean).view(3, 1, 1)) / torch.tensor(std).view(3, 1, 1)
+    assert torch.allclose(x, expected, atol=1e-6) and x.dtype == torch.float32
+    assert x.is_contiguous(memory_format=torch.channels_last)
+    assert y is labels
+
+
+def test_image_transform_refuses_channels_that_do_not_match():
+    transform = image_transform((0.5, 0.5, 0.5), (0.2, 0.2, 0.2))
+    with pytest.raises(ValueError, match=r"shape \(2, 1, 4, 4\) has 1 channels.*3 values"):
+        transform({"x": torch.zeros(2, 1, 4, 4, dtype=torch.uint8)})
+    with pytest.raises(ValueError, match="both mean and std"):
+        image_transform((0.5,), None)

@@ -1,0 +1,117 @@
+"""to_device on real GPUs: values, the non-blocking policy, and copies between two GPUs."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import pytest
+import torch
+
+import torchplace as tp
+from torchplace.placement.transfer import map_tensors, pin, pin_tensor, record_stream
+
+pytestmark = pytest.mark.gpu
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    x: torch.Tensor
+    mask: torch.Tensor = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mask", self.x > 0)
+
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+def nested(pinned: bool = False) -> dict:
+    dd = collections.defaultdict(list)
+    dd["k"].append(torch.randn(5))
+    batch = {
+        "x": torch.randn(64, 3, 8, 8).to(memory_format=torch.channels_last),
+        "ids": torch.randint(0, 1000, (64, 16)),
+        "od": collections.OrderedDict(a=torch.arange(10)),
+        "dd": dd,
+        "pair": Pair(torch.randn(3), "text"),
+        "frozen": Frozen(torch.randn(6)),
+        "list": [torch.ones(2, dtype=torch.bfloat16), 3, None],
+    }
+    return pin(batch) if pinned else batch
+
+
+def flat(obj) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    map_tensors(obj, lambda t: found.append(t) or t)
+    return found
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_round_trip_is_bit_exact(pinned):
+    batch = nested(pinned)
+    on_gpu = tp.to_device(batch, "cuda:0")
+    assert all(t.device == torch.device("cuda:0") for t in flat(on_gpu))
+    assert on_gpu["x"].is_contiguous(memory_format=torch.channels_last)
+    assert type(on_gpu["dd"]) is collections.defaultdict and on_gpu["dd"].default_factory is list
+    back = tp.to_device(on_gpu, "cpu")  # synchronous: readable at once, no explicit synchronize
+    for a, b in zip(flat(batch), flat(back)):
+        assert torch.equal(a, b) and b.device.type == "cpu"
+
+
+def busy_result(n: int = 1 << 22) -> torch.Tensor:
+    """A GPU tensor whose value is only final after a long kernel queue (sleep, then compute)."""
+    torch.cuda._sleep(50_000_000)  # ~tens of ms of GPU time on the current stream
+    return torch.arange(n, device="cuda:0", dtype=torch.float32) * 3
+
+
+@pytest.mark.parametrize("non_blocking", [None, True, False])
+def test_device_to_host_is_readable_when_to_device_returns(non_blocking):
+    out = tp.to_device({"v": busy_result()}, "cpu", non_blocking=non_blocking)["v"]
+    expected = torch.arange(1 << 22, dtype=torch.float32) * 3  # compared with no synchronize in between
+    assert torch.equal(out, expected)
+
+
+def test_explicit_non_blocking_to_host_lands_in_pinned_memory():
+    out = tp.to_device([busy_result(), busy_result()], "cpu", non_blocking=True)
+    assert all(t.is_pinned() for t in out)
+
+
+def test_host_to_device_is_ordered_for_the_current_stream():
+    src = pin_tensor(torch.randn(1 << 24))
+    out = tp.to_device(src, "cuda:0")  # non-blocking by default, from pinned memory
+    assert torch.equal(out.cpu(), src)
+
+
+def test_pin_tensor_keeps_dense_layouts_and_pins():
+    x = torch.randn(8, 3, 16, 16).to(memory_format=torch.channels_last)
+    pinned = pin_tensor(x)
+    assert pinned.is_pinned() and pinned.stride() == x.stride() and torch.equal(pinned, x)
+    gappy = torch.randn(64, 64)[:, ::4]
+    p2 = pin_tensor(gappy)
+    assert p2.is_pinned() and p2.is_contiguous() and torch.equal(p2, gappy)
+    assert pin_tensor(pinned) is pinned
+
+
+def test_record_stream_reaches_nested_tensors():
+    side = torch.cuda.Stream()
+    batch = tp.to_device(nested(), "cuda:0")
+    record_stream(batch, side)  # no error on any nested tensor, including dataclass fields
+    torch.cuda.synchronize()
+
+
+@pytest.mark.multigpu
+def test_between_two_gpus():
+    a = tp.to_device(nested(pinned=True), "cuda:0")
+    b = tp.to_device(a, "cuda:1")
+    assert all(t.device == torch.device("cuda:1") for t in flat(b))
+    for x, y in zip(flat(a), flat(b)):
+        assert torch.equal(x.cpu(), y.cpu())
+
+
+@pytest.mark.multigpu
+def test_a_busy_source_gpu_is_waited_for():
+    torch.cuda.set_device(0)
+    value = busy_result()
+    out = tp.to_device(value, "cuda:1")  # torch orders the copy after the source's stream
+    assert torch.equal(out.cpu(), torch.arange(1 << 22, dtype=torch.float32) * 3)

@@ -1,0 +1,186 @@
+"""Memory on the CPU: the report names live tensors and their holders, the leak detector flags
+real leaking loops and stays silent on a clean one, and OOM diagnosis works under a real cap
+(RLIMIT_AS in a child process) and on a real allocator failure in this process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+import torch._dynamo  # noqa: F401 - optimizers import it on first use, and it writes TORCHINDUCTOR_CACHE_DIR
+
+from torchplace import diagnose_oom, find_batch_size, memory_report, track_memory
+from torchplace.memory import MemoryLeakError, MemoryLeakWarning, OutOfMemoryDiagnosis, is_oom
+
+
+class Cache:
+    def __init__(self) -> None:
+        self.table = torch.zeros(700, 1000)
+
+
+KEPT = Cache()
+
+
+def test_report_lists_largest_tensors_with_their_holders():
+    report = memory_report("cpu", top=3)
+    cpu = report.devices[0]
+    assert cpu.device == "cpu" and cpu.total_bytes and cpu.reserved_bytes and cpu.free_bytes
+    assert cpu.allocated_bytes >= KEPT.table.untyped_storage().nbytes()
+    top = report.largest[0]
+    assert (top.shape, top.dtype, top.held_by) == ((700, 1000), "float32", "Cache.table")
+    assert "2.7 MiB float32 [700, 1000] on cpu, held by Cache.table" in report.text()
+
+
+def small_model():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def run_training(history: list, keep_graph: bool, steps: int = 24, **kwargs):
+    model, opt = small_model()
+    with track_memory("cpu", **kwargs) as tracker:
+        for _ in range(steps):
+            loss = model(torch.randn(32, 64)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            history.append(loss if keep_graph else loss.item())
+            tracker.step()
+    return tracker
+
+
+def test_clean_loop_stays_silent():
+    history: list = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MemoryLeakWarning)
+        tracker = run_training(history, keep_graph=False)
+    assert tracker.report is None and len(tracker.samples) == 23
+
+
+def test_losses_kept_with_their_graphs_are_named():
+    history: list = []
+    with pytest.warns(MemoryLeakWarning, match=r"live tensors holding autograd graphs") as caught:
+        tracker = run_training(history, keep_graph=True)
+    report = tracker.report
+    assert report is not None and report.new_graph_holders >= 20
+    assert report.kept_by[0].startswith("2")  # 20-odd losses since the baseline step
+    assert "float32 [] made by MeanBackward0 in a list of 24 items" in report.kept_by[0]
+    assert "loss.item()" in str(caught[0].message)
+
+
+def test_leak_raises_under_strict():
+    history: list = []
+    with pytest.raises(MemoryLeakError, match="MeanBackward0"):
+        run_training(history, keep_graph=True, strict=True)
+
+
+def test_outputs_kept_without_no_grad_grow_memory():
+    """Evaluation without no_grad, outputs kept: activations pile up (about 2 MiB a step)."""
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Tanh(), torch.nn.Linear(512, 512))
+    outputs = []
+    with pytest.warns(MemoryLeakWarning, match=r"grew by .* over 18 steps .* beyond the tolerance of 16.0 MiB"):
+        with track_memory("cpu") as tracker:
+            for _ in range(20):
+                outputs.append(model(torch.randn(256, 512)))
+                tracker.step()
+    assert tracker.report.growth_bytes > 16 * 2**20
+    assert "made by AddmmBackward0 in a list of 20 items" in tracker.report.kept_by[0]
+
+
+# --------------------------------------------------------------------------- out of memory
+
+CHILD = textwrap.dedent("""
+    import json, resource
+    import psutil, torch
+    torch.set_num_threads(1)
+    from torchplace import diagnose_oom, find_batch_size
+    torch.ones(64, 64) @ torch.ones(64, 64)
+    cap = 256 * 2**20
+    vms = psutil.Process().memory_info().vms
+    resource.setrlimit(resource.RLIMIT_AS, (vms + cap, resource.RLIM_INFINITY))
+    out = {}
+    held = []
+    try:
+        with diagnose_oom():
+            for _ in range(64):
+                held.append(torch.ones(4 * 2**20))  # 16 MiB each
+    except torch.OutOfMemoryError as exc:
+        r = exc.report
+        out.update(type=type(exc).__name__, cause=str(exc.__cause__)[:200], held=len(held), device=r.device,
+                   requested=r.requested_bytes, largest=[t.describe() for t in r.memory.largest],
+                   limit=r.memory.devices[0].limit_kind, suggestions=r.suggestions, text=exc.report.text())
+    held.clear()
+
+    def step(batch):  # one MiB of activations per sample, and as much again for the result
+        x = torch.ones(batch, 2**18)
+        return (x * 2).sum().item()
+
+    out["batch"] = find_batch_size(step, 4)
+    out["half"] = step(out["batch"] // 2)  # the boundary itself leaves no headroom; half of it runs
+    print(json.dumps(out))
+""")
+
+
+def test_oom_under_a_real_memory_cap():
+    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["type"] == "OutOfMemoryDiagnosis" and "DefaultCPUAllocator: can't allocate memory" in out["cause"]
+    assert out["device"] == "cpu" and out["requested"] == 16 * 2**20 and 5 <= out["held"] < 16
+    held_by = f"held by a list of {out['held']} items (global 'held' in __main__)"
+    assert out["largest"][0] == f"16.0 MiB float32 [4194304] on cpu, {held_by}"
+    assert out["limit"] == "RLIMIT_AS, address space"
+    assert any("find_batch_size" in s for s in out["suggestions"])
+    # 2 MiB per sample under 256 MiB of address space, less what the interpreter itself maps
+    assert 32 <= out["batch"] <= 128 and out["half"] == out["batch"] // 2 * 2**19
+
+
+def test_decorator_turns_a_real_allocator_failure_into_a_report():
+    @diagnose_oom()
+    def allocate() -> torch.Tensor:
+        return torch.empty(2**50, dtype=torch.uint8)  # 1 PiB: more than any address space holds
+
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        allocate()
+    err = info.value
+    assert isinstance(err, OutOfMemoryDiagnosis) and is_oom(err.__cause__)
+    assert err.report.requested_bytes == 2**50 and err.report.device == "cpu"
+    assert str(err).startswith("Out of memory on cpu allocating 1024.0 TiB")
+
+
+def test_other_errors_pass_through():
+    with pytest.raises(KeyError):
+        with diagnose_oom():
+            raise KeyError("not memory")
+
+
+def capped(limit: int, calls: list[int]):
+    """A step whose batches above LIMIT fail the way CUDA fails them (a cap of the test's making)."""
+    def step(batch: int) -> None:
+        calls.append(batch)
+        if batch > limit:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {batch} MiB.")
+    return step
+
+
+@pytest.mark.parametrize("limit,start", [(37, 1), (37, 64), (1, 8), (5, 5)])
+def test_batch_search_finds_the_boundary(limit, start):
+    calls: list[int] = []
+    assert find_batch_size(capped(limit, calls), start) == limit
+    assert len(calls) <= 2 * max(limit, start).bit_length() + 2
+
+
+def test_batch_search_limits_and_errors():
+    assert find_batch_size(capped(100, []), 8, max_size=50) == 50
+    with pytest.raises(OutOfMemoryDiagnosis, match="Out of memory"):
+        find_batch_size(capped(0, []), 4)
+    with pytest.raises(ZeroDivisionError):
+        find_batch_size(lambda b: 1 / 0, 4)
+    with pytest.raises(ValueError, match="1 <= start <= max_size"):
+        find_batch_size(capped(5, []), 0)
