@@ -17,9 +17,6 @@ from snapshots import load_snapshot_dict, snapshot_path  # tests/snapshots.py (p
 from torchplace.hardware.topology import Topology
 
 
-def pytest_configure(config):
-    # until pyproject.toml registers it: multi-process tests that take seconds (deselect: -m "not slow")
-    config.addinivalue_line("markers", "slow: starts several processes and takes seconds")
 SCRIPTS = Path(__file__).parent / "scripts"
 
 

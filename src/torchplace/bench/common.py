@@ -83,7 +83,7 @@ def machine_info() -> dict[str, Any]:
         info["torch_cuda"] = torch.version.cuda
     except ImportError:  # pragma: no cover
         pass
-    topo = read_topology()
+    topo = read_topology(links=False)
     info["gpus"] = [g.name for g in topo.gpus]
     info["driver"] = topo.driver_version
     return info

@@ -82,7 +82,7 @@ def _describe(value: Any) -> str:
 
     count(value)
     if isinstance(value, dict):
-        parts = [f"{len(value)} entries"]
+        parts = [f"{len(value)} {'entry' if len(value) == 1 else 'entries'}"]
         groups = value.get("param_groups")
         if isinstance(groups, list) and groups and isinstance(groups[0], dict):
             parts.append("lr " + ", ".join(f"{g.get('lr')!r}" if not isinstance(g.get("lr"), torch.Tensor)

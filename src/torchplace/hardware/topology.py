@@ -310,8 +310,12 @@ def _links(handles: list[Any]) -> list[Link]:
     return out
 
 
-def read_topology() -> Topology:
-    """Read this machine's GPUs from NVML. Never raises; a missing NVML is a fact, not a crash."""
+def read_topology(*, links: bool = True) -> Topology:
+    """Read this machine's GPUs from NVML. Never raises; a missing NVML is a fact, not a crash.
+
+    `links=False` skips the pairwise NVLink/P2P queries (dozens of NVML calls per pair) for
+    callers that only need the GPUs themselves.
+    """
     started = nvml.start()
     topo = Topology(captured_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), hostname=os.uname().nodename)
     if not started.ok:
@@ -333,6 +337,6 @@ def read_topology() -> Topology:
             continue
         handles.append(h.value)
         topo.gpus.append(_record(i, h.value, {}))
-    if len(handles) == len(topo.gpus):
+    if links and len(handles) == len(topo.gpus):
         topo.links = _links(handles)
     return topo

@@ -127,7 +127,7 @@ def map_visible(value: Any = ENV, topology: Topology | None = None, order: Any =
     if topology is None:
         from .topology import read_topology
 
-        topology = read_topology()
+        topology = read_topology(links=False)
     effective = order if order in ORDERS else "FASTEST_FIRST"
     result = VisibleMap(cuda_visible_devices=value, cuda_device_order=order, order=effective)
     if order is not None and order not in ORDERS:

@@ -146,7 +146,7 @@ def _other_processes(dev: torch.device) -> list[str]:
         from ..hardware.topology import read_topology
         from ..hardware.visible import map_visible
 
-        topology = read_topology()
+        topology = read_topology(links=False)
         entry = map_visible(topology=topology).physical(dev.index or 0)
         gpu = next((g for g in topology.gpus if entry and g.index == entry.physical_index), None)
     except Exception:  # no NVML: nothing to add

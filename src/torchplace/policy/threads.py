@@ -218,7 +218,7 @@ def _gpu_cpus(gpu: Any) -> tuple[list[int] | None, int | None]:
     from ..hardware.visible import map_visible
 
     index = _logical_index(gpu)
-    topology = read_topology()
+    topology = read_topology(links=False)
     visible = map_visible(topology=topology)
     entry = visible.physical(index)
     if entry is None:
