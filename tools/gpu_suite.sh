@@ -20,8 +20,12 @@ case $part in
       timeout 200 python3 -m torchplace bench $b --out "$R" $extra 2>&1 | tee "$R/bench-$b-$tag.txt" | tail -25
     done
     ;;
+  bench-ddp)
+    ( time python3 -m torchplace pick ) > "$R/pick-time-$tag.txt" 2>&1
+    timeout 400 python3 -m torchplace bench ddp --out "$R" 2>&1 | tee "$R/bench-ddp-$tag.txt" | tail -25
+    ;;
   bench-b)
-    for b in ddp checkpoint cpu; do
+    for b in checkpoint cpu; do
       timeout 240 python3 -m torchplace bench $b --out "$R" "$@" 2>&1 | tee "$R/bench-$b-$tag.txt" | tail -25
     done
     ;;
