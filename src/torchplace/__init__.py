@@ -55,6 +55,9 @@ _EXPORTS: dict[str, str] = {
     "track_memory": "torchplace.memory",
     "diagnose_oom": "torchplace.memory",
     "find_batch_size": "torchplace.memory",
+    # the program's entry (issue 8)
+    "setup": "torchplace.runtime",
+    "Runtime": "torchplace.runtime",
 }
 # public submodules reachable as attributes
 _SUBMODULES = {"dist": "torchplace.distributed.group"}

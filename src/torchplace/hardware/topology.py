@@ -285,7 +285,9 @@ def _links(handles: list[Any]) -> list[Link]:
     for h in handles:
         pci = nvml.call("nvmlDeviceGetPciInfo", h)
         buses.append(_bus(pci.value) if pci.ok else None)
-    read_caps = int(getattr(pynvml, "NVML_P2P_CAPS_INDEX_READ", 0))
+    read_caps = getattr(pynvml, "NVML_P2P_CAPS_INDEX_READ", 0)
+    if isinstance(read_caps, tuple):  # nvidia-ml-py 13 defines it as `0,` (a tuple)
+        read_caps = read_caps[0]
     out = []
     for i in range(len(handles)):
         for j in range(i + 1, len(handles)):

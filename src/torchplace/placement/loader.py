@@ -2,26 +2,26 @@
 
 Per iteration, one worker thread pulls from the wrapped loader, pins host memory (reusing the
 DataLoader's pinning where it is on), packs small tensors into one buffer, and copies on one
-side stream per loader. The consumer's stream waits on an event, and `record_stream` keeps each
-batch's memory from being reused until the consumer's work on it is done. The worker stays at
-most `prefetch` batches ahead of the step the device is running (not the step the host is
-enqueueing), so device memory stays bounded however far the host runs ahead. On devices without
-streams (cpu, meta, mps) it is a plain pass-through through `to_device`, unless asked to run
-the same worker in the background (to overlap a slow loader, or a transform, with compute).
+side stream per loader (`_stage.Stager`). When the consumer takes a batch its stream waits on
+the batch's event; `record_stream` keeps the batch's memory from being reused until the
+consumer's work on it is done. The worker stays at most `prefetch` batches ahead of the step
+the device is running (not the step the host is enqueueing), so device memory stays bounded
+however far the host runs ahead. On devices without streams (cpu, meta, mps) it is a plain
+pass-through through `to_device`, unless asked to run the same worker in the background (to
+overlap a slow loader, or a transform, with compute).
 """
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 from typing import Any, Callable, Generic, Iterable, Iterator, NamedTuple, Sequence, TypeVar
 
 import torch
 
-from . import _pack
+from ._stage import Staged, Stager
 from .resolve import DeviceSpec
-from .transfer import _Mover, map_tensors, pin_tensor, target_device, to_device
+from .transfer import map_tensors, target_device, to_device
 
 T = TypeVar("T")
 _STREAMED = ("cuda", "xpu")  # device types with streams, events and record_stream
@@ -71,12 +71,11 @@ class DeviceLoader(Generic[T]):
         if not (streams if self.background is None else self.background):
             return _SyncIter(it, owned, self.device, self.transform)
         if not streams:
-            return _BackgroundIter(it, owned, _Stager(self.device, None, None, None, self.transform, self.pack),
+            return _BackgroundIter(it, owned, Stager(self.device, None, None, None, self.transform, self.pack),
                                    self.prefetch)
         if self._stream is None:
             self._stream = mod.Stream(device=self.device)
-        stager = _Stager(self.device, mod, self._stream, mod.current_stream(self.device),
-                         self.transform, self.pack)
+        stager = Stager(self.device, mod, self._stream, mod.current_stream(self.device), self.transform, self.pack)
         return _BackgroundIter(it, owned, stager, self.prefetch)
 
     def __repr__(self) -> str:
@@ -113,13 +112,6 @@ class _SyncIter(Iterator[Any]):
         self.close()
 
 
-class _Staged(NamedTuple):
-    batch: Any
-    ready: Any  # event on the side stream after the copies and the transform (None: no streams)
-    keep: list[torch.Tensor]  # device tensors to record_stream on the consumer's stream
-    source_read: Any  # event after the copies that read the caller's own pinned memory, or None
-
-
 class _Failure(NamedTuple):
     error: BaseException
 
@@ -130,8 +122,8 @@ _END = object()
 class _BackgroundIter(Iterator[Any]):
     """One epoch of a DeviceLoader whose batches a worker thread prepares (`_produce`)."""
 
-    def __init__(self, it: Iterator[Any], owned: bool, stager: "_Stager", prefetch: int) -> None:
-        self._stager = stager
+    def __init__(self, it: Iterator[Any], owned: bool, stager: Stager, prefetch: int) -> None:
+        self._mod, self._device, self._consumer = stager.mod, stager.device, stager.consumer
         self._queue: queue.SimpleQueue = queue.SimpleQueue()  # worker -> consumer: staged batches
         self._handed: queue.SimpleQueue = queue.SimpleQueue()  # consumer -> worker: one token per batch taken
         self._stop = threading.Event()
@@ -142,24 +134,25 @@ class _BackgroundIter(Iterator[Any]):
         self._thread.start()
 
     def __next__(self) -> Any:
+        """Hand out the next batch: the consumer's stream waits for its copy, the worker learns of it."""
         if self._done:
             raise StopIteration
         item = self._queue.get()
-        if item is _END:
+        if type(item) is not Staged:
             self.close()
-            raise StopIteration
-        if isinstance(item, _Failure):
-            self.close()
+            if item is _END:
+                raise StopIteration
             raise item.error
-        started = None
-        if item.ready is not None:
-            stream = self._stager.mod.current_stream(self._stager.device)
-            started = _sleeping_event(self._stager.mod)
-            started.record(stream)  # done once the device finished the steps before this one
-            stream.wait_event(item.ready)
+        if item.ready is None:
+            self._handed.put(None)
+            return item.batch
+        stream = self._mod.current_stream(self._device)
+        if stream != self._consumer:  # iterated under another stream than iter() saw: protect it there too
             for t in item.keep:
                 t.record_stream(stream)
-        self._handed.put(started)
+        item.started.record(stream)  # done once the device has finished the steps before this one
+        stream.wait_event(item.ready)
+        self._handed.put((item.started, item.ready))
         return item.batch
 
     def close(self) -> None:
@@ -169,13 +162,17 @@ class _BackgroundIter(Iterator[Any]):
         self._done = True
         self._stop.set()
         self._handed.put(None)  # wake a worker waiting for the consumer
+        self._drain()
+        if self._thread is not threading.current_thread():
+            self._thread.join(_JOIN_S)
+            self._drain()  # a batch the worker finished while stopping
+
+    def _drain(self) -> None:
         while True:
             try:
                 self._queue.get_nowait()
             except queue.Empty:
-                break
-        if self._thread is not threading.current_thread():
-            self._thread.join(_JOIN_S)
+                return
 
     def __del__(self) -> None:
         try:
@@ -184,36 +181,44 @@ class _BackgroundIter(Iterator[Any]):
             pass
 
 
-def _produce(it: Iterator[Any], owned: bool, stage: "_Stager", prefetch: int, out: queue.SimpleQueue,
+def _produce(it: Iterator[Any], owned: bool, stage: Stager, prefetch: int, out: queue.SimpleQueue,
              handed: queue.SimpleQueue, stop: threading.Event) -> None:
     """Worker loop: wait until fewer than PREFETCH batches are ahead of the device, pull a batch,
-    stage it, hand it over; end with _END or a failure."""
+    stage it, hand it over; end with _END or a failure.
+
+    "Ahead of the device": batch i is staged only once the device has reached the point where
+    the consumer took batch i - PREFETCH, so however far the host runs ahead, at most PREFETCH
+    batches exist beyond the one the device is working on.
+    """
     try:
-        source_read = None
-        ahead = 0
-        while True:
-            while ahead >= prefetch and not stop.is_set():
+        with stage.on_worker():
+            source_read = None
+            ahead = 0
+            while True:
+                while ahead >= prefetch and not stop.is_set():
+                    try:
+                        token = handed.get(timeout=0.1)
+                    except queue.Empty:
+                        continue
+                    stage.handed(token)
+                    ahead -= 1
+                if stop.is_set():
+                    return
+                if source_read is not None:  # the upstream may overwrite its own pinned buffers in next()
+                    stage.source_done(source_read)
                 try:
-                    started = handed.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-                if started is not None:
-                    started.synchronize()  # the device reached the step of a batch handed out
-                ahead -= 1
-            if stop.is_set():
-                return
-            if source_read is not None:  # the upstream may overwrite its own pinned buffers in next()
-                source_read.synchronize()
-            try:
-                batch = next(it)
-            except StopIteration:
-                out.put(_END)
-                return
-            staged = stage(batch)
-            del batch
-            source_read = staged.source_read
-            out.put(staged)
-            ahead += 1
+                    batch = next(it)
+                except StopIteration:
+                    out.put(_END)
+                    return
+                staged = stage(batch)
+                del batch
+                source_read = staged.source_read
+                if stop.is_set():
+                    return
+                out.put(staged)
+                del staged
+                ahead += 1
     except BaseException as exc:  # handed to the consumer, raised there
         out.put(_Failure(exc))
     finally:
@@ -222,130 +227,11 @@ def _produce(it: Iterator[Any], owned: bool, stage: "_Stager", prefetch: int, ou
         del it
 
 
-def _sleeping_event(mod: Any) -> Any:
-    """An event whose synchronize() sleeps rather than spins: the worker may wait a whole step on it."""
-    try:
-        return mod.Event(blocking=True)
-    except TypeError:  # a backend without the flag
-        return mod.Event()
-
-
 def _close_upstream(it: Any) -> None:
     """Run a generator's cleanup now (its `finally` blocks) rather than at garbage collection."""
     close = getattr(it, "close", None)
     if callable(close):
         close()
-
-
-class _Stager:
-    """Turns one host batch into a device batch (runs on the worker thread).
-
-    With streams (MOD is torch.cuda or torch.xpu) the copies go on the SIDE stream from pinned
-    memory and an event marks the batch ready; without, copies follow `to_device`'s rules.
-    """
-
-    def __init__(self, device: torch.device, mod: Any, side: Any, consumer: Any,
-                 transform: Callable[[Any], Any] | None, pack: bool) -> None:
-        self.device, self.mod, self.side, self.consumer = device, mod, side, consumer
-        self.transform, self.pack = transform, pack
-        self.streams = mod is not None
-        self._mover = _Mover(device, None)
-
-    def _on(self, stream: Any) -> contextlib.AbstractContextManager:
-        if not self.streams:
-            return contextlib.nullcontext()
-        stack = contextlib.ExitStack()
-        stack.enter_context(self.mod.device(self.device))
-        stack.enter_context(self.mod.stream(stream))
-        return stack
-
-    def __call__(self, batch: Any) -> _Staged:
-        leaves: list[Any] = []
-
-        def collect(x: Any) -> Any:
-            leaves.append(x)
-            return x
-
-        map_tensors(batch, collect, collect)
-        with self._on(self.side):
-            moved, made, source_read = self._copy(leaves)
-        others = [i for i, x in enumerate(leaves) if not isinstance(x, torch.Tensor)]
-        if others:  # unknown internals: moved on the consumer's stream, synchronously
-            mover = _Mover(self.device, False) if self.streams else self._mover
-            with self._on(self.consumer):
-                for i in others:
-                    moved[i] = mover.other(leaves[i])
-        replacements = iter(moved)
-        out = map_tensors(batch, lambda _: next(replacements), lambda _: next(replacements))
-        if not self.streams:
-            return _Staged(self.transform(out) if self.transform else out, None, [], None)
-        with self._on(self.side):
-            if self.transform is not None:
-                out = self.transform(out)
-                made = self._device_tensors(out)  # the transform made new tensors: find them all
-            ready = self.mod.Event()
-            ready.record(self.side)
-        return _Staged(out, ready, made, source_read)
-
-    def _copy(self, leaves: Sequence[Any]) -> tuple[list[Any], list[torch.Tensor], Any]:
-        """Issue every tensor's copy (on the side stream); small ones packed into one buffer.
-
-        Returns the moved leaves, the device tensors made here (one per allocation), and an
-        event after the copies that read the caller's own pinned memory (None if none did).
-        """
-        moved: list[Any] = list(leaves)
-        made: list[torch.Tensor] = []
-        small: list[int] = []
-        direct = False
-        for i, x in enumerate(leaves):
-            if not isinstance(x, torch.Tensor) or x.device == self.device:
-                continue
-            if self.pack and _pack.packable(x):
-                small.append(i)
-                continue
-            moved[i], reads_source = self._one(x)
-            made.append(moved[i])
-            direct = direct or reads_source
-        if len(small) == 1:
-            i = small[0]
-            moved[i], reads_source = self._one(leaves[i])
-            made.append(moved[i])
-            direct = direct or reads_source
-        elif small:
-            tensors = [leaves[i] for i in small]
-            plan = _pack.layout(tensors)
-            buf = self._send(_pack.pack(tensors, plan, pin=self.streams))
-            made.append(buf)
-            for i, view in zip(small, _pack.unpack(buf, tensors, plan)):
-                moved[i] = view
-        source_read = None
-        if direct:
-            source_read = self.mod.Event()
-            source_read.record(self.side)
-        return moved, made, source_read
-
-    def _one(self, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """Copy one tensor; True when the copy reads the caller's own pinned memory."""
-        if x.device.type != "cpu" or not self.streams:  # another device: torch orders both streams
-            return self._send(x), False
-        if x.is_pinned():  # pinned already (the DataLoader's pin_memory): copy straight from it
-            return self._send(x), True
-        return self._send(pin_tensor(x)), False
-
-    def _send(self, t: torch.Tensor) -> torch.Tensor:
-        return t.to(self.device, non_blocking=True) if self.streams else self._mover.tensor(t)
-
-    def _device_tensors(self, batch: Any) -> list[torch.Tensor]:
-        """One tensor per device storage in BATCH (packed views share one)."""
-        seen: dict[int, torch.Tensor] = {}
-
-        def fn(t: torch.Tensor) -> torch.Tensor:
-            if t.device == self.device:
-                seen.setdefault(t.untyped_storage().data_ptr(), t)
-            return t
-
-        map_tensors(batch, fn)
-        return list(seen.values())
 
 
 def image_transform(mean: Sequence[float] | None = None, std: Sequence[float] | None = None, *,

@@ -29,6 +29,7 @@ _ATOMIC = frozenset({str, bytes, bytearray, int, float, bool, complex, type(None
 _SYNC_TYPES = frozenset({"cpu", "mps"})
 _CUDA_INDEXED = re.compile(r"^cuda:\d+$")
 _MPS_BUILT = torch.backends.mps.is_built()  # no tensor can be on mps otherwise: skip the check
+_Tensor = torch.Tensor
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any],
@@ -41,34 +42,36 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any],
     `Tensor.to` returns self, so a traversal for side effects allocates nothing. Like a loop of
     `.to()` calls, a tensor that appears twice is visited twice (a memo cost more per tensor
     than accelerate's whole per-tensor overhead).
+
+    The recursion is a module-level function, not a closure that calls itself: such a closure
+    is a reference cycle that keeps FN, OTHER and whatever they hold (a whole batch of device
+    tensors, for DeviceLoader) alive until the garbage collector happens to run.
     """
+    return _walk(obj, fn, other)
 
-    tensor_type = torch.Tensor
 
-    def walk(x: Any) -> Any:
-        if isinstance(x, tensor_type):
-            return fn(x)
-        cls = type(x)
-        if cls in _ATOMIC:
-            return x
-        if cls is dict:
-            new = {k: walk(v) for k, v in x.items()}
-            return x if _unchanged(x.values(), new.values()) else new
-        if cls is list or cls is tuple:
-            items = [walk(v) for v in x]
-            return x if _unchanged(x, items) else cls(items)
-        if isinstance(x, Mapping):
-            return _rebuild_mapping(x, {k: walk(v) for k, v in x.items()})
-        if isinstance(x, (list, tuple)):
-            items = [walk(v) for v in x]
-            return x if _unchanged(x, items) else _rebuild_sequence(x, items)
-        if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            return _rebuild_dataclass(x, walk)
-        if other is not None and callable(getattr(x, "to", None)) and not isinstance(x, type):
-            return other(x)
+def _walk(x: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any] | None) -> Any:
+    if isinstance(x, _Tensor):
+        return fn(x)
+    cls = type(x)
+    if cls in _ATOMIC:
         return x
-
-    return walk(obj)
+    if cls is dict:  # the common containers first, each tensor item without a call to _walk
+        new = {k: fn(v) if isinstance(v, _Tensor) else _walk(v, fn, other) for k, v in x.items()}
+        return x if _unchanged(x.values(), new.values()) else new
+    if cls is list or cls is tuple:
+        items = [fn(v) if isinstance(v, _Tensor) else _walk(v, fn, other) for v in x]
+        return x if _unchanged(x, items) else cls(items)
+    if isinstance(x, Mapping):
+        return _rebuild_mapping(x, {k: _walk(v, fn, other) for k, v in x.items()})
+    if isinstance(x, (list, tuple)):
+        items = [_walk(v, fn, other) for v in x]
+        return x if _unchanged(x, items) else _rebuild_sequence(x, items)
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return _rebuild_dataclass(x, fn, other)
+    if other is not None and callable(getattr(x, "to", None)) and not isinstance(x, type):
+        return other(x)
+    return x
 
 
 def _unchanged(old: Any, new: Any) -> bool:
@@ -108,7 +111,7 @@ def _rebuild_sequence(x: list | tuple, items: list) -> Any:
     return out
 
 
-def _rebuild_dataclass(x: Any, walk: Callable[[Any], Any]) -> Any:
+def _rebuild_dataclass(x: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any] | None) -> Any:
     """Copy X with its moved fields set directly: no __init__ or __post_init__ runs again."""
     changed = {}
     for f in dataclasses.fields(x):
@@ -116,7 +119,7 @@ def _rebuild_dataclass(x: Any, walk: Callable[[Any], Any]) -> Any:
             value = getattr(x, f.name)
         except AttributeError:  # an init=False field that was never set
             continue
-        moved = walk(value)
+        moved = _walk(value, fn, other)
         if moved is not value:
             changed[f.name] = moved
     if not changed:
@@ -168,16 +171,44 @@ def to_device(obj: T, device: DeviceSpec, *, non_blocking: bool | None = None) -
     original object is kept. Strings, numbers and None pass through.
     """
     dev = target_device(device)
+    if not _MPS_BUILT and dev.type not in _SYNC_TYPES:  # nothing to track: copies inlined in the traversal
+        nb = bool(non_blocking) or (non_blocking is None and dev.type != "meta")
+        try:
+            return _move(obj, dev, nb)
+        except NotImplementedError:
+            _walk(obj, lambda t: _raise_if_meta(t, dev) if t.device != dev else t, None)
+            raise
     mover = _Mover(dev, non_blocking)
-    out = map_tensors(obj, mover.tensor, mover.other)
-    mover.finish()
+    out = _walk(obj, mover.tensor, mover.other)
+    if mover.pending:
+        mover.finish()
     return out
+
+
+def _move(x: Any, dev: torch.device, nb: bool) -> Any:
+    """`_walk` with `t.to(dev, non_blocking=nb)` inlined for dicts, lists and tuples of tensors.
+
+    Per tensor this costs what a hand-written comprehension costs: no call besides `.to()`.
+    Only for destinations whose copies need no tracking (see `_Mover`).
+    """
+    if isinstance(x, _Tensor):
+        return x.to(dev, non_blocking=nb)
+    cls = type(x)
+    if cls is dict:
+        new = {k: v.to(dev, non_blocking=nb) if isinstance(v, _Tensor) else _move(v, dev, nb) for k, v in x.items()}
+        return x if _unchanged(x.values(), new.values()) else new
+    if cls is list or cls is tuple:
+        items = [v.to(dev, non_blocking=nb) if isinstance(v, _Tensor) else _move(v, dev, nb) for v in x]
+        return x if _unchanged(x, items) else cls(items)
+    if cls in _ATOMIC:
+        return x
+    return _walk(x, lambda t: t.to(dev, non_blocking=nb), lambda o: _other_to(o, dev, nb))
 
 
 class _Mover:
     """The per-call state of `to_device`: the copy flags and the devices left to synchronize."""
 
-    __slots__ = ("dev", "nb_auto", "nb", "sync_dst", "pending", "tensor")
+    __slots__ = ("dev", "nb_auto", "nb", "sync_dst", "simple", "pending", "tensor")
 
     def __init__(self, dev: torch.device, non_blocking: bool | None) -> None:
         self.dev = dev
@@ -187,7 +218,8 @@ class _Mover:
         self.pending: set[torch.device] = set()
         pending = self.pending
 
-        if not (sync_dst or _MPS_BUILT):  # the common case (host or GPU to a GPU): nothing to track
+        self.simple = simple = not (sync_dst or _MPS_BUILT)
+        if simple:  # the common case (host or GPU to a GPU): nothing to track
             def tensor(t: torch.Tensor) -> torch.Tensor:  # closures: these run once per tensor
                 try:
                     return t.to(dev, non_blocking=nb)
@@ -212,12 +244,7 @@ class _Mover:
         self.tensor = tensor
 
     def other(self, x: Any) -> Any:
-        nb = self.nb and self.dev.type not in _SYNC_TYPES
-        try:
-            out = x.to(self.dev, non_blocking=nb)
-        except TypeError:  # a .to() without a non_blocking keyword
-            out = x.to(self.dev)
-        return x if out is None else out
+        return _other_to(x, self.dev, self.nb and self.dev.type not in _SYNC_TYPES)
 
     def finish(self) -> None:
         """Wait for the copies the caller must be able to read at once (device to host, MPS)."""
@@ -226,6 +253,15 @@ class _Mover:
                 torch.mps.synchronize()
             elif src.type != "cpu":
                 torch.get_device_module(src.type).current_stream(src).synchronize()
+
+
+def _other_to(x: Any, dev: torch.device, nb: bool) -> Any:
+    """Move an object with its own `.to()`; one that returns None moved in place and is kept."""
+    try:
+        out = x.to(dev, non_blocking=nb)
+    except TypeError:  # a .to() without a non_blocking keyword
+        out = x.to(dev)
+    return x if out is None else out
 
 
 def _raise_if_meta(t: torch.Tensor, dev: torch.device) -> None:

@@ -1,0 +1,191 @@
+"""Staging one batch for DeviceLoader: host batch in, device batch (and its events) out.
+
+Runs on the loader's worker thread, whose current stream is the loader's side stream for the
+thread's whole life (`Stager.on_worker`), so every allocation and copy below lands there.
+
+Memory: device buffers come from the side stream's pool and are marked with `record_stream`
+for the consumer's stream, here, once per buffer (one for all packed tensors). When the
+consumer drops a batch the allocator reuses its memory only after the consumer's stream has
+passed the point of the drop. The worker never runs more than `prefetch` batches ahead of the
+step the device is at (see loader._produce), so the blocks waiting for that point are bounded.
+
+Why not allocate from the consumer's pool (no record_stream)? The side stream would then have
+to wait, before every copy, for all the work the consumer's stream had queued when the buffer
+was allocated, since any of it may use that reused memory. A host that runs ahead has always
+queued the step just before, so each copy would wait for that step and the next step for the
+copy: copies would never overlap compute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from . import _hostcopy, _pack
+from .transfer import _Mover, _other_to, _walk, pin_tensor
+
+_Tensor = torch.Tensor
+_strided = torch.strided
+
+
+class Staged(NamedTuple):
+    batch: Any
+    ready: Any  # event on the side stream after the copies and the transform (None: no streams)
+    started: Any  # event for the consumer to record on its stream when it takes the batch
+    keep: list[torch.Tensor]  # device buffers, for record_stream if the consumer's stream changed
+    source_read: Any  # event after the copies that read the caller's own pinned memory, or None
+
+
+class Stager:
+    """Turns one host batch into a device batch (called on the worker thread).
+
+    With streams (MOD is torch.cuda or torch.xpu) the copies go on the SIDE stream from pinned
+    memory and an event marks the batch ready; without, copies follow `to_device`'s rules.
+    """
+
+    def __init__(self, device: torch.device, mod: Any, side: Any, consumer: Any,
+                 transform: Callable[[Any], Any] | None, pack: bool) -> None:
+        self.device, self.mod, self.side, self.consumer = device, mod, side, consumer
+        self.transform, self.pack = transform, pack
+        self.streams = mod is not None
+        self.host_target = device.type == "cpu"  # nothing to copy for host tensors
+        self._mover = _Mover(device, None)
+        self._events: list[Any] = []  # recorded events known to be done with: reused, not remade
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def _event(self) -> Any:
+        if self._events:
+            return self._events.pop()
+        try:  # synchronize() sleeps rather than spins: the worker may wait a whole step on one
+            return self.mod.Event(blocking=True)
+        except TypeError:  # a backend without the flag
+            return self.mod.Event()
+
+    def handed(self, token: Any) -> None:
+        """The consumer took a batch: wait until the device reached that point, recycle the events."""
+        if token is not None:
+            started, ready = token
+            started.synchronize()
+            self._events += (started, ready)  # the consumer's wait on READY is already queued
+
+    def source_done(self, event: Any) -> None:
+        """Wait until the copies that read the caller's own pinned memory are done."""
+        event.synchronize()
+        self._events.append(event)
+
+    def on_worker(self) -> contextlib.AbstractContextManager:
+        """The worker thread's device and current stream (the side stream), for its whole life."""
+        stack = contextlib.ExitStack()
+        if self.streams:
+            stack.enter_context(self.mod.device(self.device))
+            stack.enter_context(self.mod.stream(self.side))
+        return stack
+
+    # -- one batch ------------------------------------------------------------------------------
+
+    def __call__(self, batch: Any) -> Staged:
+        leaves: list[Any] = []
+
+        def collect(x: Any) -> Any:
+            leaves.append(x)
+            return x
+
+        _walk(batch, collect, collect)
+        moved = list(leaves)
+        keep: list[torch.Tensor] = []
+        small, big, others = self._sort(leaves)
+        if len(small) == 1:
+            big.append(small.pop())
+        wait = None
+        if small:
+            tensors = [leaves[i] for i in small]
+            plan = _pack.layout(tensors)
+            staging = torch.empty(plan.total, dtype=torch.uint8, pin_memory=self.streams)
+            wait = _hostcopy.start(_pack.views(staging, plan), tensors, plan.nbytes)  # helpers copy ...
+            if self.streams:
+                buf = torch.empty(plan.total, dtype=torch.uint8, device=self.device)
+            else:
+                wait()
+                wait, buf = None, self._mover.tensor(staging)
+            for i, view in zip(small, _pack.views(buf, plan)):  # ... while this thread makes the views
+                moved[i] = view
+            keep.append(buf)
+        direct = False
+        for i in big:
+            moved[i], reads_source = self._one(leaves[i])
+            keep.append(moved[i])
+            direct = direct or reads_source
+        source_read = None
+        if direct:
+            source_read = self._event()
+            source_read.record(self.side)
+        if others:  # unknown internals: moved on the consumer's stream, synchronously
+            with self._consumer_stream():
+                for i in others:
+                    moved[i] = _other_to(leaves[i], self.device, False) if self.streams else self._mover.other(leaves[i])
+        replacements = iter(moved)
+        out = _walk(batch, lambda _: next(replacements), lambda _: next(replacements))
+        if wait is not None:
+            wait()
+            buf.copy_(staging, non_blocking=True)  # one copy; the pinned block is reused only after it
+            del staging
+        if not self.streams:
+            return Staged(self.transform(out) if self.transform else out, None, None, [], None)
+        if self.transform is not None:
+            out = self.transform(out)
+            keep = self._device_tensors(out)  # the transform made new tensors: find them all
+        for t in keep:
+            t.record_stream(self.consumer)
+        ready = self._event()
+        ready.record(self.side)
+        return Staged(out, ready, self._event(), keep, source_read)
+
+    def _sort(self, leaves: list[Any]) -> tuple[list[int], list[int], list[int]]:
+        """Indices of the small tensors to pack, the tensors to copy alone, and objects with `.to()`."""
+        small: list[int] = []
+        big: list[int] = []
+        others: list[int] = []
+        dev, pack, host_target = self.device, self.pack, self.host_target
+        limit, dtypes = _pack.MAX_TENSOR_BYTES, _pack._DTYPES
+        for i, x in enumerate(leaves):
+            if type(x) is _Tensor:  # packable(), inlined: this runs for every tensor of every batch
+                if (pack and x.is_cpu and not host_target and x.layout is _strided and not x.requires_grad
+                        and x.dtype in dtypes and x.nbytes <= limit and x.is_contiguous()):
+                    small.append(i)
+                elif x.device != dev:
+                    big.append(i)
+            elif isinstance(x, _Tensor):
+                if x.device != dev:
+                    big.append(i)
+            else:
+                others.append(i)
+        return small, big, others
+
+    def _consumer_stream(self) -> contextlib.AbstractContextManager:
+        return self.mod.stream(self.consumer) if self.streams else contextlib.nullcontext()
+
+    def _one(self, x: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """Copy one tensor; True when the copy reads the caller's own pinned memory."""
+        if not self.streams:
+            return self._mover.tensor(x), False
+        if x.device.type != "cpu":  # another device: torch orders both streams
+            return x.to(self.device, non_blocking=True), False
+        if x.is_pinned():  # pinned already (the DataLoader's pin_memory): copy straight from it
+            return x.to(self.device, non_blocking=True), True
+        return pin_tensor(x).to(self.device, non_blocking=True), False
+
+    def _device_tensors(self, batch: Any) -> list[torch.Tensor]:
+        """One tensor per device storage in BATCH (packed views share one)."""
+        seen: dict[int, torch.Tensor] = {}
+        dev = self.device
+
+        def fn(t: torch.Tensor) -> torch.Tensor:
+            if t.device == dev:
+                seen.setdefault(t.untyped_storage().data_ptr(), t)
+            return t
+
+        _walk(batch, fn, None)
+        return list(seen.values())
