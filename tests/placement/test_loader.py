@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import threading
 import time
+import weakref
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchplace as tp
-from torchplace.placement import _pack
-from torchplace.placement.loader import image_transform
+from torchplace.placement import _hostcopy, _pack
+from torchplace.placement._stage import Staged
+from torchplace.placement.loader import _BackgroundIter, image_transform
+from torchplace.placement.transfer import map_tensors
 
 BACKGROUND = [pytest.param(False, id="inline"), pytest.param(True, id="background")]
 
@@ -231,3 +236,136 @@ def test_image_transform_refuses_channels_that_do_not_match():
         transform({"x": torch.zeros(2, 1, 4, 4, dtype=torch.uint8)})
     with pytest.raises(ValueError, match="both mean and std"):
         image_transform((0.5,), None)
+
+
+# --- memory is given back when the consumer lets go, without waiting for the garbage collector ---
+
+@pytest.fixture
+def no_gc():
+    """Reference cycles are only freed by the collector: with it off, only plain refcounting frees."""
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    yield
+    if was:
+        gc.enable()
+
+
+@pytest.mark.parametrize("background", BACKGROUND)
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "unpacked"])
+def test_a_dropped_batch_is_freed_at_once(no_gc, background, pack):
+    data = [{"x": torch.ones(300), "small": [torch.ones(3), torch.zeros(5)], "obj": Moves(), "n": i}
+            for i in range(40)]
+    alive = []
+    for batch in tp.DeviceLoader(data, "meta", background=background, pack=pack, prefetch=2):
+        alive.append([weakref.ref(batch["x"]), weakref.ref(batch["small"][1])])
+        del batch
+        still = [r for pair in alive for r in pair if r() is not None]  # only the batches not handed out yet live
+        assert not still, f"{len(still)} tensors of batches the consumer dropped are still alive"
+    wait_for_no_workers()
+    assert all(r() is None for pair in alive for r in pair)
+
+
+def test_map_tensors_leaves_no_reference_cycle(no_gc):
+    class Held:
+        pass
+
+    held = Held()
+    ref = weakref.ref(held)
+    map_tensors({"a": [torch.ones(1)], "b": Sample(torch.ones(1), torch.ones(1), "s")}, lambda t, h=held: t)
+    del held
+    assert ref() is None
+
+
+# --- the hand-out protocol, with a stand-in for a stream backend -------------------------------
+
+class FakeEvent:
+    def __init__(self, log: list, name: str) -> None:
+        self.log, self.name = log, name
+
+    def record(self, stream) -> None:
+        self.log.append(("record", self.name, stream))
+
+    def synchronize(self) -> None:
+        self.log.append(("sync", self.name))
+
+
+class FakeStream:
+    def __init__(self, log: list, name: str) -> None:
+        self.log, self.name = log, name
+
+    def wait_event(self, event: FakeEvent) -> None:
+        self.log.append(("wait", self.name, event.name))
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class FakeMod:
+    def __init__(self, log: list) -> None:
+        self.log = log
+        self.current = FakeStream(log, "consumer")
+
+    def current_stream(self, device):
+        return self.current
+
+
+class FakeKeep:
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def record_stream(self, stream) -> None:
+        self.log.append(("record_stream", stream.name))
+
+
+class FakeStager:
+    """Stages batch i as ('b', i) with events ready-i and started-i; logs what the worker does."""
+
+    def __init__(self, log: list, prefetch: int) -> None:
+        self.log, self.prefetch = log, prefetch
+        self.mod, self.device = FakeMod(log), torch.device("meta")
+        self.consumer = self.mod.current
+        self.staged = 0
+
+    def on_worker(self):
+        return contextlib.nullcontext()
+
+    def __call__(self, batch):
+        self.log.append(("stage", batch))
+        self.staged += 1
+        return Staged(("b", batch), FakeEvent(self.log, f"ready-{batch}"), FakeEvent(self.log, f"started-{batch}"),
+                      [FakeKeep(self.log)], None)
+
+    def handed(self, token) -> None:
+        if token is not None:
+            started, ready = token
+            started.synchronize()
+
+    def source_done(self, event) -> None:
+        event.synchronize()
+
+
+def test_the_consumer_records_started_then_waits_for_the_copy():
+    log: list = []
+    stager = FakeStager(log, prefetch=2)
+    it = _BackgroundIter(iter(range(3)), True, stager, 2)
+    assert next(it) == ("b", 0)
+    hand_out = [e for e in log if e[0] in ("record", "wait") and "-0" in e[-1 if e[0] == "wait" else 1]]
+    assert hand_out == [("record", "started-0", stager.consumer), ("wait", "consumer", "ready-0")]
+    assert ("record_stream", "consumer") not in log  # the stream iter() saw: the worker marked it already
+    stager.mod.current = FakeStream(log, "user")  # the consumer switched streams between iter() and next()
+    assert next(it) == ("b", 1)
+    assert ("record_stream", "user") in log and ("wait", "user", "ready-1") in log
+    assert list(it) == [("b", 2)]
+
+
+def test_the_worker_stages_batch_i_only_after_the_device_reached_batch_i_minus_prefetch():
+    log: list = []
+    stager = FakeStager(log, prefetch=2)
+    it = _BackgroundIter(iter(range(6)), True, stager, 2)
+    time.sleep(0.2)
+    assert stager.staged == 2  # nothing handed out yet: two ahead, no more
+    out = list(it)
+    assert out == [("b", i) for i in range(6)]
+    for i in range(2, 6):  # stage i comes after the worker waited for started-(i-2)
+        assert log.index(("sync", f"started-{i - 2}")) < log.index(("stage", i))

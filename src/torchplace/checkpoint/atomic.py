@@ -17,6 +17,8 @@ import socket
 from pathlib import Path
 from typing import Any, Callable
 
+import psutil
+
 from ..errors import CheckpointError
 
 _TMP_MARK = ".tmp-"
@@ -55,16 +57,6 @@ def _owner(name: str) -> tuple[str, int] | None:
     return parts[0], int(parts[1])
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_stale(directory: Path) -> list[Path]:
     """Remove temporary files in DIRECTORY left by dead processes of this host; return them."""
     removed: list[Path] = []
@@ -75,7 +67,7 @@ def sweep_stale(directory: Path) -> list[Path]:
         return removed
     for name in names:
         owner = _owner(name)
-        if owner is None or owner[0] != host or owner[1] == me or _alive(owner[1]):
+        if owner is None or owner[0] != host or owner[1] == me or psutil.pid_exists(owner[1]):
             continue
         try:
             os.unlink(directory / name)

@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+import psutil
+
 from ..errors import LeaseError
 
 LEASE_DIR_ENV = "TORCHPLACE_LEASE_DIR"
@@ -396,7 +398,7 @@ class LeaseDir:
                 if holder.pid == kernel_pid:
                     return holder
             return _holder_from_pid(kernel_pid)
-        alive = [(t, h) for t, h in notes if h.pid and _alive(h.pid)]
+        alive = [(t, h) for t, h in notes if h.pid and psutil.pid_exists(h.pid)]
         return max(alive, key=lambda item: item[0])[1] if alive else None
 
 
@@ -419,16 +421,6 @@ def _read_note(dirfd: int, name: str, uid_text: str) -> tuple[float, Holder] | N
         return None
     finally:
         os.close(fd)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _holder_from_pid(pid: int) -> Holder:

@@ -31,10 +31,11 @@ _JOIN_S = 2.0  # how long close() waits for the worker thread
 class DeviceLoader(Generic[T]):
     """Wrap a DataLoader (or any iterable of batches) so that its batches arrive on DEVICE.
 
-    At most `prefetch` batches are copied ahead of the step the device is running. `transform(batch)` runs on the
-    device, on the side stream, after the copy (see `image_transform`). `pack=False` keeps one
-    copy per tensor instead of packing small tensors into one buffer. `background` chooses the
-    worker thread: by default on devices with streams (cuda, xpu) and not elsewhere.
+    At most `prefetch` batches are copied ahead of the step the device is running.
+    `transform(batch)` runs on the device, on the side stream, after the copy (see
+    `image_transform`). `pack=False` keeps one copy per tensor instead of packing small tensors
+    into one buffer. `background` chooses the worker thread: by default on devices with streams
+    (cuda, xpu) and not elsewhere.
     """
 
     def __init__(self, loader: Iterable[T], device: DeviceSpec = "auto", *, prefetch: int = 2,

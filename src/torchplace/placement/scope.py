@@ -9,7 +9,7 @@ previous device, and warns or raises. Both are per thread, like the CUDA runtime
 from __future__ import annotations
 
 import contextlib
-import functools
+import os
 import threading
 import traceback
 import warnings
@@ -92,17 +92,23 @@ class _Recorder:
 
 
 _recorder = _Recorder()
-_WATCHED = ("cuda",)
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # torchplace's own frames
 
 
 def _caller_site() -> str:
     """'file:line in function' of the first frame outside torch and torchplace."""
     for frame in reversed(traceback.extract_stack()[:-2]):
         name = frame.filename.replace("\\", "/")
-        if "/torch/" in name or "/torchplace/placement/scope.py" in name:
+        if "/torch/" in name or frame.filename.startswith(_PACKAGE_DIR):
             continue
         return f"{frame.filename}:{frame.lineno} in {frame.name}"
     return "unknown location"
+
+
+def _setters() -> list[str]:
+    """torch's lowest-level current-device setters: every public API (torch.cuda.set_device,
+    torch.accelerator.set_device_index, ...) goes through one of them, looked up at call time."""
+    return [name for name in ("_cuda_setDevice", "_accelerator_setDeviceIndex") if hasattr(torch._C, name)]
 
 
 def _install() -> None:
@@ -110,19 +116,15 @@ def _install() -> None:
         _recorder.active += 1
         if _recorder.active > 1:
             return
-        for device_type in _WATCHED:
-            mod = _backend(device_type)
-            if mod is None:
-                continue
-            original = mod.set_device
-            _recorder.originals[device_type] = original
+        for name in _setters():
+            original = getattr(torch._C, name)
+            _recorder.originals[name] = original
 
-            @functools.wraps(original)
-            def recording(dev: Any, _original: Callable[..., Any] = original) -> None:
+            def recording(*args: Any, _original: Callable[..., Any] = original) -> Any:
                 _recorder.sites.setdefault(threading.get_ident(), []).append(_caller_site())
-                _original(dev)
+                return _original(*args)
 
-            mod.set_device = recording
+            setattr(torch._C, name, recording)
 
 
 def _uninstall() -> None:
@@ -130,15 +132,15 @@ def _uninstall() -> None:
         _recorder.active -= 1
         if _recorder.active:
             return
-        for device_type, original in _recorder.originals.items():
-            _backend(device_type).set_device = original
+        for name, original in _recorder.originals.items():
+            setattr(torch._C, name, original)
         _recorder.originals.clear()
 
 
 def leak_message(what: str, before: int | None, after: int, sites: list[str], device_type: str = "cuda") -> str:
     """The sentence a leak produces: who, from what to what, where, and the fix."""
     start = f"{device_type}:{before if before is not None else 0}"
-    where = f"; the change was made at {sites[-1]}" if sites else " (not through torch.cuda.set_device)"
+    where = f"; the change was made at {sites[-1]}" if sites else ""
     return (f"{what} changed the current device from {start} to {device_type}:{after} and did not restore it"
             f"{where}. torchplace restored {start}. Fix: scope the change with `with torchplace.on(...)` or "
             f"`with torch.cuda.device(...)`, or pass the device explicitly instead of setting it.")
