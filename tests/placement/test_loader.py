@@ -369,3 +369,42 @@ def test_the_worker_stages_batch_i_only_after_the_device_reached_batch_i_minus_p
     assert out == [("b", i) for i in range(6)]
     for i in range(2, 6):  # stage i comes after the worker waited for started-(i-2)
         assert log.index(("sync", f"started-{i - 2}")) < log.index(("stage", i))
+
+
+# --- packing layouts and the parallel host copy -------------------------------------------------
+
+def test_a_layout_groups_equal_shapes_without_overlap_and_keeps_the_order():
+    tensors = [torch.randn(3, 5), torch.arange(7), torch.randn(3, 5), torch.tensor(2.5, dtype=torch.float64),
+               torch.randn(3, 5), torch.empty(0, 3), torch.arange(7) * 2, torch.ones(1, dtype=torch.bool)]
+    plan = _pack.layout(tensors)
+    assert plan is _pack.layout([t.clone() for t in tensors])  # cached per dtypes and shapes
+    assert len(plan.groups) == 5  # (3, 5) f32 x3, (7,) i64 x2, and three alone
+    spans = sorted((o, o + t.nbytes) for o, t in zip(plan.offsets, tensors) if t.nbytes)
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+    assert all(o % _pack.ALIGN == 0 for o in plan.offsets) and plan.total % _pack.ALIGN == 0
+    buf = _pack.pack(tensors, plan, pin=False)
+    views = _pack.views(buf, plan)
+    for original, view in zip(tensors, views):
+        assert view.shape == original.shape and view.dtype == original.dtype and view.is_contiguous()
+        assert torch.equal(view, original)
+        assert view.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+    views[0].fill_(0)  # views of one buffer, each its own bytes
+    assert torch.equal(views[2], tensors[2]) and torch.equal(views[4], tensors[4])
+
+
+def test_the_host_copy_shares_big_packs_out_and_reports_errors(monkeypatch):
+    monkeypatch.setattr(_hostcopy, "threads", lambda: 2)
+    monkeypatch.setattr(_hostcopy, "_pid", 0)  # start helpers here, whatever this machine has
+    monkeypatch.setattr(_hostcopy, "PARALLEL_BYTES", 1024)
+    monkeypatch.setattr(_hostcopy, "CHUNK_BYTES", 256)
+    src = [torch.randn(64) for _ in range(9)]
+    dst = [torch.empty(64) for _ in range(9)]
+    wait = _hostcopy.start(dst, src, [t.nbytes for t in src])
+    wait()
+    assert all(torch.equal(d, s) for d, s in zip(dst, src))
+    assert _hostcopy._helpers == 2
+    bad = _hostcopy.start([torch.empty(3)] * 9, src, [t.nbytes for t in src])  # 64 values into 3: an error
+    with pytest.raises(RuntimeError):
+        bad()
+    one = _hostcopy.start(dst[:1], src[:1], [10])  # too small to hand out: copied right here
+    one()
