@@ -394,6 +394,8 @@ def test_a_layout_groups_equal_shapes_without_overlap_and_keeps_the_order():
 
 def test_the_host_copy_shares_big_packs_out_and_reports_errors(monkeypatch):
     monkeypatch.setattr(_hostcopy, "threads", lambda: 2)
+    for name in ("_jobs", "_helpers"):  # put the process's own pool back afterwards
+        monkeypatch.setattr(_hostcopy, name, getattr(_hostcopy, name))
     monkeypatch.setattr(_hostcopy, "_pid", 0)  # start helpers here, whatever this machine has
     monkeypatch.setattr(_hostcopy, "PARALLEL_BYTES", 1024)
     monkeypatch.setattr(_hostcopy, "CHUNK_BYTES", 256)

@@ -45,8 +45,8 @@ class ReusingSource:
             yield {"big": self.big, "small": list(self.small), "i": i, "name": "batch"}
 
 
-def check_stream(loader: tp.DeviceLoader, dev: torch.device) -> None:
-    """Consume LOADER under stress and compare every batch it delivers with its exact values.
+def check_stream(loader: tp.DeviceLoader, dev: torch.device, it=None) -> None:
+    """Consume LOADER (or IT, an iterator of it) under stress and compare every batch with its exact values.
 
     Phases rotate: the consumer's stream kept busy (so memory freed early would be reused under
     it), the loader's own side stream kept busy (so a consumer that did not wait would read
@@ -56,7 +56,7 @@ def check_stream(loader: tp.DeviceLoader, dev: torch.device) -> None:
     base_small = [torch.arange(k, dtype=torch.int64, device=dev) * 3 for k in SMALL]
     bad = torch.zeros((), dtype=torch.int64, device=dev)
     seen = []
-    for k, batch in enumerate(loader):
+    for k, batch in enumerate(loader if it is None else it):
         i = batch["i"]
         seen.append(i)
         assert batch["name"] == "batch" and batch["big"].device == dev
@@ -163,22 +163,119 @@ def test_a_host_running_far_ahead_does_not_pile_up_batches():
     assert peak <= (prefetch + 3) * batch_bytes, f"peak {peak / 2**20:.0f} MiB for {prefetch=}"
 
 
+def test_memory_reserved_does_not_grow_when_the_host_runs_ahead():
+    """No sync in the loop: the host enqueues steps as fast as batches come, the device is behind."""
+    dev = torch.device("cuda:0")
+    data = [{"x": torch.randn(1 << 22), "small": [torch.randn(300) for _ in range(16)]} for _ in range(6)]
+    loader = tp.DeviceLoader(data, dev)
+    w = torch.randn(1024, 1024, device=dev)
+    reserved = []
+    for _ in range(20):
+        for batch in loader:
+            with torch.cuda.device(dev):
+                torch.cuda._sleep(2_000_000)  # ~1 ms of device time, no host time
+            h = batch["x"].view(-1, 1024) @ w
+            del h
+        torch.cuda.synchronize(dev)
+        reserved.append(torch.cuda.memory_reserved(dev))
+    assert reserved[-1] <= reserved[1], f"memory_reserved per epoch: {reserved}"
+
+
+def _sleep_cycles_for(ms: float, dev: torch.device) -> int:
+    """Cycles of torch.cuda._sleep that take about MS milliseconds on DEV."""
+    cycles = 1_000_000
+    with torch.cuda.device(dev):
+        torch.cuda._sleep(cycles)  # warm up
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+    return int(cycles * ms / start.elapsed_time(end))
+
+
+def test_copies_overlap_compute_when_the_host_runs_ahead():
+    """Each copy runs during the step before its batch, even when the host never waits for the device.
+
+    (Destination memory taken from the consumer stream's pool would have to wait for all the work
+    queued there, the step just before included: copy and compute would then alternate.)
+    """
+    dev = torch.device("cuda:0")
+    batch_bytes = 128 << 20  # ~2.4 ms at 55 GB/s
+    data = [{"x": torch.ones(batch_bytes // 4).pin_memory()} for _ in range(3)] * 4
+    torch.cuda.synchronize(dev)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        data[0]["x"].to(dev, non_blocking=True)
+    end.record()
+    end.synchronize()
+    copy_ms = start.elapsed_time(end) / 5
+    cycles = _sleep_cycles_for(copy_ms, dev)  # compute as long as the copy: no overlap would double the step
+    it = iter(tp.DeviceLoader(data, dev, prefetch=2))
+    first = next(it)
+    torch.cuda.synchronize(dev)
+    del first
+    t0 = time.perf_counter()
+    n = 0
+    for batch in it:
+        with torch.cuda.device(dev):
+            torch.cuda._sleep(cycles)
+        batch["x"][:1].sum()
+        n += 1
+    torch.cuda.synchronize(dev)
+    step_ms = (time.perf_counter() - t0) * 1e3 / n
+    assert step_ms < 1.5 * copy_ms, f"{step_ms:.2f} ms per step for a {copy_ms:.2f} ms copy and as much compute"
+
+
 def test_break_mid_epoch_frees_the_batches_copied_ahead():
     dev = torch.device("cuda:0")
-    data = [{"x": torch.randn(1 << 20)} for _ in range(10)]
+    batch_bytes = 4 << 20
+    data = [{"x": torch.randn(batch_bytes // 4)} for _ in range(10)]
+    gc.collect()  # garbage of earlier tests would otherwise be freed in between and blur the count
     torch.cuda.synchronize(dev)
     before = torch.cuda.memory_allocated(dev)
+    ahead = 0
     for i, batch in enumerate(tp.DeviceLoader(data, dev, prefetch=3)):
         if i == 2:
+            deadline = time.monotonic() + 5  # the device is idle: the worker copies ahead at once
+            while ahead < 3 * batch_bytes and time.monotonic() < deadline:
+                time.sleep(0.01)
+                ahead = torch.cuda.memory_allocated(dev) - before
             break
-    del batch
-    gc.collect()
-    torch.cuda.synchronize(dev)
+    del batch  # no gc.collect(): dropping the last reference must be enough
     for _ in range(100):
         if not [t for t in threading.enumerate() if t.name == "torchplace-DeviceLoader"]:
             break
         time.sleep(0.02)
-    assert torch.cuda.memory_allocated(dev) == before
+    torch.cuda.synchronize(dev)
+    after = torch.cuda.memory_allocated(dev)
+    assert ahead >= 3 * batch_bytes, f"only {ahead} bytes in use at the break: the worker did not copy ahead"
+    assert after <= before, f"{after - before} bytes still allocated after the break"
+
+
+def test_packed_tensors_are_aligned_views_of_one_buffer():
+    dev = torch.device("cuda:0")
+    small = [torch.randn(3, 5), torch.arange(7), torch.randn(3, 5), torch.ones(1, dtype=torch.bool), torch.randn(3, 5)]
+    out = next(iter(tp.DeviceLoader([{"small": small}], dev)))["small"]
+    assert len({t.untyped_storage().data_ptr() for t in out}) == 1
+    assert all(t.data_ptr() % 64 == 0 for t in out)
+    assert all(torch.equal(a, b.cpu()) for a, b in zip(small, out))
+
+
+@pytest.mark.parametrize("when", ["iter-and-next", "next-only"])
+def test_bit_exact_under_the_consumers_own_stream(when):
+    """The consumer runs on its own stream: under it for the whole loop, or switching after iter()."""
+    dev = torch.device("cuda:0")
+    user = torch.cuda.Stream(dev)
+    loader = tp.DeviceLoader(ReusingSource(300, pinned=True), dev)
+    if when == "iter-and-next":
+        with torch.cuda.stream(user):
+            check_stream(loader, dev)
+    else:
+        it = iter(loader)
+        with torch.cuda.stream(user):
+            check_stream(loader, dev, it)
 
 
 def test_upstream_exception_on_gpu():

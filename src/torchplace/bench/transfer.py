@@ -21,6 +21,7 @@ from .common import BenchResult, Row, Target
 _ACCELERATE = "accelerate send_to_device, pinned"
 _TO_DEVICE = "torchplace to_device, pinned"
 _LOADER = "torchplace DeviceLoader, pinned"
+_LOADER_UNPACKED = "torchplace DeviceLoader, pinned, pack=False"
 _PACKED = "one pre-packed pinned copy"
 
 
@@ -40,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> BenchResult:
     import torch
 
+    from ..placement import _hostcopy
     from ..placement.loader import DeviceLoader
     from ..placement.resolve import device as resolve_device
     from ..placement.transfer import pin, to_device
@@ -70,6 +72,7 @@ def run(args: argparse.Namespace) -> BenchResult:
         return lambda: (fn(source[i % len(source)]) for i in range(steps))
 
     loader = DeviceLoader([pinned[i % len(pinned)] for i in range(steps)], dev)
+    unpacked = DeviceLoader([pinned[i % len(pinned)] for i in range(steps)], dev, pack=False)
     packed_src = torch.cat([t.reshape(-1).view(torch.uint8) for t in _tensors(pinned[0])])
     packed_src = packed_src.pin_memory() if env.can_pin else packed_src
     variants = [
@@ -84,6 +87,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     variants += [
         Variant(_TO_DEVICE, mapped(pinned, lambda b: to_device(b, dev))),
         Variant(_LOADER, lambda: iter(loader)),
+        Variant(_LOADER_UNPACKED, lambda: iter(unpacked)),
         Variant(_PACKED, cycle([packed_src]), move=lambda t: t.to(dev, non_blocking=True)),
     ]
     if compute.ms:
@@ -99,7 +103,8 @@ def run(args: argparse.Namespace) -> BenchResult:
     result = BenchResult(name="transfer", rows=rows, baseline=variants[0].name, notes=notes,
                          params={"device": str(dev), "tensors": args.tensors, "shape": list(shape),
                                  "batch_bytes": nbytes, "steps": steps, "rounds": rounds,
-                                 "compute_ms": compute.ms, "compute": compute.what})
+                                 "compute_ms": compute.ms, "compute": compute.what,
+                                 "copy_threads": _hostcopy.threads()})
     if send is not None and env.can_pin:  # on the CPU nothing is copied: the targets would mean nothing
         ours, theirs = ms[_TO_DEVICE], ms[_ACCELERATE]
         loader_ms = ms[_LOADER]

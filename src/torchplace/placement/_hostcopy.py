@@ -26,7 +26,13 @@ _pid = 0  # the process that started the helpers (a forked child has none and st
 
 
 def threads() -> int:
-    """Helper threads to use: a quarter of this process's cores, at most 3 (0 on small machines)."""
+    """Helper threads to use: a quarter of this process's cores, at most 3 (0 on small machines).
+
+    TORCHPLACE_COPY_THREADS=N overrides it (0: pack on the loader's worker thread alone).
+    """
+    forced = os.environ.get("TORCHPLACE_COPY_THREADS", "").strip()
+    if forced.isdigit():
+        return int(forced)
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -89,10 +95,11 @@ def _pool() -> int:
 def _helper(jobs: queue.SimpleQueue) -> None:
     while True:
         dst, src, done = jobs.get()
+        result = None
         try:
             _pack.copy(dst, src)
         except BaseException as exc:  # handed to the waiting worker, raised there
-            done.put(exc)
-        else:
-            done.put(None)
-        del dst, src, done
+            result = exc
+        del dst, src  # before answering: the staging buffer is only ever freed by the worker
+        done.put(result)
+        del done, result

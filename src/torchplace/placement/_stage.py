@@ -52,17 +52,23 @@ class Stager:
         self.streams = mod is not None
         self.host_target = device.type == "cpu"  # nothing to copy for host tensors
         self._mover = _Mover(device, None)
-        self._events: list[Any] = []  # recorded events known to be done with: reused, not remade
+        self._events: list[Any] = []  # events known to be done with: reused, not remade
+        self._spinning: list[Any] = []
 
     # -- events ---------------------------------------------------------------------------------
 
     def _event(self) -> Any:
+        """An event whose synchronize() sleeps rather than spins: the worker may wait a whole step on one."""
         if self._events:
             return self._events.pop()
-        try:  # synchronize() sleeps rather than spins: the worker may wait a whole step on one
+        try:
             return self.mod.Event(blocking=True)
         except TypeError:  # a backend without the flag
             return self.mod.Event()
+
+    def _spin_event(self) -> Any:
+        """An event whose synchronize() spins: waited for between two copies, where latency counts."""
+        return self._spinning.pop() if self._spinning else self.mod.Event()
 
     def handed(self, token: Any) -> None:
         """The consumer took a batch: wait until the device reached that point, recycle the events."""
@@ -74,7 +80,7 @@ class Stager:
     def source_done(self, event: Any) -> None:
         """Wait until the copies that read the caller's own pinned memory are done."""
         event.synchronize()
-        self._events.append(event)
+        self._spinning.append(event)
 
     def on_worker(self) -> contextlib.AbstractContextManager:
         """The worker thread's device and current stream (the side stream), for its whole life."""
@@ -120,12 +126,13 @@ class Stager:
             direct = direct or reads_source
         source_read = None
         if direct:
-            source_read = self._event()
+            source_read = self._spin_event()
             source_read.record(self.side)
         if others:  # unknown internals: moved on the consumer's stream, synchronously
             with self._consumer_stream():
                 for i in others:
-                    moved[i] = _other_to(leaves[i], self.device, False) if self.streams else self._mover.other(leaves[i])
+                    x = leaves[i]
+                    moved[i] = _other_to(x, self.device, False) if self.streams else self._mover.other(x)
         replacements = iter(moved)
         out = _walk(batch, lambda _: next(replacements), lambda _: next(replacements))
         if wait is not None:

@@ -2,7 +2,9 @@
 
 One traversal, `map_tensors`, serves moving, pinning and `record_stream`, so a container kind
 or a keyword is never handled in one of them and forgotten in another (torchtnt's recursive
-helper forgot to forward `stream`, and its nested tensors never got `record_stream`).
+helper forgot to forward `stream`, and its nested tensors never got `record_stream`). The one
+shortcut, `_move`, inlines `.to()` for plain dicts, lists and tuples and hands every other
+container to that traversal.
 """
 
 from __future__ import annotations
