@@ -14,6 +14,14 @@ case $part in
     for v in "" "1,0" "1" "0,0" "0,5" "GPU-"; do echo "== CUDA_VISIBLE_DEVICES='$v'"; CUDA_VISIBLE_DEVICES="$v" tp map --check-driver; done > "$R/map-$tag.txt" 2>&1
     timeout 560 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --timeout 240 "$@" 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -40
     ;;
+  final)
+    tp doctor --json > "$R/snapshot-h200-$tag.json"
+    tp doctor --check-driver > "$R/doctor-$tag.txt" 2>&1
+    timeout 400 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --timeout 200 "$@" 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -30
+    for b in transfer loader; do
+      timeout 90 python3 -m torchplace bench $b --out "$R" 2>&1 | tee "$R/bench-$b-$tag.txt" | tail -22
+    done
+    ;;
   bench-a)
     for b in transfer loader strict; do
       extra=""; [ $b = transfer ] || [ $b = loader ] && extra="--plot $R/bench-$b.png"
