@@ -107,3 +107,15 @@ def test_a_crashing_check_becomes_a_finding():
         assert found and "kaput" in found[0].detail
     finally:
         CHECKS.remove(check_broken)
+
+
+@pytest.mark.parametrize("mode,procs,finding,severity", [
+    ("prohibited", [], "gpu.compute_prohibited", "error"),
+    ("exclusive_process", [GpuProcess(pid=999999)], "gpu.exclusive_busy", "error"),
+    ("exclusive_process", [], "gpu.exclusive", "info"),
+])
+def test_compute_modes(mode, procs, finding, severity):
+    f = facts()
+    f.topology.gpus[0].compute_mode, f.topology.gpus[0].processes = mode, procs
+    found = {x.id: x for x in run_checks(f)}
+    assert found[finding].severity == severity and "cuda:0 (physical 0)" in found[finding].title

@@ -78,12 +78,17 @@ def test_bf16_requested_on_t4_warns_and_is_respected():
     assert "float16" in policy.reason  # says what the capability alone would pick
 
 
-def test_bf16_on_v100_raises_under_strict(monkeypatch):
+def test_bf16_on_v100_raises_under_strict():
+    import torchplace as tp
+
     with pytest.raises(PrecisionError, match="compute capability 7.0"):
         precision_for("cuda:0", torch.bfloat16, capability=(7, 0), strict=True)
-    monkeypatch.setenv("TORCHPLACE_STRICT", "1")
-    with pytest.raises(PrecisionError, match="no native bf16"):
-        precision_for("cuda:0", "bfloat16", capability=(7, 0))
+    with tp.strict():  # the same switch as TORCHPLACE_STRICT=1 and setup(strict=True)
+        with pytest.raises(PrecisionError, match="no native bf16"):
+            precision_for("cuda:0", "bfloat16", capability=(7, 0))
+    with tp.strict("warn"):
+        with pytest.warns(PrecisionWarning):
+            precision_for("cuda:0", "bfloat16", capability=(7, 0))
 
 
 def test_fp16_requested_where_it_is_slow():

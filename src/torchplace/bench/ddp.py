@@ -4,7 +4,7 @@ Two models, one after the other in each launch:
 - compute-bound: 4 x Linear(2048) with a batch of 32768 per GPU (3.3 TFLOP per step against
   34 MB of gradients), where DDP should scale almost linearly;
 - communication-bound: 8 x Linear(4096) (134M parameters) with a batch of 256 per GPU, the
-  model of MEASUREMENTS.md, where the gradient all-reduce dominates.
+  model of docs/reference-measurements.md, where the gradient all-reduce dominates.
 Each variant is a separate launch, as users run it: `torchplace run --gpus 1`, `torchplace run
 --gpus 2 --once` (DataParallel in one process), `torchplace run --gpus 2` (DDP through
 torchrun and torchplace.dist.init), and, on the communication-bound model, hand-written DDP

@@ -1,6 +1,6 @@
 """`torchplace bench strict`: what strict mode and watch cost on real training steps.
 
-The two steps MEASUREMENTS.md measured run-time checks on: torchvision ResNet-50 (batch 64,
+The two steps docs/reference-measurements.md measured run-time checks on: torchvision ResNet-50 (batch 64,
 bf16 autocast, SGD) and a GPT-2-sized transformers model built from its config, no download
 (8x512 tokens, bf16 autocast, AdamW). Each step runs bare, under `watch(model)` entered every
 step, under `strict()` around the loop and entered every step, under the environment switch

@@ -5,7 +5,7 @@
 those in a module's `__init__` (its buffers move with `.to()`), are left alone. Factories are C functions that
 other code calls from everywhere, so this check is a TorchFunctionMode, pushed for the block:
 it sees every torch call and so costs what a per-op Python mode costs (35-120% on a launch-bound
-step, MEASUREMENTS.md). Meant for a debugging run. (Swapping `torch.zeros` and friends for
+step, docs/reference-measurements.md). Meant for a debugging run. (Swapping `torch.zeros` and friends for
 Python wrappers would be cheaper but poisons caches torch keys by function identity, e.g. the
 set of constructors `with torch.device(...)` redirects, and TorchScript's builtin table.)
 """

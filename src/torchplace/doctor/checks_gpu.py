@@ -130,3 +130,30 @@ def check_unknown_fields(facts) -> list[Finding]:
     detail = "; ".join(f"{k} (GPU {', '.join(map(str, v))})" for k, v in sorted(denied.items()))
     return [Finding("nvml.unknown_fields", "info", "Some GPU fields are unknown", detail,
                     "Usually harmless; processes and users are hidden across container PID namespaces.")]
+
+
+@check
+def check_compute_mode(facts) -> list[Finding]:
+    """Prohibited or exclusive compute modes: the cause of 'device(s) is/are busy or unavailable'."""
+    out = []
+    for dev in facts.visible.visible:
+        gpu = next((g for g in facts.topology.gpus if g.index == dev.physical_index), None)
+        if gpu is None or gpu.compute_mode in (None, "default"):
+            continue
+        others = [p for p in (gpu.processes or []) if p.pid != os.getpid()]
+        if gpu.compute_mode == "prohibited":
+            out.append(Finding("gpu.compute_prohibited", "error", f"cuda:{dev.logical} (physical {gpu.index}) "
+                               "refuses CUDA contexts", "Its compute mode is Prohibited: every CUDA call fails with "
+                               "'CUDA-capable device(s) is/are busy or unavailable'.",
+                               "Use another GPU, or ask an administrator: nvidia-smi -i "
+                               f"{gpu.index} -c DEFAULT."))
+        elif others:
+            out.append(Finding("gpu.exclusive_busy", "error", f"cuda:{dev.logical} (physical {gpu.index}) is "
+                               "exclusive and already taken", f"Compute mode {gpu.compute_mode}: only one process may "
+                               f"use it, and pid {others[0].pid} does; CUDA will fail with 'busy or unavailable'.",
+                               "Pick a free GPU (`torchplace pick`) or wait for that process."))
+        else:
+            out.append(Finding("gpu.exclusive", "info", f"cuda:{dev.logical} (physical {gpu.index}) is in "
+                               f"{gpu.compute_mode} mode", "One process at a time: DataLoader workers and a second "
+                               "job touching CUDA on it will fail.", "Keep CUDA work in one process per GPU."))
+    return out

@@ -54,6 +54,7 @@ class GpuRecord:
     memory_used: int | None = None
     memory_free: int | None = None
     utilization: int | None = None
+    compute_mode: str | None = None  # "default", "exclusive_process", "prohibited", ...
     mig_mode: str | None = None  # "enabled", "disabled", or None when unknown/unsupported
     mig: list[MigInstance] = field(default_factory=list)
     processes: list[GpuProcess] | None = None
@@ -170,6 +171,7 @@ def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- live reading
 
+_COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 _PATHS = {0: "internal", 10: "single", 20: "multiple", 30: "hostbridge", 40: "node", 50: "system"}
 _P2P = {0: "ok", 1: "chipset not supported", 2: "GPU not supported", 3: "IOH topology not supported",
         4: "disabled by registry key", 5: "not supported", 6: "unknown"}
@@ -197,6 +199,8 @@ def _record(index: int, handle: Any, unknown_reasons: dict[str, str]) -> GpuReco
         gpu.memory_total, gpu.memory_used, gpu.memory_free = int(mem.total), int(mem.used), int(mem.free)
     util = read("utilization", "nvmlDeviceGetUtilizationRates")
     gpu.utilization = int(util.gpu) if util is not None else None
+    mode = read("compute_mode", "nvmlDeviceGetComputeMode")
+    gpu.compute_mode = _COMPUTE_MODES.get(mode, str(mode)) if mode is not None else None
     gpu.cores = read("cores", "nvmlDeviceGetNumGpuCores")
     gpu.max_sm_clock_mhz = read("max_sm_clock_mhz", "nvmlDeviceGetMaxClockInfo", pynvml.NVML_CLOCK_SM)
     gpu.numa_node = read("numa_node", "nvmlDeviceGetNumaNodeId")

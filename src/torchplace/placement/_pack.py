@@ -1,7 +1,7 @@
 """Pack many small host tensors into one buffer, copy it once, and view it back as tensors.
 
 Small copies are dominated by per-copy overhead, not bandwidth: 64 tensors of 64 KiB took
-792 µs as 64 copies and 96 µs as one packed copy on an H200 (docs: MEASUREMENTS.md).
+792 µs as 64 copies and 96 µs as one packed copy on an H200 (docs/reference-measurements.md).
 
 A `Layout` is computed once per batch structure (dtypes and shapes) and cached. Tensors of
 the same dtype and shape sit next to each other, so one `as_strided` + `unbind` call makes

@@ -11,13 +11,17 @@ Applying a policy touches only torch's own global settings; torchplace keeps no 
 
 from __future__ import annotations
 
-import os
-
-_TRUE = {"1", "true", "yes", "on"}
 
 
 def strict_enabled(explicit: bool | None = None) -> bool:
-    """Strict mode: an explicit argument wins, else TORCHPLACE_STRICT=1 (or true/yes/on)."""
+    """Should a policy problem raise? An explicit argument wins; else strict mode decides.
+
+    Strict mode is whatever `torchplace.strict` / `setup(strict=...)` / TORCHPLACE_STRICT turned
+    on (one parser, in checks.strict): problems raise when its action is "error", warn otherwise.
+    """
     if explicit is not None:
         return explicit
-    return os.environ.get("TORCHPLACE_STRICT", "").strip().lower() in _TRUE
+    from ..checks.state import active
+
+    config = active()
+    return config is not None and config.autocast == "error"

@@ -5,7 +5,7 @@ kernels that really ran: it counts floating-point ops by output dtype and notes 
 device type other than the autocast's (CPU tensors under CUDA autocast are untouched by it and
 run in fp32). Copy ops and views are neither counted nor checked; 0-dim CPU tensors (wrapped scalars) are allowed.
 The mode is active for one step only, because a Python mode on every op costs 35-120% on
-launch-bound steps (docs: MEASUREMENTS.md).
+launch-bound steps (docs/reference-measurements.md).
 """
 
 from __future__ import annotations

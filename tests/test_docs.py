@@ -1,0 +1,352 @@
+"""Every code block of the docs marked runnable runs, so the docs cannot rot.
+
+Pages: README.md and docs/*.md. A fenced block is runnable when its info string says so:
+
+    ```python runnable                  run as a program (like `python example.py`), must exit 0
+    ```python runnable file=demo.py     only written to demo.py, for a later console block to run
+    ```console runnable                 each line "$ torchplace ..." is run, must exit 0
+    ```console runnable exit=1          ... must exit 1 (a doctor that finds an error)
+
+Options: `timeout=SECONDS` (default 60 per block). Console lines may start with environment
+assignments (`$ CUDA_VISIBLE_DEVICES=1 torchplace map`), end with a `# comment`, and continue on
+the next line after a backslash; lines without `$ ` are output and are not compared (outputs
+depend on the machine). Only `torchplace` commands run.
+
+The blocks of one page run in order in one fresh temporary directory (so a block can use a
+file an earlier one wrote), with `tests/fixtures` of this repository linked into it: blocks
+name fixtures by the same relative path a reader uses from the repository root. The
+environment is this one without TORCHPLACE_* variables, with this interpreter's bin directory
+first on PATH, TORCHPLACE_LEASE_DIR inside the temporary directory and COLUMNS=100.
+
+Each python block runs in a process of its own, forked from a small server process that has
+imported torch (about 2.5 s saved per block on a small machine); the block runs as `__main__`
+with a fresh module, like `python file.py`. TORCHPLACE_DOCS_SPAWN=1 runs every block with a
+fresh interpreter instead (`python file.py`), for full fidelity at a few seconds more each.
+
+Run one page by hand, printing each block's output (to refresh the outputs shown in the docs):
+
+    .venv/bin/python tests/test_docs.py docs/checkpoints.md
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DEFAULT_TIMEOUT = 60.0
+_FENCE = re.compile(r"^(`{3,})(.*)$")
+_LANGS = {"python", "console"}
+_OPTIONS = {"file", "exit", "timeout"}
+
+
+@dataclass
+class Block:
+    page: Path
+    line: int  # 1-based line of the opening fence
+    lang: str
+    code: str
+    options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        return f"{_rel(self.page)}:{self.line}"
+
+    @property
+    def timeout(self) -> float:
+        return float(self.options.get("timeout", DEFAULT_TIMEOUT))
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
+
+
+def blocks_of(page: Path) -> list[Block]:
+    """The runnable blocks of PAGE, in order; a malformed runnable info string raises ValueError."""
+    found: list[Block] = []
+    lines = page.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        m = _FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, info = m.group(1), m.group(2).split()
+        body: list[str] = []
+        j = i + 1
+        while j < len(lines) and not lines[j].startswith(fence):
+            body.append(lines[j])
+            j += 1
+        if any(w.startswith("runna") or w.startswith("runable") for w in info):
+            where = f"{_rel(page)}:{i + 1}"
+            if "runnable" not in info[1:2]:
+                raise ValueError(f"{where}: write the info string as '<lang> runnable [key=value ...]', got {info}")
+            lang = info[0]
+            options = dict(w.split("=", 1) for w in info[2:] if "=" in w)
+            unknown = [w for w in info[2:] if "=" not in w or w.split("=", 1)[0] not in _OPTIONS]
+            if lang not in _LANGS or unknown:
+                raise ValueError(f"{where}: runnable blocks are python or console, with options "
+                                 f"{sorted(_OPTIONS)}; got {info}")
+            found.append(Block(page, i + 1, lang, "\n".join(body) + "\n", options))
+        i = j + 1
+    return found
+
+
+def console_commands(block: Block) -> list[tuple[dict[str, str], list[str]]]:
+    """(environment assignments, argv) for each `$ ` line of a console block."""
+    commands = []
+    lines = block.code.splitlines()
+    k = 0
+    while k < len(lines):
+        line = lines[k]
+        k += 1
+        if not line.startswith("$ "):
+            continue
+        text = line[2:]
+        while text.rstrip().endswith("\\") and k < len(lines):
+            text = text.rstrip()[:-1] + " " + lines[k].strip()
+            k += 1
+        words = shlex.split(text, comments=True)
+        env = {}
+        while words and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0]):
+            name, value = words.pop(0).split("=", 1)
+            env[name] = value
+        if not words or words[0] != "torchplace":
+            raise ValueError(f"{block.where}: console blocks run only `torchplace ...` commands, got {text!r}")
+        commands.append((env, words))
+    if not commands:
+        raise ValueError(f"{block.where}: a runnable console block needs at least one `$ torchplace ...` line")
+    return commands
+
+
+# --------------------------------------------------------------------------- running
+
+_ZYGOTE = r'''
+import atexit, json, os, signal, sys, time, traceback, types
+import torch  # preloaded, so each block's process starts with it imported
+# warm up torch's lazily built meta kernels (1.5 s on first use); meta ops run no threads
+torch.nn.Linear(2, 2, device="meta")(torch.ones(1, 2, device="meta")).relu()
+
+def run(job):
+    os.setpgrp()  # the block's own children die with it on a timeout
+    os.chdir(job["cwd"])
+    os.environ.clear()
+    os.environ.update(job["env"])
+    fd = os.open(job["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.argv = [job["path"]]
+    sys.path[0] = job["cwd"]
+    main = types.ModuleType("__main__")
+    main.__file__ = job["path"]
+    sys.modules["__main__"] = main
+    code = 0
+    try:
+        with open(job["path"]) as f:
+            exec(compile(f.read(), job["path"], "exec"), main.__dict__)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+for line in sys.stdin:
+    job = json.loads(line)
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        run(job)
+    deadline = time.monotonic() + job["timeout"]
+    status = None
+    while status is None:
+        done, raw = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = {"rc": os.waitstatus_to_exitcode(raw), "timed_out": False}
+        elif time.monotonic() > deadline:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitpid(pid, 0)
+            status = {"rc": -9, "timed_out": True}
+        else:
+            time.sleep(0.01)
+    print(json.dumps(status), flush=True)
+'''
+
+
+class Runner:
+    """Runs python blocks in processes forked from a torch-preloaded server (or spawned fresh)."""
+
+    def __init__(self, spawn: bool = False) -> None:
+        self.spawn = spawn
+        self.proc: subprocess.Popen | None = None
+
+    def _server(self) -> subprocess.Popen:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen([sys.executable, "-c", _ZYGOTE], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, text=True, env=base_env(Path(tempfile.gettempdir())))
+        return self.proc
+
+    def python(self, path: Path, cwd: Path, env: dict[str, str], timeout: float) -> tuple[int, str, bool]:
+        out = path.with_suffix(".out")
+        if self.spawn:
+            try:
+                done = subprocess.run([sys.executable, str(path)], cwd=cwd, env=env, timeout=timeout,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            except subprocess.TimeoutExpired as exc:
+                return -9, str(exc.output or ""), True
+            return done.returncode, done.stdout, False
+        server = self._server()
+        assert server.stdin is not None and server.stdout is not None
+        job = {"path": str(path), "cwd": str(cwd), "env": env, "out": str(out), "timeout": timeout}
+        server.stdin.write(json.dumps(job) + "\n")
+        server.stdin.flush()
+        ready, _, _ = select.select([server.stdout], [], [], timeout + 30)
+        if not ready:
+            raise RuntimeError("the docs' block server stopped answering")
+        status = json.loads(server.stdout.readline())
+        return status["rc"], out.read_text() if out.exists() else "", status["timed_out"]
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+
+
+def base_env(workdir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHPLACE_") and k != "PYTEST_CURRENT_TEST"}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["TORCHPLACE_LEASE_DIR"] = str(workdir / ".leases")
+    env["COLUMNS"] = "100"
+    return env
+
+
+def prepare(workdir: Path) -> None:
+    (workdir / "tests").mkdir(exist_ok=True)
+    (workdir / "tests" / "fixtures").symlink_to(FIXTURES, target_is_directory=True)
+
+
+def _shown(extra: dict[str, str], argv: list[str]) -> str:
+    return shlex.join([f"{k}={v}" for k, v in extra.items()] + argv)
+
+
+def run_page(page: Path, workdir: Path, runner: Runner, echo: bool = False) -> list[str]:
+    """Run PAGE's runnable blocks in order in WORKDIR; return the failures (empty when all pass)."""
+    prepare(workdir)
+    env = base_env(workdir)
+    failures: list[str] = []
+    torchplace = str(Path(sys.executable).parent / "torchplace")
+    for n, block in enumerate(blocks_of(page)):
+        started = time.monotonic()
+        if block.lang == "python":
+            path = workdir / block.options.get("file", f"block_{block.line}.py")
+            path.write_text(block.code)
+            if "file" in block.options:
+                continue
+            rc, output, timed_out = runner.python(path, workdir, env, block.timeout)
+            results = [("python", rc, output, timed_out)]
+        else:
+            results = []
+            for extra, argv in console_commands(block):
+                try:
+                    done = subprocess.run([torchplace, *argv[1:]], cwd=workdir, env={**env, **extra},
+                                          timeout=block.timeout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True)
+                    results.append((_shown(extra, argv), done.returncode, done.stdout, False))
+                except subprocess.TimeoutExpired as exc:
+                    results.append((_shown(extra, argv), -9, str(exc.output or ""), True))
+        expected = int(block.options.get("exit", 0))
+        for what, rc, output, timed_out in results:
+            if echo:
+                print(f"--- {block.where} ({what}): exit {rc}, {time.monotonic() - started:.1f} s\n{output}")
+            if timed_out:
+                failures.append(f"{block.where}: {what} ran past its {block.timeout:.0f} s timeout\n{output[-3000:]}")
+            elif rc != expected or "Traceback (most recent call last)" in output and block.lang == "console":
+                failures.append(f"{block.where}: {what} exited {rc}, expected {expected}\n{output[-3000:]}")
+    return failures
+
+
+# --------------------------------------------------------------------------- tests
+
+
+@pytest.fixture(scope="module")
+def runner():
+    r = Runner(spawn=os.environ.get("TORCHPLACE_DOCS_SPAWN") == "1" or sys.platform != "linux")
+    yield r
+    r.close()
+
+
+def _runnable_pages() -> list[Path]:
+    return [p for p in PAGES if blocks_of(p)]
+
+
+def test_runnable_blocks_are_found_and_well_formed():
+    counts = {p.relative_to(ROOT).as_posix(): len(blocks_of(p)) for p in PAGES}
+    for page in PAGES:
+        for block in blocks_of(page):
+            if block.lang == "console":
+                console_commands(block)  # raises on a command that is not torchplace's
+    assert sum(counts.values()) >= 20, counts  # a broken info-string parser would find none
+
+
+@pytest.mark.parametrize("page", _runnable_pages(), ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_page_blocks_run(page: Path, runner: Runner, tmp_path: Path):
+    failures = run_page(page, tmp_path, runner)
+    assert not failures, "\n\n".join(failures)
+
+
+def test_a_failing_block_is_reported(runner: Runner, tmp_path: Path):
+    """The harness itself: a raising block, a wrong exit code and a block that hangs all fail."""
+    page = tmp_path / "page.md"
+    page.write_text("```python runnable\nraise ValueError('boom')\n```\n\n"
+                    "```python runnable timeout=1\nimport time\ntime.sleep(30)\n```\n\n"
+                    "```console runnable\n$ torchplace doctor --snapshot no-such-file.json\n```\n\n"
+                    "```python\nraise SystemExit('plain blocks are not run')\n```\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    failures = run_page(page, work, runner)
+    assert len(failures) == 3, failures
+    assert "ValueError: boom" in failures[0] and "timeout" in failures[1] and "expected 0" in failures[2]
+
+
+def test_results_table_is_up_to_date():
+    """docs/results/README.md shows the table tools/summarize_results.py makes from the JSON files."""
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "summarize_results.py"), "--check"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+
+
+if __name__ == "__main__":  # print every block's output of the pages given (default: all)
+    chosen = [Path(a).resolve() for a in sys.argv[1:]] or _runnable_pages()
+    r = Runner(spawn=os.environ.get("TORCHPLACE_DOCS_SPAWN") == "1" or sys.platform != "linux")
+    bad = []
+    try:
+        for page_path in chosen:
+            with tempfile.TemporaryDirectory() as tmp:
+                bad += run_page(page_path, Path(tmp), r, echo=True)
+    finally:
+        r.close()
+    print("\n\n".join(bad) if bad else "all blocks ran")
+    sys.exit(1 if bad else 0)
