@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 
 # set by pytest, or by torch itself on a lazy import (torch._dynamo sets the inductor cache dir)
@@ -43,3 +44,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
         elif "multigpu" in item.keywords and count < 2:
             item.add_marker(pytest.mark.skip(reason="needs two CUDA GPUs"))
+
+
+@pytest.fixture
+def restore_threads():
+    """Give torch and the environment back their thread settings after the test."""
+    env = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

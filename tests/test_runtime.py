@@ -9,21 +9,6 @@ import torchplace as tp
 from torchplace.checks import strict as strict_mod
 
 
-@pytest.fixture
-def restore_threads():
-    n, env = torch.get_num_threads(), None
-    import os
-
-    env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    yield
-    torch.set_num_threads(n)
-    for k, v in env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
 def test_setup_on_cpu_binds_helpers(tmp_path, capsys, restore_threads):
     rt = tp.setup("cpu", seed=3)
     assert rt.device == torch.device("cpu") and rt.world_size == 1 and rt.is_main

@@ -105,20 +105,6 @@ def test_sysfs_readers_on_a_recorded_tree(tmp_path):
     assert cgroup_cpu_limit(cg, tmp_path / "self_cgroup") == 1.5
 
 
-@pytest.fixture
-def restore_threads():
-    """Give torch and the environment back their thread settings after the test."""
-    env = {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-    for name, value in env.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-
-
 def test_configure_threads_applies_the_plan(restore_threads):
     plan = configure_threads(intra_op=1, local_world_size=1)
     assert torch.get_num_threads() == 1 and plan.applied["intra_op"] == 1

@@ -30,13 +30,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="torchplace", description="Know where every tensor lives.")
     parser.add_argument("--version", action="version", version=f"torchplace {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    wanted = {command: COMMANDS[command]} if command in COMMANDS else COMMANDS
-    for name, module in wanted.items():
-        try:
-            importlib.import_module(module).register(sub)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
+    wanted = [COMMANDS[command]] if command in COMMANDS else COMMANDS.values()
+    for module in wanted:
+        importlib.import_module(module).register(sub)
     return parser
 
 

@@ -25,23 +25,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--json", action="store_true", help="print the result as JSON")
         p.add_argument("--out", metavar="DIR", help="also write the JSON result under DIR")
         p.set_defaults(func=_run, bench_module=module)
-        try:  # bench modules import torch lazily, so this stays cheap
-            importlib.import_module(module).add_arguments(p)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
+        importlib.import_module(module).add_arguments(p)  # bench modules import torch lazily
     parser.set_defaults(func=lambda args: parser.print_help() or 2)
 
 
 def _run(args: argparse.Namespace) -> int:
     from ..bench.common import machine_info, write_result
-    from ..errors import TorchplaceError
 
-    try:
-        module = importlib.import_module(args.bench_module)
-    except ModuleNotFoundError as exc:
-        raise TorchplaceError(f"benchmark {args.bench!r} is not available in this build ({exc}).") from None
-    result = module.run(args)
+    result = importlib.import_module(args.bench_module).run(args)
     result.machine = result.machine or machine_info()
     result.fill_ratios()
     path = write_result(result, args.out)

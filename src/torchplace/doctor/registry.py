@@ -46,11 +46,7 @@ def check(fn: Check) -> Check:
 
 def load_checks() -> list[Check]:
     for module in CHECK_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
+        importlib.import_module(module)
     return CHECKS
 
 
