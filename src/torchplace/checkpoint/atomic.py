@@ -17,9 +17,8 @@ import socket
 from pathlib import Path
 from typing import Any, Callable
 
-import psutil
-
 from ..errors import CheckpointError
+from ..hardware.host import pid_exists
 
 _TMP_MARK = ".tmp-"
 
@@ -67,7 +66,7 @@ def sweep_stale(directory: Path) -> list[Path]:
         return removed
     for name in names:
         owner = _owner(name)
-        if owner is None or owner[0] != host or owner[1] == me or psutil.pid_exists(owner[1]):
+        if owner is None or owner[0] != host or owner[1] == me or pid_exists(owner[1]):
             continue
         try:
             os.unlink(directory / name)

@@ -35,9 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-import psutil
-
 from ..errors import LeaseError
+from ..hardware.host import pid_exists
 
 LEASE_DIR_ENV = "TORCHPLACE_LEASE_DIR"
 DEFAULT_LEASE_DIR = "/tmp/torchplace-leases"
@@ -398,7 +397,7 @@ class LeaseDir:
                 if holder.pid == kernel_pid:
                     return holder
             return _holder_from_pid(kernel_pid)
-        alive = [(t, h) for t, h in notes if h.pid and psutil.pid_exists(h.pid)]
+        alive = [(t, h) for t, h in notes if h.pid and pid_exists(h.pid)]
         return max(alive, key=lambda item: item[0])[1] if alive else None
 
 

@@ -94,6 +94,13 @@ def memlock_limit() -> tuple[int | None, int | None]:
     return conv(soft), conv(hard)
 
 
+def pid_exists(pid: int) -> bool:
+    """Whether a process with this pid exists (psutil, imported on first use: it costs ~25 ms)."""
+    import psutil
+
+    return psutil.pid_exists(pid)
+
+
 def memory_total() -> int | None:
     try:
         import psutil
