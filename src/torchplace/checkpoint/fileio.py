@@ -33,6 +33,7 @@ from .format import (
     dtype_name,
     dump_meta,
     encode_header,
+    open_for_read,
     plan_layout,
     read_header,
     seal,
@@ -111,11 +112,7 @@ class FileState:
 def read_file(path: Path, device_for: DeviceFor, *, trust_pickle: bool = False,
               workers: int | None = None) -> FileState:
     """Read PATH; DEVICE_FOR(path_in_tree) picks each tensor's device; every checksum is checked."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} does not exist. Fix: check the path; torchplace.load(DIRECTORY) finds "
-                              "the newest checkpoint in a directory.") from None
+    fd = open_for_read(path)
     try:
         header = read_header(path, fd)
         if header.meta is None:  # a safetensors file from another tool: its tensors are the model

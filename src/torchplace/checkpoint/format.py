@@ -172,6 +172,15 @@ def _near_prefix(raw: bytes) -> bool:
     return len(head) == len(HEADER_PREFIX) and sum(a != b for a, b in zip(head, HEADER_PREFIX)) <= 4
 
 
+def open_for_read(path: Path) -> int:
+    """A read-only file descriptor for PATH, or a CheckpointError that says how to find one."""
+    try:
+        return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} does not exist. Fix: check the path; torchplace.load(DIRECTORY) "
+                              "finds the newest checkpoint in a directory.") from None
+
+
 def read_header(path: str | os.PathLike[str], fd: int | None = None) -> Header:
     """Read and validate the header of PATH (or of the open FD); raise CheckpointError if damaged.
 
@@ -182,11 +191,7 @@ def read_header(path: str | os.PathLike[str], fd: int | None = None) -> Header:
     path = Path(path)
     own = fd is None
     if fd is None:
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except FileNotFoundError:
-            raise CheckpointError(f"{path} does not exist. Fix: check the path; torchplace.load(DIRECTORY) "
-                                  "finds the newest checkpoint in a directory.") from None
+        fd = open_for_read(path)
     try:
         info = os.fstat(fd)
         if stat.S_ISDIR(info.st_mode):
