@@ -6,6 +6,7 @@ import errno
 import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,21 @@ def test_a_failing_writer_removes_its_temp_file(tmp_path: Path) -> None:
 def test_saving_onto_a_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(torchplace.CheckpointError, match="is a directory. Fix: give a file path"):
         torchplace.save(tmp_path, extra={"a": 1})
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sync_file_range is Linux-only")
+def test_write_out_starts_through_the_real_sync_file_range_and_never_raises(tmp_path: Path) -> None:
+    assert atomic._load_sync_file_range() is not False  # the hint is really there on Linux
+    read, write = os.pipe()  # sync_file_range fails on a pipe (ESPIPE): a hint's failure is ignored
+    try:
+        atomic.start_writeback(write, 0, 4096)
+    finally:
+        os.close(read)
+        os.close(write)
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        atomic.FileSink(fd).pwrite(b"abc" * 1000, 10)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"\0" * 10 + b"abc" * 1000

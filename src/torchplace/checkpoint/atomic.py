@@ -10,10 +10,12 @@ removes temporaries whose process is gone.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import secrets
 import socket
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,7 +26,11 @@ _TMP_MARK = ".tmp-"
 
 
 class FileSink:
-    """Positional writes to an open file descriptor, retried until every byte is written."""
+    """Positional writes to an open file descriptor, retried until every byte is written.
+
+    Each write also starts the disk write-out of the bytes it wrote (`start_writeback`), so the
+    disk works while later chunks are still being prepared, instead of all at the final fsync.
+    """
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -34,6 +40,38 @@ class FileSink:
         done = 0
         while done < len(mv):
             done += os.pwrite(self.fd, mv[done:], offset + done)
+        start_writeback(self.fd, offset, len(mv))
+
+
+_SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h: start write-out of dirty pages in the range, do not wait
+_sync_file_range: Any = None
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing FD's bytes [OFFSET, OFFSET + LENGTH) to disk now (Linux).
+
+    Without it, a large write fills the page cache first and the disk starts at the final fsync:
+    measured on the 2 x H200 machine (ext4, 2026-11-29), 10 GiB took 3.5 s to write and 5.8 s to
+    fsync; with it, 5.1 s in all. Only a hint: the fsync that follows is what makes the file
+    durable, so where the call does not exist or fails, nothing changes.
+    """
+    global _sync_file_range
+    if _sync_file_range is None:
+        _sync_file_range = _load_sync_file_range()
+    if _sync_file_range is not False:
+        _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)  # an error return is ignored: a hint
+
+
+def _load_sync_file_range() -> Any:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def _host() -> str:
