@@ -107,22 +107,10 @@ def views(buf: torch.Tensor, plan: Layout) -> list[torch.Tensor]:
     return out
 
 
-def pack(tensors: Sequence[torch.Tensor], plan: Layout, *, pin: bool) -> torch.Tensor:
-    """One uint8 host buffer (page-locked if PIN) holding every tensor's bytes at PLAN's offsets."""
-    buf = torch.empty(plan.total, dtype=torch.uint8, pin_memory=pin)
-    copy(views(buf, plan), tensors)
-    return buf
-
-
-def unpack(buf: torch.Tensor, like: Sequence[torch.Tensor], plan: Layout) -> list[torch.Tensor]:
-    """Tensors shaped like LIKE that view BUF (on whatever device BUF lives) at PLAN's offsets."""
-    return views(buf, plan)
-
-
-def copy(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
+def copy(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor], *, non_blocking: bool = False) -> None:
     """dst[i].copy_(src[i]) for all i, in one call (the GIL is released while it runs)."""
     try:
-        torch._foreach_copy_(list(dst), list(src))
+        torch._foreach_copy_(list(dst), list(src), non_blocking=non_blocking)
     except (AttributeError, RuntimeError, TypeError):
         for d, s in zip(dst, src):
-            d.copy_(s)
+            d.copy_(s, non_blocking=non_blocking)

@@ -102,12 +102,13 @@ class Stager:
         _walk(batch, collect, collect)
         moved = list(leaves)
         keep: list[torch.Tensor] = []
-        small, big, others = self._sort(leaves)
-        if len(small) == 1:
-            big.append(small.pop())
+        packed, gathered, big, others = self._sort(leaves)
+        for group in (packed, gathered):
+            if len(group) == 1:  # one small tensor: a copy of its own is as cheap
+                big.append(group.pop())
         wait = None
-        if small:
-            tensors = [leaves[i] for i in small]
+        if packed:  # pageable: packed into one pinned buffer on the host, copied once
+            tensors = [leaves[i] for i in packed]
             plan = _pack.layout(tensors)
             staging = torch.empty(plan.total, dtype=torch.uint8, pin_memory=self.streams)
             wait = _hostcopy.start(_pack.views(staging, plan), tensors, plan.nbytes)  # helpers copy ...
@@ -116,10 +117,20 @@ class Stager:
             else:
                 wait()
                 wait, buf = None, self._mover.tensor(staging)
-            for i, view in zip(small, _pack.views(buf, plan)):  # ... while this thread makes the views
+            for i, view in zip(packed, _pack.views(buf, plan)):  # ... while this thread makes the views
                 moved[i] = view
             keep.append(buf)
         direct = False
+        if gathered:  # pinned already: one device buffer, copied into straight from each tensor
+            tensors = [leaves[i] for i in gathered]
+            plan = _pack.layout(tensors)
+            dst = torch.empty(plan.total, dtype=torch.uint8, device=self.device)
+            views = _pack.views(dst, plan)
+            _pack.copy(views, tensors, non_blocking=True)
+            for i, view in zip(gathered, views):
+                moved[i] = view
+            keep.append(dst)
+            direct = True
         for i in big:
             moved[i], reads_source = self._one(leaves[i])
             keep.append(moved[i])
@@ -150,18 +161,26 @@ class Stager:
         ready.record(self.side)
         return Staged(out, ready, self._event(), keep, source_read)
 
-    def _sort(self, leaves: list[Any]) -> tuple[list[int], list[int], list[int]]:
-        """Indices of the small tensors to pack, the tensors to copy alone, and objects with `.to()`."""
-        small: list[int] = []
+    def _sort(self, leaves: list[Any]) -> tuple[list[int], list[int], list[int], list[int]]:
+        """Indices of the small tensors to pack on the host, the small pinned ones to copy straight
+        into one device buffer, the tensors to copy alone, and the objects with their own `.to()`.
+
+        Why two ways for small tensors: packing costs a host memcpy, which a pageable tensor needs
+        anyway (it has to reach pinned memory to be copied asynchronously) but a pinned one does not.
+        Copying 64 pinned tensors of 64 KiB straight into views of one device buffer took 280 µs on
+        an H200 machine, packing them alone 510 µs (tools/exp/loader_small.py, 2026-11-29).
+        """
+        packed: list[int] = []
+        gathered: list[int] = []
         big: list[int] = []
         others: list[int] = []
-        dev, pack, host_target = self.device, self.pack, self.host_target
+        dev, pack, host_target, streams = self.device, self.pack, self.host_target, self.streams
         limit, dtypes = _pack.MAX_TENSOR_BYTES, _pack._DTYPES
         for i, x in enumerate(leaves):
             if type(x) is _Tensor:  # packable(), inlined: this runs for every tensor of every batch
                 if (pack and x.is_cpu and not host_target and x.layout is _strided and not x.requires_grad
                         and x.dtype in dtypes and x.nbytes <= limit and x.is_contiguous()):
-                    small.append(i)
+                    (gathered if streams and x.is_pinned() else packed).append(i)
                 elif x.device != dev:
                     big.append(i)
             elif isinstance(x, _Tensor):
@@ -169,7 +188,7 @@ class Stager:
                     big.append(i)
             else:
                 others.append(i)
-        return small, big, others
+        return packed, gathered, big, others
 
     def _consumer_stream(self) -> contextlib.AbstractContextManager:
         return self.mod.stream(self.consumer) if self.streams else contextlib.nullcontext()
