@@ -57,7 +57,11 @@ class Layout:
 
 def layout(tensors: Sequence[torch.Tensor]) -> Layout:
     """The (cached) layout of TENSORS: by dtype and shape, each tensor 64-byte aligned."""
-    key = tuple([(t.dtype, t.shape) for t in tensors])
+    return layout_of(tuple([(t.dtype, t.shape) for t in tensors]))
+
+
+def layout_of(key: tuple) -> Layout:
+    """The (cached) layout for KEY, the (dtype, shape) of each tensor in order."""
     found = _layouts.get(key)
     if found is None:
         if len(_layouts) >= _CACHE_SIZE:
