@@ -141,7 +141,7 @@ def load_topology(snapshot: str | os.PathLike[str] | None = None) -> Topology:
         return Topology.from_dict(load_snapshot(snapshot), source=str(snapshot))
     from ..hardware.topology import read_topology
 
-    return read_topology(links=False)
+    return read_topology(links=False, details=False)
 
 
 def _my_user() -> str | None:
