@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run torchplace's GPU checks on a lent GPU machine; everything lands in one tarball under $OUT.
-#   bash tools/gpu_suite.sh tests|bench-a|bench-b [pytest args...]
+#   bash tools/gpu_suite.sh tests|final-tests|bench-a|bench-ddp|bench-b|final [pytest args...]
+#   bash tools/gpu_suite.sh final-bench PAGE...   (benches, then docs/PAGE.md's runnable blocks on this machine)
 set -u
 part=$1; shift || true
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 COLUMNS=160
@@ -20,6 +21,25 @@ case $part in
     timeout 400 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --timeout 200 "$@" 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -30
     for b in transfer loader; do
       timeout 90 python3 -m torchplace bench $b --out "$R" 2>&1 | tee "$R/bench-$b-$tag.txt" | tail -22
+    done
+    ;;
+  final-tests)
+    tp doctor --json > "$R/snapshot-h200-$tag.json"
+    timeout 420 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --timeout 200 "$@" 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -12
+    { for i in 1 2 3 4 5; do /usr/bin/time -f "torchplace pick: %e s wall" python3 -m torchplace pick; done
+      python3 tools/exp/pick_time.py; } > "$R/pick-time-$tag.txt" 2>&1
+    tail -8 "$R/pick-time-$tag.txt"
+    ;;
+  final-bench)
+    timeout 100 python3 -m torchplace bench transfer --out "$R" 2>&1 | tee "$R/bench-transfer-$tag.txt" | tail -14
+    mkdir -p "$R/c1"; timeout 100 python3 -m torchplace bench transfer --compute-ms 1 --out "$R/c1" 2>&1 \
+      | tee "$R/bench-transfer-compute1ms-$tag.txt" | tail -14
+    mv "$R/c1/"*.json "$R/bench-transfer-compute1ms.json"; rmdir "$R/c1"
+    timeout 150 python3 -m torchplace bench loader --out "$R" 2>&1 | tee "$R/bench-loader-$tag.txt" | tail -16
+    bin=$(mktemp -d); printf '#!/bin/sh\nexec python3 -m torchplace "$@"\n' > "$bin/torchplace"; chmod +x "$bin/torchplace"
+    for page in "$@"; do
+      PATH=$bin:$PATH timeout 150 python3 tests/test_docs.py "docs/$page.md" > "$R/docs-$page-$tag.txt" 2>&1
+      echo "docs/$page.md: $(tail -1 "$R/docs-$page-$tag.txt")"
     done
     ;;
   bench-a)

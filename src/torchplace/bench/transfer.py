@@ -108,9 +108,10 @@ def run(args: argparse.Namespace) -> BenchResult:
     if send is not None and env.can_pin:  # on the CPU nothing is copied: the targets would mean nothing
         ours, theirs = ms[_TO_DEVICE], ms[_ACCELERATE]
         loader_ms = ms[_LOADER]
+        when = f", {compute.ms:.2f} ms of compute per step" if compute.ms else ", copies only"
         result.targets += [
-            Target(f"to_device / send_to_device, {args.tensors} small tensors", ours / theirs, 1.0, "<="),
-            Target("DeviceLoader / send_to_device per step", loader_ms / theirs, 1.0, "<="),
+            Target(f"to_device / send_to_device, {args.tensors} small tensors{when}", ours / theirs, 1.0, "<="),
+            Target(f"DeviceLoader / send_to_device per step{when}", loader_ms / theirs, 1.0, "<="),
         ]
     bulk_mib = args.bulk_mib if args.bulk_mib is not None else (8 if args.quick else 1024)
     if bulk_mib and not env.can_pin:
