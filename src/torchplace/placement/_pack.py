@@ -1,7 +1,9 @@
-"""Pack many small host tensors into one buffer, copy it once, and view it back as tensors.
+"""Lay many small tensors out in one buffer and view them back as tensors.
 
 Small copies are dominated by per-copy overhead, not bandwidth: 64 tensors of 64 KiB took
 792 µs as 64 copies and 96 µs as one packed copy on an H200 (docs/reference-measurements.md).
+DeviceLoader uses one layout for both sides: pageable tensors are packed into a pinned host
+buffer and copied once; pinned ones are copied straight into views of one device buffer.
 
 A `Layout` is computed once per batch structure (dtypes and shapes) and cached. Tensors of
 the same dtype and shape sit next to each other, so one `as_strided` + `unbind` call makes

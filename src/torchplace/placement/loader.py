@@ -1,14 +1,14 @@
 """`DeviceLoader`: batches arrive already on the device, their copies hidden behind compute.
 
 Per iteration, one worker thread pulls from the wrapped loader, pins host memory (reusing the
-DataLoader's pinning where it is on), packs small tensors into one buffer, and copies on one
-side stream per loader (`_stage.Stager`). When the consumer takes a batch its stream waits on
-the batch's event; `record_stream` keeps the batch's memory from being reused until the
-consumer's work on it is done. The worker stays at most `prefetch` batches ahead of the step
-the device is running (not the step the host is enqueueing), so device memory stays bounded
-however far the host runs ahead. On devices without streams (cpu, meta, mps) it is a plain
-pass-through through `to_device`, unless asked to run the same worker in the background (to
-overlap a slow loader, or a transform, with compute).
+DataLoader's pinning where it is on), copies small tensors together into one device buffer,
+all on one side stream per loader (`_stage.Stager`). When the consumer takes a batch its
+stream waits on the batch's event; `record_stream` keeps the batch's memory from being reused
+until the consumer's work on it is done. The worker stays at most `prefetch` batches ahead of
+the step the device is running (not the step the host is enqueueing), so device memory stays
+bounded however far the host runs ahead. On devices without streams (cpu, meta, mps) it is a
+plain pass-through through `to_device`, unless asked to run the same worker in the background
+(to overlap a slow loader, or a transform, with compute).
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ class DeviceLoader(Generic[T]):
 
     At most `prefetch` batches are copied ahead of the step the device is running.
     `transform(batch)` runs on the device, on the side stream, after the copy (see
-    `image_transform`). `pack=False` keeps one copy per tensor instead of packing small tensors
-    into one buffer. `background` chooses the worker thread: by default on devices with streams
-    (cuda, xpu) and not elsewhere.
+    `image_transform`). `pack=False` keeps one copy per tensor instead of copying small tensors
+    together into one device buffer. `background` chooses the worker thread: by default on
+    devices with streams (cuda, xpu) and not elsewhere.
     """
 
     def __init__(self, loader: Iterable[T], device: DeviceSpec = "auto", *, prefetch: int = 2,
