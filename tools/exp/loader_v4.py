@@ -75,19 +75,3 @@ report("DeviceLoader, switch interval 0.1 ms", loader)
 sys.setswitchinterval(0.05)
 report("DeviceLoader, switch interval 50 ms", loader)
 sys.setswitchinterval(0.005)
-import threading  # noqa: E402
-
-busy = threading.Event()
-
-
-def spinner():
-    x = 0
-    while not busy.is_set():
-        x += 1
-
-
-t = threading.Thread(target=spinner)
-t.start()
-report("Stager alone + a Python thread spinning", alone)
-busy.set()
-t.join()
