@@ -2,11 +2,12 @@
 
 The data region is cut into fixed chunks (``format.CHUNK_BYTES``). A pool of threads handles
 chunks independently: each one copies its slice off the device (through its own pinned staging
-buffer and CUDA stream), computes the chunk's CRC-32 and writes it at its offset (the file sink starts the disk write-out
-of those bytes at once, so the final fsync has little left to do); loading runs the
-same steps backwards and checks each CRC before the bytes reach a tensor. pread/pwrite, zlib and
-CUDA copies all release the GIL, so copies, checksums and disk I/O overlap across threads, and
-nothing is ever pickled. CPU tensors are written from and read into their own memory directly.
+buffer and CUDA stream), computes the chunk's CRC-32 and writes it at its offset (the file sink
+starts the disk write-out of those bytes at once, so the final fsync has little left to do);
+loading runs the same steps backwards and checks each CRC before the bytes reach a tensor.
+pread/pwrite, zlib and CUDA copies all release the GIL, so copies, checksums and disk I/O overlap
+across threads, and nothing is ever pickled. CPU tensors are written from and read into their
+own memory directly.
 """
 
 from __future__ import annotations
