@@ -257,7 +257,8 @@ def run_page(page: Path, workdir: Path, runner: Runner, echo: bool = False) -> l
     prepare(workdir)
     env = base_env(workdir)
     failures: list[str] = []
-    torchplace = str(Path(sys.executable).parent / "torchplace")
+    script = Path(sys.executable).parent / "torchplace"  # the console script, where installed
+    torchplace = [str(script)] if script.exists() else [sys.executable, "-m", "torchplace"]
     for n, block in enumerate(blocks_of(page)):
         started = time.monotonic()
         if block.lang == "python":
@@ -271,7 +272,7 @@ def run_page(page: Path, workdir: Path, runner: Runner, echo: bool = False) -> l
             results = []
             for extra, argv in console_commands(block):
                 try:
-                    done = subprocess.run([torchplace, *argv[1:]], cwd=workdir, env={**env, **extra},
+                    done = subprocess.run([*torchplace, *argv[1:]], cwd=workdir, env={**env, **extra},
                                           timeout=block.timeout, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True)
                     results.append((_shown(extra, argv), done.returncode, done.stdout, False))
