@@ -16,8 +16,6 @@ from torchplace.placement.loader import image_transform
 pytestmark = pytest.mark.gpu
 
 N_BATCHES = 1000
-# the worker thread (the default on a GPU) and staging on the consumer's own thread, one batch ahead
-MODES = [pytest.param(None, id="worker"), pytest.param(False, id="inline")]
 BIG = 1 << 18  # int64 elements (2 MiB): copied on its own
 SMALL = [1000 + 37 * j for j in range(8)]  # int64 tensors of ~8 KiB: packed into one copy
 
@@ -85,14 +83,12 @@ def check_stream(loader: tp.DeviceLoader, dev: torch.device, it=None) -> None:
     assert bad.item() == 0
 
 
-@pytest.mark.parametrize("background", MODES)
 @pytest.mark.parametrize("pinned", [True, False], ids=["pinned-source", "pageable-source"])
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "unpacked"])
-def test_bit_exact_over_1000_batches_under_stress(pinned, pack, background):
+def test_bit_exact_over_1000_batches_under_stress(pinned, pack):
     dev = torch.device("cuda:0")
-    loader = tp.DeviceLoader(ReusingSource(N_BATCHES, pinned), dev, prefetch=2, pack=pack, background=background)
+    loader = tp.DeviceLoader(ReusingSource(N_BATCHES, pinned), dev, prefetch=2, pack=pack)
     check_stream(loader, dev)
-    assert loader.stream is not None
 
 
 def test_prefetch_one_and_deep_prefetch_are_exact_too():
@@ -149,9 +145,8 @@ def test_memory_reserved_does_not_grow_over_20_epochs():
     assert reserved[-1] <= reserved[1], f"memory_reserved per epoch: {reserved}"
 
 
-@pytest.mark.parametrize("background", MODES)
-def test_a_host_running_far_ahead_does_not_pile_up_batches(background):
-    """The host enqueues 30 slow steps without ever waiting; the copies must follow the device."""
+def test_a_host_running_far_ahead_does_not_pile_up_batches():
+    """The host enqueues 30 slow steps without ever waiting; the worker must follow the device."""
     dev = torch.device("cuda:0")
     batch_bytes = 64 << 20
     data = [{"x": torch.ones(batch_bytes // 4)} for _ in range(30)]
@@ -159,7 +154,7 @@ def test_a_host_running_far_ahead_does_not_pile_up_batches(background):
     base = torch.cuda.memory_allocated(dev)
     torch.cuda.reset_peak_memory_stats(dev)
     prefetch = 2
-    for batch in tp.DeviceLoader(data, dev, prefetch=prefetch, background=background):
+    for batch in tp.DeviceLoader(data, dev, prefetch=prefetch):
         with torch.cuda.device(dev):
             torch.cuda._sleep(10_000_000)  # ~5 ms of device time per step, none of host time
         batch["x"][:1].sum()
@@ -199,8 +194,7 @@ def _sleep_cycles_for(ms: float, dev: torch.device) -> int:
     return int(cycles * ms / start.elapsed_time(end))
 
 
-@pytest.mark.parametrize("background", MODES)
-def test_copies_overlap_compute_when_the_host_runs_ahead(background):
+def test_copies_overlap_compute_when_the_host_runs_ahead():
     """Each copy runs during the step before its batch, even when the host never waits for the device.
 
     (Destination memory taken from the consumer stream's pool would have to wait for all the work
@@ -218,7 +212,7 @@ def test_copies_overlap_compute_when_the_host_runs_ahead(background):
     end.synchronize()
     copy_ms = start.elapsed_time(end) / 5
     cycles = _sleep_cycles_for(copy_ms, dev)  # compute as long as the copy: no overlap would double the step
-    it = iter(tp.DeviceLoader(data, dev, prefetch=2, background=background))
+    it = iter(tp.DeviceLoader(data, dev, prefetch=2))
     first = next(it)
     torch.cuda.synchronize(dev)
     del first
@@ -269,13 +263,12 @@ def test_packed_tensors_are_aligned_views_of_one_buffer():
     assert all(torch.equal(a, b.cpu()) for a, b in zip(small, out))
 
 
-@pytest.mark.parametrize("background", MODES)
 @pytest.mark.parametrize("when", ["iter-and-next", "next-only"])
-def test_bit_exact_under_the_consumers_own_stream(when, background):
+def test_bit_exact_under_the_consumers_own_stream(when):
     """The consumer runs on its own stream: under it for the whole loop, or switching after iter()."""
     dev = torch.device("cuda:0")
     user = torch.cuda.Stream(dev)
-    loader = tp.DeviceLoader(ReusingSource(300, pinned=True), dev, background=background)
+    loader = tp.DeviceLoader(ReusingSource(300, pinned=True), dev)
     if when == "iter-and-next":
         with torch.cuda.stream(user):
             check_stream(loader, dev)
@@ -285,37 +278,15 @@ def test_bit_exact_under_the_consumers_own_stream(when, background):
             check_stream(loader, dev, it)
 
 
-@pytest.mark.parametrize("background", MODES)
-def test_upstream_exception_on_gpu(background):
+def test_upstream_exception_on_gpu():
     def broken():
         yield {"x": torch.ones(4)}
-        yield {"x": torch.ones(4) * 2}
         raise KeyError("missing sample 17")
 
-    it = iter(tp.DeviceLoader(broken(), "cuda:0", background=background))
+    it = iter(tp.DeviceLoader(broken(), "cuda:0"))
     assert next(it)["x"].device.type == "cuda"
-    assert next(it)["x"].sum().item() == 8  # every batch before the failure is handed out first
     with pytest.raises(KeyError, match="missing sample 17"):
         next(it)
-    with pytest.raises(StopIteration):
-        next(it)
-
-
-def test_inline_mode_break_mid_epoch_frees_the_batch_copied_ahead():
-    dev = torch.device("cuda:0")
-    batch_bytes = 4 << 20
-    data = [{"x": torch.randn(batch_bytes // 4)} for _ in range(10)]
-    gc.collect()
-    torch.cuda.synchronize(dev)
-    before = torch.cuda.memory_allocated(dev)
-    for i, batch in enumerate(tp.DeviceLoader(data, dev, background=False)):
-        if i == 2:
-            ahead = torch.cuda.memory_allocated(dev) - before  # this batch and the next one
-            break
-    del batch
-    torch.cuda.synchronize(dev)
-    assert ahead >= 2 * batch_bytes
-    assert torch.cuda.memory_allocated(dev) <= before
 
 
 def test_image_transform_runs_on_the_device():

@@ -2,8 +2,7 @@
 
 One run, same data, interleaved rounds: the naive `.to(device)` from pageable memory, pinned +
 non_blocking on one stream, accelerate's `send_to_device`, a hand-written side-stream prefetch
-(what experts write), and `DeviceLoader` from pageable and from pinned memory (and from pinned
-memory with `background=False`, staging on the training thread), against the
+(what experts write), and `DeviceLoader` from pageable and from pinned memory, against the
 ideal step max(compute, copy), both measured here. Then DeviceLoader's copy throughput against
 a raw pinned copy, and `memory_reserved()` over many epochs.
 """
@@ -19,7 +18,6 @@ from .transfer import Compute, Env, Variant, _accelerate_send, _gbps, measure, p
 _NAIVE = "naive .to(), pageable"
 _LOADER_PAGEABLE = "torchplace DeviceLoader, pageable"
 _LOADER_PINNED = "torchplace DeviceLoader, pinned"
-_LOADER_INLINE = "torchplace DeviceLoader, pinned, background=False"
 _COMPUTE = "compute only, batch on device"
 _RAW_COPY = "copy only: raw pinned .to(non_blocking)"
 _LOADER_COPY = "copy only: DeviceLoader, pinned"
@@ -72,7 +70,6 @@ def run(args: argparse.Namespace) -> BenchResult:
 
     loader_pageable = DeviceLoader(listed(pageable), dev, prefetch=args.prefetch)
     loader_pinned = DeviceLoader(listed(pinned), dev, prefetch=args.prefetch)
-    loader_inline = DeviceLoader(listed(pinned), dev, background=False)
     resident = {k: v.to(dev) for k, v in pinned[0].items()}
     variants = [
         Variant(_NAIVE, mapped(pageable, lambda b: {k: v.to(dev) for k, v in b.items()}), step=step),
@@ -93,7 +90,6 @@ def run(args: argparse.Namespace) -> BenchResult:
     variants += [
         Variant(_LOADER_PAGEABLE, lambda: iter(loader_pageable), step=step),
         Variant(_LOADER_PINNED, lambda: iter(loader_pinned), step=step),
-        Variant(_LOADER_INLINE, lambda: iter(loader_inline), step=step),
         Variant(_COMPUTE, lambda: (resident for _ in range(steps)), step=step),
         Variant(_RAW_COPY, mapped(pinned, lambda b: {k: v.to(dev, non_blocking=True) for k, v in b.items()})),
         Variant(_LOADER_COPY, lambda: iter(loader_pinned)),

@@ -2,8 +2,7 @@
 
 One run, same data, interleaved rounds: the naive dict comprehension from pageable memory,
 pinned + non_blocking on one stream, accelerate's `send_to_device` (as users call it),
-`to_device`, and `DeviceLoader` (with its worker thread, and with `background=False`), against
-the ideal max(compute, copy), where the copy is the
+`to_device`, and `DeviceLoader`, against the ideal max(compute, copy), where the copy is the
 same bytes pre-packed in one pinned buffer and copied once. Bulk bandwidth is measured too.
 
 The step-loop helpers here (`Variant`, `measure`, `plot`) also serve `bench loader`.
@@ -23,7 +22,6 @@ _ACCELERATE = "accelerate send_to_device, pinned"
 _TO_DEVICE = "torchplace to_device, pinned"
 _LOADER = "torchplace DeviceLoader, pinned"
 _LOADER_UNPACKED = "torchplace DeviceLoader, pinned, pack=False"
-_LOADER_INLINE = "torchplace DeviceLoader, pinned, background=False"
 _PACKED = "one pre-packed pinned copy"
 
 
@@ -75,7 +73,6 @@ def run(args: argparse.Namespace) -> BenchResult:
 
     loader = DeviceLoader([pinned[i % len(pinned)] for i in range(steps)], dev)
     unpacked = DeviceLoader([pinned[i % len(pinned)] for i in range(steps)], dev, pack=False)
-    inline = DeviceLoader([pinned[i % len(pinned)] for i in range(steps)], dev, background=False)
     packed_src = torch.cat([t.reshape(-1).view(torch.uint8) for t in _tensors(pinned[0])])
     packed_src = packed_src.pin_memory() if env.can_pin else packed_src
     variants = [
@@ -91,7 +88,6 @@ def run(args: argparse.Namespace) -> BenchResult:
         Variant(_TO_DEVICE, mapped(pinned, lambda b: to_device(b, dev))),
         Variant(_LOADER, lambda: iter(loader)),
         Variant(_LOADER_UNPACKED, lambda: iter(unpacked)),
-        Variant(_LOADER_INLINE, lambda: iter(inline)),
         Variant(_PACKED, cycle([packed_src]), move=lambda t: t.to(dev, non_blocking=True)),
     ]
     if compute.ms:
@@ -116,8 +112,6 @@ def run(args: argparse.Namespace) -> BenchResult:
         result.targets += [
             Target(f"to_device / send_to_device, {args.tensors} small tensors{when}", ours / theirs, 1.0, "<="),
             Target(f"DeviceLoader / send_to_device per step{when}", loader_ms / theirs, 1.0, "<="),
-            Target(f"DeviceLoader(background=False) / send_to_device per step{when}", ms[_LOADER_INLINE] / theirs,
-                   1.0, "<="),
         ]
     bulk_mib = args.bulk_mib if args.bulk_mib is not None else (8 if args.quick else 1024)
     if bulk_mib and not env.can_pin:

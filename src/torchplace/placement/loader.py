@@ -35,10 +35,7 @@ class DeviceLoader(Generic[T]):
     `transform(batch)` runs on the device, on the side stream, after the copy (see
     `image_transform`). `pack=False` keeps one copy per tensor instead of copying small tensors
     together into one device buffer. `background` chooses the worker thread: by default on
-    devices with streams (cuda, xpu) and not elsewhere. `background=False` on cuda or xpu stages
-    each batch on your own thread instead, one batch ahead, its copies still overlapping the
-    device's compute: faster when each step is short on the host (many small tensors, a small
-    model), slower when the loader or pinning pageable memory is slow, which the worker hides.
+    devices with streams (cuda, xpu) and not elsewhere.
     """
 
     def __init__(self, loader: Iterable[T], device: DeviceSpec = "auto", *, prefetch: int = 2,
@@ -72,17 +69,14 @@ class DeviceLoader(Generic[T]):
         owned = it is not self.loader  # a fresh iterator nobody else holds: ours to close early
         mod = getattr(torch, self.device.type, None)
         streams = self.device.type in _STREAMED and mod is not None and mod.is_available()
-        background = streams if self.background is None else self.background
+        if not (streams if self.background is None else self.background):
+            return _SyncIter(it, owned, self.device, self.transform)
         if not streams:
-            if not background:
-                return _SyncIter(it, owned, self.device, self.transform)
             return _BackgroundIter(it, owned, Stager(self.device, None, None, None, self.transform, self.pack),
                                    self.prefetch)
         if self._stream is None:
             self._stream = mod.Stream(device=self.device)
         stager = Stager(self.device, mod, self._stream, mod.current_stream(self.device), self.transform, self.pack)
-        if not background:
-            return _InlineIter(it, owned, stager)
         return _BackgroundIter(it, owned, stager, self.prefetch)
 
     def __repr__(self) -> str:
@@ -113,79 +107,6 @@ class _SyncIter(Iterator[Any]):
     def close(self) -> None:
         it, self._it = self._it, None
         if self._owned:
-            _close_upstream(it)
-
-    def __del__(self) -> None:
-        self.close()
-
-
-def _hand_out(item: Staged, mod: Any, device: torch.device, consumer: Any) -> tuple[Any, Any] | None:
-    """Make the consumer's current stream wait for ITEM's copy; return its (started, ready) events."""
-    if item.ready is None:
-        return None
-    stream = mod.current_stream(device)
-    if stream != consumer:  # iterated under another stream than iter() saw: protect it there too
-        for t in item.keep:
-            t.record_stream(stream)
-    item.started.record(stream)  # done once the device has finished the steps before this one
-    stream.wait_event(item.ready)
-    return item.started, item.ready
-
-
-class _InlineIter(Iterator[Any]):
-    """One epoch staged on the consumer's own thread (`background=False` on cuda or xpu), one batch
-    ahead: handing out batch i stages batch i + 1, whose copies run on the side stream while the
-    device computes step i. No worker thread, so no hand-off between threads and no second
-    thread contending for the GIL: for steps that are short on the host this is the faster mode
-    (tools/exp/loader_v4.py: staging a batch of 64 small tensors took 409 µs on one thread and
-    519 µs inside the threaded loader). It holds at most the batch the device may still be
-    reading, the one handed out and the one being copied.
-    """
-
-    def __init__(self, it: Iterator[Any], owned: bool, stager: Stager) -> None:
-        self._it: Iterator[Any] | None = it
-        self._owned = owned
-        self._stage = stager
-        self._ahead: Any = None  # the next Staged batch, _END, or a _Failure to raise in its turn
-        self._taken: tuple[Any, Any] | None = None  # events of the batch handed out last
-
-    def _pull(self) -> Any:
-        try:
-            batch = next(self._it)  # type: ignore[arg-type]
-            with self._stage.on_worker():
-                return self._stage(batch)
-        except StopIteration:
-            return _END
-        except Exception as exc:  # raised in its turn, after the batches before it
-            return _Failure(exc)
-
-    def __next__(self) -> Any:
-        if self._it is None:
-            raise StopIteration
-        try:
-            item = self._ahead if self._ahead is not None else self._pull()
-            self._ahead = None
-            if type(item) is not Staged:
-                self.close()
-                if item is _END:
-                    raise StopIteration
-                raise item.error
-            if item.source_read is not None:  # the upstream may overwrite its own pinned buffers in next()
-                self._stage.source_done(item.source_read)
-            if self._taken is not None:  # the device has reached the step before: at most one batch ahead
-                self._stage.handed(self._taken)
-                self._taken = None
-            self._ahead = self._pull()
-        except BaseException:
-            self.close()
-            raise
-        self._taken = _hand_out(item, self._stage.mod, self._stage.device, self._stage.consumer)
-        return item.batch
-
-    def close(self) -> None:
-        """Drop the batch copied ahead and let the upstream clean up."""
-        it, self._it, self._ahead = self._it, None, None
-        if self._owned and it is not None:
             _close_upstream(it)
 
     def __del__(self) -> None:
@@ -223,7 +144,16 @@ class _BackgroundIter(Iterator[Any]):
             if item is _END:
                 raise StopIteration
             raise item.error
-        self._handed.put(_hand_out(item, self._mod, self._device, self._consumer))
+        if item.ready is None:
+            self._handed.put(None)
+            return item.batch
+        stream = self._mod.current_stream(self._device)
+        if stream != self._consumer:  # iterated under another stream than iter() saw: protect it there too
+            for t in item.keep:
+                t.record_stream(stream)
+        item.started.record(stream)  # done once the device has finished the steps before this one
+        stream.wait_event(item.ready)
+        self._handed.put((item.started, item.ready))
         return item.batch
 
     def close(self) -> None:
