@@ -113,12 +113,17 @@ def run(args: argparse.Namespace) -> BenchResult:
             Target("DeviceLoader (pinned source) / ideal step", ms[_LOADER_PINNED] / ideal, 1.02, "<="),
             Target("DeviceLoader copy throughput / raw pinned copy", loader_gbps / raw_gbps, 0.95, ">="),
         ]
-    growth = _reserved_growth_mib(DeviceLoader(pageable, dev, prefetch=args.prefetch), step, epochs, env)
-    if growth is None:
+    reserved = _reserved_per_epoch_mib(DeviceLoader(pageable, dev, prefetch=args.prefetch), step, epochs, env)
+    if reserved is None:
         result.notes.append(f"{dev.type}: no caching allocator to watch; memory check skipped")
     else:
+        growth = reserved[-1] - reserved[0]
         result.params["reserved_growth_mib"] = growth
+        result.params["reserved_mib_per_epoch"] = reserved  # a leak climbs every epoch; a high-water mark once
         result.targets.append(Target(f"memory_reserved() growth over {epochs} epochs (MiB)", growth, 0.0, "<="))
+        if growth:
+            result.notes.append("memory_reserved() at the end of each epoch (MiB): "
+                                + ", ".join(f"{r:g}" for r in reserved))
     if args.plot:
         plot(result, args.plot)
     return result
@@ -152,8 +157,8 @@ def _side_stream_prefetch(source: list, dev: Any) -> Iterator[dict]:
         yield batch
 
 
-def _reserved_growth_mib(loader: Any, step: Callable[[Any], Any], epochs: int, env: Env) -> float | None:
-    """MiB that `memory_reserved()` grew between the end of epoch 1 and the end of the last epoch."""
+def _reserved_per_epoch_mib(loader: Any, step: Callable[[Any], Any], epochs: int, env: Env) -> list[float] | None:
+    """`memory_reserved()` in MiB at the end of each of EPOCHS epochs (None without a caching allocator)."""
     import torch
 
     if env.device.type != "cuda":
@@ -163,5 +168,5 @@ def _reserved_growth_mib(loader: Any, step: Callable[[Any], Any], epochs: int, e
         for batch in loader:
             step(batch)
         env.sync()
-        reserved.append(torch.cuda.memory_reserved(env.device))
-    return (reserved[-1] - reserved[0]) / 2**20
+        reserved.append(torch.cuda.memory_reserved(env.device) / 2**20)
+    return reserved
