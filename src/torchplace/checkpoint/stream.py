@@ -121,6 +121,25 @@ def _run(tasks: Sequence[Callable[[], Any]], workers: int) -> list[Any]:
     return [f.result() for f in futures]
 
 
+def _copy_pieces(pieces: list[_Piece], flat: dict[str, torch.Tensor], buf: torch.Tensor, staging: _Staging, *,
+                 into_buffer: bool) -> set[Any]:
+    """Copy each piece between its tensor slice and its place in the staging BUF (INTO_BUFFER: tensor
+    -> buffer, else buffer -> tensor); CUDA pieces go on this thread's stream for their device,
+    asynchronously. Returns the streams used: the caller synchronizes them before reusing BUF."""
+    used: set[Any] = set()
+    for p in pieces:
+        tensor, place = flat[p.entry.key][p.lo:p.hi], buf[p.at:p.at + p.hi - p.lo]
+        dst, src = (place, tensor) if into_buffer else (tensor, place)
+        if tensor.device.type == "cuda":
+            s = staging.stream(tensor.device)
+            used.add(s)
+            with torch.cuda.stream(s):
+                dst.copy_(src, non_blocking=True)
+        else:
+            dst.copy_(src)
+    return used
+
+
 def _cuda_devices(tensors: Sequence[torch.Tensor]) -> set[torch.device]:
     return {t.device for t in tensors if t.device.type == "cuda"}
 
@@ -143,17 +162,7 @@ def write_data(sink: Sink, data_offset: int, entries: Sequence[TensorEntry], ten
                 sink.pwrite(view, data_offset + c0 + p.at)
             return f"{crc:08x}"
         buf = staging.buffer()
-        used: set[Any] = set()
-        for p in pieces:
-            src = flat[p.entry.key][p.lo:p.hi]
-            if src.device.type == "cuda":
-                s = staging.stream(src.device)
-                used.add(s)
-                with torch.cuda.stream(s):
-                    buf[p.at:p.at + p.hi - p.lo].copy_(src, non_blocking=True)
-            else:
-                buf[p.at:p.at + p.hi - p.lo].copy_(src)
-        for s in used:
+        for s in _copy_pieces(pieces, flat, buf, staging, into_buffer=True):
             s.synchronize()
         view = buf[:c1 - c0].numpy()
         sink.pwrite(view, data_offset + c0)
@@ -218,16 +227,7 @@ def read_data(fd: int, header: Header, out: dict[str, torch.Tensor], *, workers:
         view = buf[:c1 - c0].numpy()
         _pread_into(fd, view, base + c0, path)
         _check(path, crcs, k, c0, c1, zlib.crc32(view), pieces)
-        used: set[Any] = set()
-        for p in pieces:
-            dst = flat[p.entry.key][p.lo:p.hi]
-            if dst.device.type == "cuda":
-                s = staging.stream(dst.device)
-                used.add(s)
-                with torch.cuda.stream(s):
-                    dst.copy_(buf[p.at:p.at + p.hi - p.lo], non_blocking=True)
-            else:
-                dst.copy_(buf[p.at:p.at + p.hi - p.lo])
+        used = _copy_pieces(pieces, flat, buf, staging, into_buffer=False)
         for s in used:  # the staging buffer is reused by this thread's next chunk
             s.synchronize()
         with lock:
