@@ -346,13 +346,15 @@ class FakeStager:
         event.synchronize()
 
 
-def test_the_consumer_records_started_then_waits_for_the_copy():
+def test_the_consumer_waits_for_the_copy_then_records_started():
+    # In this order nothing is queued between `started` and the free of the batch the loop drops
+    # next, so the worker, woken by `started`, can reuse that memory (see loader.__next__).
     log: list = []
     stager = FakeStager(log, prefetch=2)
     it = _BackgroundIter(iter(range(3)), True, stager, 2)
     assert next(it) == ("b", 0)
     hand_out = [e for e in log if e[0] in ("record", "wait") and "-0" in e[-1 if e[0] == "wait" else 1]]
-    assert hand_out == [("record", "started-0", stager.consumer), ("wait", "consumer", "ready-0")]
+    assert hand_out == [("wait", "consumer", "ready-0"), ("record", "started-0", stager.consumer)]
     assert ("record_stream", "consumer") not in log  # the stream iter() saw: the worker marked it already
     stager.mod.current = FakeStream(log, "user")  # the consumer switched streams between iter() and next()
     assert next(it) == ("b", 1)

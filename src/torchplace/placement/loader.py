@@ -151,8 +151,13 @@ class _BackgroundIter(Iterator[Any]):
         if stream != self._consumer:  # iterated under another stream than iter() saw: protect it there too
             for t in item.keep:
                 t.record_stream(stream)
-        item.started.record(stream)  # done once the device has finished the steps before this one
         stream.wait_event(item.ready)
+        # Done once the device has finished the steps before this one and this batch's copy.
+        # Recorded after the wait, nothing is queued between it and the free of the batch your
+        # loop drops next (the previous one), so the worker, woken by it, finds that memory
+        # reusable instead of allocating more (recorded before the wait, it completed at once on
+        # an idle stream, ahead of that free: one extra batch of memory now and then).
+        item.started.record(stream)
         self._handed.put((item.started, item.ready))
         return item.batch
 
