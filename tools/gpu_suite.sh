@@ -31,11 +31,15 @@ case $part in
     tail -8 "$R/pick-time-$tag.txt"
     ;;
   final-bench)
+    rm -rf "$R"; mkdir -p "$R"  # a machine may keep /tmp from an earlier loan
     for run in 1 2; do  # twice: the small-tensor and memory figures vary from run to run on a VM
       mkdir -p "$R/run$run"
       timeout 100 python3 -m torchplace bench transfer --out "$R/run$run" 2>&1 | tee "$R/bench-transfer-$tag-run$run.txt" | tail -8
       timeout 150 python3 -m torchplace bench loader --out "$R/run$run" 2>&1 | tee "$R/bench-loader-$tag-run$run.txt" | tail -8
     done
+    mkdir -p "$R/epochs100"  # the memory check over 100 epochs instead of 20
+    timeout 200 python3 -m torchplace bench loader --epochs 100 --rounds 1 --out "$R/epochs100" 2>&1 \
+      | tee "$R/bench-loader-100epochs-$tag.txt" | tail -4
 
     for page in "$@"; do
       timeout 150 python3 tests/test_docs.py "docs/$page.md" > "$R/docs-$page-$tag.txt" 2>&1

@@ -29,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute-ms", type=float, default=None,
                         help="device work per step, in ms of matmuls (default 9.65, as measured on an H200)")
     parser.add_argument("--steps", type=int, default=None, help="steps per variant and round (default 40)")
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds; the median is kept (default 3)")
+    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds; the median is kept (default 5)")
     parser.add_argument("--batches", type=int, default=4, help="distinct host batches, cycled (default 4)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs of the memory check (default 20)")
     parser.add_argument("--prefetch", type=int, default=2, help="DeviceLoader's prefetch depth (default 2)")
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     quick = args.quick
     size_mib = args.size_mib or (4 if quick else 256)
     steps = args.steps or (8 if quick else 40)
-    rounds = args.rounds or (1 if quick else 3)
+    rounds = args.rounds or (1 if quick else 5)  # the median of 5: single rounds swing by a few % on a VM
     epochs = args.epochs or (3 if quick else 20)
     env = Env.for_device(dev)
     notes: list[str] = []
