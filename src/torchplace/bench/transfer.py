@@ -249,6 +249,9 @@ def measure(variants: list[Variant], rounds: int, sync: Callable[[], None], *, t
     """Median milliseconds per step of each variant over ROUNDS interleaved rounds, with a progress bar.
 
     An untimed round comes first, so allocator caches, pinned pools and kernels are warm for all.
+    Each timed round starts at another variant: a GPU's clock follows its recent load, so a
+    compute-bound variant run right after the slow copy-bound ones was up to 3% faster than one
+    run after other compute-bound ones (H200, 2026-11-29), and a fixed order would favour it.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -258,7 +261,8 @@ def measure(variants: list[Variant], rounds: int, sync: Callable[[], None], *, t
     with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
         task = progress.add_task(title, total=(rounds + 1) * len(variants))
         for r in range(rounds + 1):
-            for v in variants:
+            start = (r - 1) * len(variants) // rounds if r else 0
+            for v in variants[start:] + variants[:start]:
                 what = f"round {r}/{rounds}" if r else "warm-up"
                 progress.update(task, description=f"{title}: {what}, {v.name}")
                 ms = v.per_step_ms(sync)
