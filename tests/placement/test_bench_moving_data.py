@@ -69,3 +69,18 @@ def test_memory_check_needs_a_caching_allocator(device):
     import torch
 
     assert bench_loader._reserved_per_epoch_mib([], lambda b: None, 2, Env.for_device(torch.device(device))) is None
+
+
+def test_paired_ratio_alternates_which_call_goes_first():
+    calls: list[str] = []
+
+    def a(item):
+        calls.append(f"a{item}")
+
+    def b(item):
+        calls.append(f"b{item}")
+
+    ratio = bench_transfer.paired_ratio(a, b, [0, 1, 2, 3], 2, lambda: None)
+    assert calls[:8] == ["a0", "b0", "b1", "a1", "a2", "b2", "b3", "a3"]
+    assert len(calls) == 3 * 8  # one untimed round, then two
+    assert ratio > 0
