@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     quick = args.quick
     size_mib = args.size_mib or (4 if quick else 256)
     steps = args.steps or (8 if quick else 40)
-    rounds = args.rounds or (1 if quick else 5)  # the median of 5: single rounds swing by a few % on a VM
+    rounds = args.rounds or (1 if quick else 5)  # the median of 5: single rounds swing on a VM host
     epochs = args.epochs or (3 if quick else 20)
     env = Env.for_device(dev)
     notes: list[str] = []

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> BenchResult:
 
     dev = resolve_device(args.device or "auto")
     steps = args.steps or (20 if args.quick else 200)
-    rounds = args.rounds or (2 if args.quick else 9)  # the median of 9: a VM host swings single rounds by 10-20%
+    rounds = args.rounds or (2 if args.quick else 9)  # the median of 9: single rounds swing on a VM host
     shape = tuple(int(s) for s in args.shape.lower().split("x"))
     env = Env.for_device(dev)
     notes: list[str] = []
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> BenchResult:
             f"copies only, DeviceLoader / send_to_device: {ms[_LOADER] / ms[_ACCELERATE]:.3g}. With no compute to "
             "hide the copies behind, a step is the host work of staging a batch, done on the loader's thread "
             "and contending with yours for the GIL; for a loop that only moves tensors, to_device is the "
-            "faster call.")
+            "steadier call.")
     bulk_mib = args.bulk_mib if args.bulk_mib is not None else (8 if args.quick else 1024)
     if bulk_mib and not env.can_pin:
         result.notes.append(f"bulk bandwidth skipped: {dev.type} has no host-to-device copy to measure")
@@ -299,9 +299,9 @@ def paired_ratio(a: Callable[[Any], Any], b: Callable[[Any], Any], items: list, 
                  sync: Callable[[], None]) -> float:
     """Median over ROUNDS (after one untimed) of A's host time / B's, called alternately on ITEMS.
 
-    Two variants measured one after the other see different machine states (the second gets
-    the first one's freed memory and garbage, a host's speed drifts); alternating call by call,
-    and which of the two goes first, gives both the same. For calls that only enqueue work.
+    Two variants measured one after the other may see different machine states (memory the
+    first one freed, a host's speed drifting); alternating call by call, and which of the two
+    goes first, gives both the same. For calls that only enqueue work.
     """
     clock = time.perf_counter
     ratios = []

@@ -155,8 +155,7 @@ class _BackgroundIter(Iterator[Any]):
         # Done once the device has finished the steps before this one and this batch's copy.
         # Recorded after the wait, nothing is queued between it and the free of the batch your
         # loop drops next (the previous one), so the worker, woken by it, finds that memory
-        # reusable instead of allocating more (recorded before the wait, it completed at once on
-        # an idle stream, ahead of that free: one extra batch of memory now and then).
+        # reusable; recorded before, it completed at once on an idle stream, ahead of that free.
         item.started.record(stream)
         self._handed.put((item.started, item.ready))
         return item.batch
