@@ -23,7 +23,8 @@ from torchplace.placement import loader as L
 from torchplace.placement._stage import Staged
 
 
-def next_b(self):
+def _take(self):
+    """Orders B and C share this: hand out the next batch, its copy waited for, then `started` recorded."""
     if self._done:
         raise StopIteration
     item = self._queue.get()
@@ -35,22 +36,17 @@ def next_b(self):
     stream = self._mod.current_stream(self._device)
     stream.wait_event(item.ready)
     item.started.record(stream)
+    return item
+
+
+def next_b(self):
+    item = _take(self)
     self._handed.put((item.started, item.ready))
     return item.batch
 
 
 def next_c(self):
-    if self._done:
-        raise StopIteration
-    item = self._queue.get()
-    if type(item) is not Staged:
-        self.close()
-        if item is L._END:
-            raise StopIteration
-        raise item.error
-    stream = self._mod.current_stream(self._device)
-    stream.wait_event(item.ready)
-    item.started.record(stream)
+    item = _take(self)
     pending = getattr(self, "_pending", None)
     if pending is not None:
         self._handed.put(pending)
