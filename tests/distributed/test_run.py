@@ -151,3 +151,33 @@ def test_dry_run_json_holds_no_lease(h200x2_file, lease_dir, run_cli, child_env)
     assert data["launcher"] == "torchrun" and data["nproc_per_node"] == 2
     assert data["picked"]["leased"] is False
     assert data["argv"][-3:] == ["--", "python", "train.py"]
+
+
+@pytest.mark.parametrize("cmd, launcher", [
+    (["torchrun", "--nproc-per-node", "2", "train.py"], "torchrun"),
+    (["/usr/bin/torchrun", "train.py"], "torchrun"),
+    (["python", "-m", "torch.distributed.run", "train.py"], "torchrun"),
+    (["python3", "-u", "-m", "torch.distributed.launch", "train.py"], "torchrun"),
+    (["accelerate", "launch", "train.py"], "accelerate launch"),
+    (["deepspeed", "train.py"], "deepspeed"),
+])
+def test_a_launcher_under_several_gpus_is_refused_with_the_fix(cmd, launcher, h200x2_file, lease_dir):
+    with pytest.raises(DistributedError, match=f"starts {launcher}.*--once"):
+        plan(cmd, gpus=2, snapshot=str(h200x2_file))
+    again = plan(["python", "train.py"], gpus=2, snapshot=str(h200x2_file))  # the refusal gave both GPUs back
+    again.picked.release()
+
+
+def test_a_launcher_with_once_runs_once_with_a_note(h200x2_file, lease_dir):
+    run = plan(["torchrun", "--nproc-per-node", "2", "train.py"], gpus=2, once=True, snapshot=str(h200x2_file))
+    assert run.launcher == "direct" and run.argv[0] == "torchrun"
+    assert any("launcher (torchrun)" in note for note in run.notes)
+    run.picked.release()
+
+
+@pytest.mark.parametrize("cmd", [["python", "train.py"], ["accelerate", "config"], ["python", "-m", "mypkg"],
+                                 ["python", "-m"]])
+def test_ordinary_commands_are_not_launchers(cmd):
+    from torchplace.distributed.run import launcher_in
+
+    assert launcher_in(cmd) is None

@@ -30,6 +30,26 @@ TORCHRUN_OPTIONS = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdz
                     "master_addr", "master_port", "max_restarts", "monitor_interval", "log_dir",
                     "redirects", "tee", "local_addr", "local_ranks_filter")
 _MULTINODE_OPTIONS = ("nnodes", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "master_addr", "master_port")
+#: programs that start one process per GPU themselves: run under torchrun, they would nest launchers
+_LAUNCHERS = {"torchrun": "torchrun", "deepspeed": "deepspeed", "accelerate": "accelerate launch",
+              "accelerate-launch": "accelerate launch"}
+_LAUNCHER_MODULES = {"torch.distributed.run": "torchrun", "torch.distributed.launch": "torchrun",
+                     "accelerate.commands.launch": "accelerate launch", "deepspeed.launcher.runner": "deepspeed"}
+
+
+def launcher_in(cmd: Sequence[str]) -> str | None:
+    """The launcher CMD starts (torchrun, `accelerate launch`, deepspeed, `python -m torch.distributed.run`), or None."""
+    if not cmd:
+        return None
+    program = os.path.basename(cmd[0])
+    if program == "accelerate":
+        return _LAUNCHERS[program] if len(cmd) > 1 and cmd[1] == "launch" else None
+    if program in _LAUNCHERS:
+        return _LAUNCHERS[program]
+    if program.startswith("python") and "-m" in cmd[1:]:
+        at = cmd.index("-m", 1)
+        return _LAUNCHER_MODULES.get(cmd[at + 1]) if at + 1 < len(cmd) else None
+    return None
 
 
 @dataclass(frozen=True)
@@ -133,6 +153,18 @@ def plan(cmd: Sequence[str], *, gpus: str | int | GpuRequest = 1, nproc: int | N
                 "torchplace run starts one process per GPU. Fix: drop --nproc, or use --once for a "
                 "program that starts its own processes.")
     multinode = any(k in torchrun for k in _MULTINODE_OPTIONS) and str(torchrun.get("nnodes", "2")) != "1"
+    launcher = launcher_in(cmd)
+    if launcher is not None:
+        if not once and (count > 1 or multinode):
+            if picked is not None:
+                picked.release()
+            raise DistributedError(
+                f"The command starts {launcher}, which launches its own processes, and torchplace run "
+                f"would start it once per GPU ({count} times), nesting launchers. Fix: add --once so "
+                f"{launcher} runs once on the leased GPUs (`torchplace run --gpus {count} --once -- "
+                f"{' '.join(cmd)}`), or drop {launcher} and let torchplace run start the processes.")
+        notes.append(f"CMD is a launcher ({launcher}): it runs once and starts its own processes on the "
+                     "GPUs in CUDA_VISIBLE_DEVICES.")
     if once or (count == 1 and not multinode):
         if torchrun:
             raise DistributedError(f"torchrun options {sorted(torchrun)} need several processes, but "
