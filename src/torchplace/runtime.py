@@ -118,13 +118,15 @@ def setup(device: Any = "auto", precision: Any = "auto", threads: Any = "auto", 
     decisions: list[str] = []
     launch = read_launch_env()
     info = None
-    if distributed is True or (distributed == "auto" and launch.launched and (launch.world_size or 1) > 1):
+    existing = torch.distributed.is_available() and torch.distributed.is_initialized()  # Fabric, Accelerate
+    if distributed is True or (distributed == "auto" and (existing or launch.launched and (launch.world_size or 1) > 1)):
         from .distributed.group import init
 
         info = init(device=None if device == "auto" else device)
         dev = info.device
+        made = "adopted (made by another library)" if info.adopted else f"launched by {info.launcher or 'hand'}"
         decisions.append(f"process group: {info.backend}, rank {info.rank} of {info.world_size} "
-                         f"(local rank {info.local_rank}), launched by {info.launcher or 'hand'}")
+                         f"(local rank {info.local_rank}), {made}")
     else:
         dev = resolve_device(device)
     decisions.insert(0, _describe_device(dev) + (" (auto)" if device == "auto" else ""))

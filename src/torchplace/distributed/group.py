@@ -67,18 +67,17 @@ def init(*, backend: str | None = None, device: str | torch.device | None = None
         join_timeout: how long to wait for every rank to join before naming the missing ones.
         env: the environment to read (default os.environ).
 
-    Without a launcher (a plain `python script.py`), makes a group of one process.
-    Returns the DistInfo record; a second call returns the same record.
+    Without a launcher (a plain `python script.py`), makes a group of one process. When another
+    library already made the default group (Lightning Fabric, Accelerate), adopts it instead
+    (`info.adopted`), so health_check() and stragglers() work on it. Returns the DistInfo record;
+    a second call returns the same record.
     """
     with LOCK:
         if STATE.info is not None and dist.is_initialized():
             return STATE.info
-        if dist.is_initialized():
-            raise DistributedError(
-                "A default process group already exists (made by torch.distributed.init_process_group "
-                "or another library), so torchplace.dist.init() cannot make one. Fix: call only one "
-                "of them, once, at the start of the program.")
         environ = os.environ if env is None else env
+        if dist.is_initialized():
+            return _adopt(device, environ)
         launch = read_launch_env(environ)
         check(launch)
         single = not launch.launched
@@ -117,6 +116,40 @@ def init(*, backend: str | None = None, device: str | torch.device | None = None
             atexit.register(teardown)
             STATE.atexit_registered = True
         return STATE.info
+
+
+def _adopt(device: str | torch.device | None, environ: Mapping[str, str]) -> DistInfo:
+    """Take on the default group another library made (Lightning Fabric, Accelerate, plain torch).
+
+    Its rank, size and backend are read from the group itself; the device is the one asked for,
+    else this rank's current accelerator device (those libraries set it), else cpu. A small gloo
+    group is added for the health check (a collective: every rank calls init, as it would anyway).
+    teardown() later leaves the adopted group alone: its maker destroys it.
+    """
+    launch = read_launch_env(environ)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    backend = str(dist.get_backend())
+    kind, count = _accelerator()
+    if device is not None:
+        dev = torch.device(device)
+    elif kind is not None and count and any(name in backend for name in _ACCELERATOR_BACKENDS.values()):
+        dev = torch.device(kind, getattr(torch, kind).current_device())
+    else:
+        dev = torch.device("cpu")
+    if dev.type != "cpu" and launch.local_rank is not None and dev.index not in (None, launch.local_rank):
+        raise DistributedError(
+            f"The existing process group's rank {rank} uses {dev}, but LOCAL_RANK={launch.local_rank}, "
+            f"so this rank would use another rank's GPU. Fix: call torch.{dev.type}.set_device("
+            f"{launch.local_rank}) before making the group, or pass device='{dev.type}:{launch.local_rank}'.")
+    gloo = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo")
+    store = dist.distributed_c10d._get_default_store()  # the group's own store; torch has no public getter
+    STATE.info = DistInfo(rank=rank, world_size=world, local_rank=launch.local_rank,
+                          local_world_size=launch.local_world_size, device=dev, backend=backend,
+                          launcher=launch.launcher, node_rank=launch.node_rank,
+                          hostname=socket.gethostname(), adopted=True)
+    STATE.launch, STATE.store, STATE.gloo = launch, dist.PrefixStore("torchplace/adopted/", store), gloo
+    STATE.checks, STATE.broken = 0, False
+    return STATE.info
 
 
 def _accelerator() -> tuple[str | None, int]:
@@ -191,7 +224,7 @@ def teardown(timeout: float = 30.0) -> None:
     this process from exiting.
     """
     with LOCK:
-        was_ours = STATE.info is not None
+        was_ours = STATE.info is not None and not STATE.info.adopted  # an adopted group is its maker's
         broken = STATE.broken
         STATE.info, STATE.store, STATE.gloo, STATE.launch = None, None, None, None
         STATE.broken = False

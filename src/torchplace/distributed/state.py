@@ -27,6 +27,7 @@ class DistInfo:
     launcher: str | None
     node_rank: int | None = None
     hostname: str = ""
+    adopted: bool = False  # the group was made by another library; torchplace only uses it
 
     @property
     def is_main(self) -> bool:
