@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import collections
+import collections.abc
 import dataclasses
+import functools
 import types
 from typing import Any, NamedTuple
 
@@ -282,3 +284,189 @@ def test_any_nested_batch_keeps_its_structure(batch):
     copied = map_tensors(batch, lambda t: t.clone())
     assert all(torch.equal(a, b) for a, b in zip(leaves(batch), leaves(copied)))
     assert tp.to_device(batch, "cpu") is batch
+
+
+# --- objects with their own .to() (issue 15, item 3) ------------------------------------------
+
+def test_a_packed_sequence_is_moved_by_its_own_to_and_keeps_batch_sizes_on_the_host():
+    packed = torch.nn.utils.rnn.pack_sequence([torch.ones(3, 2), torch.ones(2, 2)])
+    out = tp.to_device({"seq": packed}, "meta")["seq"]
+    assert type(out) is torch.nn.utils.rnn.PackedSequence
+    assert out.data.device.type == "meta" and out.batch_sizes.device.type == "cpu"
+    lstm = torch.nn.LSTM(2, 3).to("meta")
+    assert lstm(out)[0].data.shape == (5, 3)  # an LSTM refuses batch_sizes off the host
+
+
+def test_a_tensordict_with_a_device_is_moved_by_its_own_to():
+    tensordict = pytest.importorskip("tensordict")
+    td = tensordict.TensorDict({"x": torch.ones(2, 3), "y": {"z": torch.zeros(2)}}, batch_size=[2], device="cpu")
+    out = tp.to_device([td], "meta")[0]
+    assert isinstance(out, tensordict.TensorDict) and out.device == torch.device("meta")
+    assert out.batch_size == torch.Size([2]) and out["y", "z"].device.type == "meta"
+    assert td.device == torch.device("cpu") and td["x"].device.type == "cpu"
+
+
+@dataclasses.dataclass
+class WithTo:
+    x: torch.Tensor
+    moved_by: str = "walk"
+
+    def to(self, device, non_blocking=False):
+        return WithTo(self.x.to(device), "own to")
+
+
+class TupleWithTo(NamedTuple):
+    x: torch.Tensor
+
+    def to(self, device, non_blocking=False):
+        return TupleWithTo(self.x.to(device) + 1)
+
+
+def test_an_own_to_wins_over_taking_a_dataclass_or_namedtuple_apart():
+    out = tp.to_device({"d": WithTo(torch.ones(1)), "t": TupleWithTo(torch.zeros(1))}, "meta")
+    assert out["d"].moved_by == "own to" and out["d"].x.device.type == "meta"
+    assert type(out["t"]) is TupleWithTo and out["t"].x.device.type == "meta"
+
+
+def test_traversals_without_a_mover_still_reach_tensors_inside_objects_with_to():
+    packed = torch.nn.utils.rnn.pack_sequence([torch.ones(3, 2), torch.ones(2, 2)])
+    assert len(leaves({"seq": packed})) == 2  # data and batch_sizes (sorted input: no index tensors)
+    assert leaves(WithTo(torch.ones(1)))[0].shape == (1,)
+
+
+def test_a_module_moves_in_place_as_its_own_to_does():
+    module = torch.nn.Linear(2, 2)
+    out = tp.to_device({"m": module}, "meta")
+    assert out["m"] is module and module.weight.device.type == "meta"
+
+
+# --- the input is never changed (items 4, 5, 6) ------------------------------------------------
+
+class Store(collections.abc.MutableMapping):
+    """A mapping over an inner dict, as many batch classes are: a shallow copy shares that dict."""
+
+    def __init__(self, items=None) -> None:
+        self._items = dict(items or {})
+
+    def __getitem__(self, key):
+        return self._items[key]
+
+    def __setitem__(self, key, value) -> None:
+        self._items[key] = value
+
+    def __delitem__(self, key) -> None:
+        del self._items[key]
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class NeedsName(Store):
+    def __init__(self, name, items=None) -> None:
+        super().__init__(items)
+        self.name = name
+
+
+class ReadOnly(dict):
+    def __setitem__(self, key, value):
+        raise TypeError("ReadOnly does not support item assignment")
+
+
+def test_a_custom_mutable_mapping_is_rebuilt_not_written_to():
+    batch = Store({"x": torch.ones(2), "n": 1})
+    out = tp.to_device(batch, "meta")
+    assert type(out) is Store and out["x"].device.type == "meta" and out["n"] == 1
+    assert batch["x"].device.type == "cpu"
+
+
+def test_a_mapping_whose_constructor_wants_more_comes_back_as_a_dict():
+    batch = NeedsName("b", {"x": torch.ones(2)})
+    out = tp.to_device(batch, "meta")
+    assert type(out) is dict and out["x"].device.type == "meta"
+    assert batch["x"].device.type == "cpu"
+
+
+def test_a_dict_subclass_that_refuses_item_assignment():
+    batch = ReadOnly(x=torch.ones(2), label="a")
+    out = tp.to_device(batch, "meta")
+    assert type(out) is ReadOnly and out["x"].device.type == "meta" and out["label"] == "a"
+    assert batch["x"].device.type == "cpu"
+
+
+def test_no_container_of_the_input_is_changed():
+    user = collections.UserDict(x=torch.ones(1))
+    tagged = Tagged(x=torch.ones(1))
+    tagged.extra = "kept"
+    rows = Rows([torch.ones(1)])
+    data = Batch(torch.ones(1), [torch.ones(1)])
+    batch = {"user": user, "tagged": tagged, "rows": rows, "data": data}
+    out = tp.to_device(batch, "meta")
+    assert all(t.device.type == "meta" for t in leaves(out))
+    assert all(t.device.type == "cpu" for t in leaves(batch))
+    assert type(out["user"]) is collections.UserDict and out["tagged"].extra == "kept"
+    assert type(out["rows"]) is Rows and out["data"] is not data
+
+
+@dataclasses.dataclass
+class Cached:
+    x: torch.Tensor
+
+    @functools.cached_property
+    def doubled(self) -> torch.Tensor:
+        return self.x * 2
+
+
+def test_a_cached_property_computed_before_the_move_is_computed_again_after_it():
+    batch = Cached(torch.ones(2))
+    assert batch.doubled.device.type == "cpu"
+    out = tp.to_device(batch, "meta")
+    assert out.doubled.device.type == "meta" and out.x.device.type == "meta"
+    assert batch.doubled.device.type == "cpu"  # the original keeps its own
+
+
+# --- tuple subclasses (item 9) ------------------------------------------------------------------
+
+class Spread(tuple):
+    """A tuple subclass whose constructor takes the items as separate arguments."""
+
+    def __new__(cls, *items):
+        return super().__new__(cls, items)
+
+
+class FromIterable(tuple):
+    pass
+
+
+class Fixed(tuple):
+    def __new__(cls, first, second, *, tag):
+        return super().__new__(cls, (first, second))
+
+
+def test_tuple_subclasses_keep_their_items_and_type():
+    spread = tp.to_device(Spread(torch.ones(1), 2), "meta")
+    assert type(spread) is Spread and len(spread) == 2 and spread[0].device.type == "meta" and spread[1] == 2
+    plain = tp.to_device(FromIterable([torch.ones(1), 2]), "meta")
+    assert type(plain) is FromIterable and len(plain) == 2 and plain[0].device.type == "meta"
+    fixed = tp.to_device(Fixed(torch.ones(1), 2, tag="t"), "meta")  # neither form works: a plain tuple
+    assert type(fixed) is tuple and fixed[0].device.type == "meta" and fixed[1] == 2
+
+
+# --- torch.compile (item 8) ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", [torch.device("meta"), torch.device("cpu"), "cpu", "meta"])
+def test_to_device_traces_in_a_full_graph(device):
+    def step(x):
+        return tp.to_device({"x": x, "pair": Pair(x, 1), "list": [x * 2]}, device)
+
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    out = compiled(torch.zeros(3, dtype=torch.bfloat16))
+    assert out["x"].device == torch.device(device) and type(out["pair"]) is Pair and out["pair"].label == 1
+
+
+def test_a_spec_that_needs_resolving_is_refused_inside_compile_with_the_fix():
+    compiled = torch.compile(lambda x: tp.to_device(x, "auto"), fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match=r"torchplace.device\('auto'\)"):
+        compiled(torch.zeros(1))

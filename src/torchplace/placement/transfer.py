@@ -5,14 +5,21 @@ or a keyword is never handled in one of them and forgotten in another (torchtnt'
 helper forgot to forward `stream`, and its nested tensors never got `record_stream`). The one
 shortcut, `_move`, inlines `.to()` for plain dicts, lists and tuples and hands every other
 container to that traversal.
+
+A move never changes its input: every container that holds a moved tensor is rebuilt as a new
+object (the input's own items, attributes and inner dicts are left alone). The exceptions are
+objects with their own `.to()` (a PackedSequence, a TensorDict, a module, HF's BatchEncoding):
+they are moved by calling it, as accelerate and Lightning do, so whether the original changes is
+up to that method (`nn.Module.to` and `BatchEncoding.to` move in place and return the object).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import re
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict, UserDict, defaultdict
 from collections.abc import Mapping, MutableMapping
 from typing import Any, Callable, TypeVar
 
@@ -39,11 +46,18 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any],
     """Rebuild OBJ with `fn(t)` for each tensor and `other(x)` for each object with its own `.to()`.
 
     Handles dict, OrderedDict, defaultdict (factory kept), other mappings, list, tuple,
-    namedtuple, dataclasses (frozen ones and init=False fields included); anything else is
-    returned as it is. A container whose items all come back unchanged is returned itself, like
-    `Tensor.to` returns self, so a traversal for side effects allocates nothing. Like a loop of
-    `.to()` calls, a tensor that appears twice is visited twice (a memo cost more per tensor
-    than accelerate's whole per-tensor overhead).
+    namedtuple and other tuple subclasses, dataclasses (frozen ones and init=False fields
+    included); anything else is returned as it is. With OTHER, an object that defines `.to()`
+    is handed to OTHER whole, even when it is also a mapping, tuple or dataclass (a
+    PackedSequence is a namedtuple whose `batch_sizes` must stay on the CPU); without OTHER,
+    such containers are walked into, so a traversal for side effects (`record_stream`) still
+    reaches their tensors.
+
+    The input is never changed: a container with a changed item is rebuilt as a new object (see
+    `_rebuild_mapping`, `_rebuild_sequence`, `_rebuild_dataclass`). A container whose items all
+    come back unchanged is returned itself, like `Tensor.to` returns self, so a traversal for
+    side effects allocates nothing. Like a loop of `.to()` calls, a tensor that appears twice is
+    visited twice (a memo cost more per tensor than accelerate's whole per-tensor overhead).
 
     The recursion is a module-level function, not a closure that calls itself: such a closure
     is a reference cycle that keeps FN, OTHER and whatever they hold (a whole batch of device
@@ -64,6 +78,8 @@ def _walk(x: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any]
     if cls is list or cls is tuple:
         items = [fn(v) if isinstance(v, _Tensor) else _walk(v, fn, other) for v in x]
         return x if _unchanged(x, items) else cls(items)
+    if other is not None and _has_to(x):
+        return other(x)
     if isinstance(x, Mapping):
         return _rebuild_mapping(x, {k: _walk(v, fn, other) for k, v in x.items()})
     if isinstance(x, (list, tuple)):
@@ -71,9 +87,12 @@ def _walk(x: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any]
         return x if _unchanged(x, items) else _rebuild_sequence(x, items)
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         return _rebuild_dataclass(x, fn, other)
-    if other is not None and callable(getattr(x, "to", None)) and not isinstance(x, type):
-        return other(x)
     return x
+
+
+def _has_to(x: Any) -> bool:
+    """True for an object (not a class) with a callable `.to`: it is moved by that method."""
+    return callable(getattr(x, "to", None)) and not isinstance(x, type)
 
 
 def _unchanged(old: Any, new: Any) -> bool:
@@ -81,6 +100,15 @@ def _unchanged(old: Any, new: Any) -> bool:
 
 
 def _rebuild_mapping(x: Mapping, new: dict) -> Any:
+    """A new mapping like X holding NEW's items; X itself is never written to.
+
+    A dict subclass is copied (a copy has its own item storage; type and attributes are kept)
+    and the copy updated; a UserDict's copy copies its inner dict, so it is treated the same.
+    Any other mapping (a custom MutableMapping may share its inner dict with a shallow copy) is
+    made by its constructor from a dict. What cannot be rebuilt either way (a dict subclass that
+    refuses item assignment, a constructor that wants other arguments) becomes the constructor's
+    result when that holds exactly the new items, else a plain dict.
+    """
     if _unchanged(x.values(), new.values()):
         return x
     cls = type(x)
@@ -88,33 +116,60 @@ def _rebuild_mapping(x: Mapping, new: dict) -> Any:
         return OrderedDict(new)
     if cls is defaultdict:
         return defaultdict(x.default_factory, new)  # type: ignore[attr-defined]
-    if isinstance(x, MutableMapping):  # subclasses keep their type and attributes
-        out = copy.copy(x)
-        for key, value in new.items():
-            out[key] = value
-        return out
+    if isinstance(x, (dict, UserDict)):
+        try:
+            out = copy.copy(x)
+            for key, value in new.items():
+                out[key] = value
+            return out
+        except Exception:  # noqa: BLE001 - the items are moved already; try the constructor
+            pass
     try:
-        return cls(new)  # type: ignore[call-arg]
-    except TypeError:
+        out = cls(new)  # type: ignore[call-arg]
+    except Exception:  # noqa: BLE001 - a constructor with other arguments: a plain dict below
         return new
+    if type(out) is cls and len(out) == len(new) and all(out[k] is v for k, v in new.items()):
+        return out
+    return new
 
 
 def _rebuild_sequence(x: list | tuple, items: list) -> Any:
+    """A new sequence like X holding ITEMS; X itself is never written to.
+
+    A namedtuple is rebuilt with `_make` (which bypasses a custom `__new__`); another tuple
+    subclass with `cls(items)` (torch.Size, torch.return_types.*) or, when that does not give
+    back exactly ITEMS, `cls(*items)` (a constructor taking separate arguments); failing both,
+    a plain tuple. A list subclass is copied (type and attributes kept) and the copy filled.
+    """
+    cls = type(x)
     if isinstance(x, tuple):
-        make = getattr(x, "_make", None)  # namedtuple: bypasses a custom __new__
-        if make is not None and hasattr(type(x), "_fields"):
-            return make(items)
-        try:
-            return type(x)(items)  # torch.Size, torch.return_types.*, other tuple subclasses
-        except TypeError:
-            return tuple(items)
-    out = copy.copy(x)  # a list subclass keeps its type and attributes
-    out[:] = items
-    return out
+        if hasattr(cls, "_fields") and hasattr(cls, "_make"):
+            try:
+                return cls._make(items)  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001 - a namedtuple-like class with its own _make
+                pass
+        for args in ((items,), items):
+            try:
+                out = cls(*args)
+            except Exception:  # noqa: BLE001 - the other form, then a plain tuple
+                continue
+            if type(out) is cls and len(out) == len(items) and _unchanged(out, items):
+                return out
+        return tuple(items)
+    try:
+        out = copy.copy(x)
+        out[:] = items
+        return out
+    except Exception:  # noqa: BLE001 - a list subclass that refuses to change
+        return list(items)
 
 
 def _rebuild_dataclass(x: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any] | None) -> Any:
-    """Copy X with its moved fields set directly: no __init__ or __post_init__ runs again."""
+    """Copy X with its moved fields set directly: no __init__ or __post_init__ runs again.
+
+    Values that `functools.cached_property` stored on X were computed from the old fields (on
+    the old device): the copy drops them, so they are computed again from the moved fields.
+    """
     changed = {}
     for f in dataclasses.fields(x):
         try:
@@ -129,7 +184,25 @@ def _rebuild_dataclass(x: Any, fn: Callable[[torch.Tensor], Any], other: Callabl
     out = copy.copy(x)
     for name, value in changed.items():
         object.__setattr__(out, name, value)  # works on frozen dataclasses too
+    cached = _cached_properties(type(x))
+    if cached:
+        state = getattr(out, "__dict__", None)  # copy.copy gave the copy its own
+        for name in cached if state is not None else ():
+            state.pop(name, None)
     return out
+
+
+_cached: dict[type, tuple[str, ...]] = {}
+
+
+def _cached_properties(cls: type) -> tuple[str, ...]:
+    """The attribute names under which CLS's cached_property values are stored (per class, once)."""
+    names = _cached.get(cls)
+    if names is None:
+        names = _cached[cls] = tuple(
+            value.attrname or name for klass in cls.__mro__ for name, value in vars(klass).items()
+            if isinstance(value, functools.cached_property))
+    return names
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,9 +242,16 @@ def to_device(obj: T, device: DeviceSpec, *, non_blocking: bool | None = None) -
     result at once. `non_blocking=True` is honoured, and copies to the host are then issued
     together and synchronized once before returning (pinned destinations, one wait).
 
-    Objects with their own `.to()` are moved with it; if it returns None (moved in place) the
-    original object is kept. Strings, numbers and None pass through.
+    OBJ itself is never changed: containers holding moved tensors are rebuilt. Objects with their
+    own `.to()` are moved with it (modules and HF's BatchEncoding move in place); if it returns
+    None (moved in place) the original object is kept. Strings, numbers and None pass through.
+
+    Inside `torch.compile` (fullgraph too) a `torch.device`, "cpu" or "meta" is used as given:
+    resolution reads the environment and takes a lock, which cannot be traced, so resolve other
+    specs outside (`dev = torchplace.device("auto")`) and pass `dev`.
     """
+    if isinstance(device, (torch.device, str)) and torch.compiler.is_compiling():
+        return _move_compiled(obj, device, non_blocking)
     dev = target_device(device)
     if not _MPS_BUILT and dev.type not in _SYNC_TYPES:  # nothing to track: copies inlined in the traversal
         nb = bool(non_blocking) or (non_blocking is None and dev.type != "meta")
@@ -205,6 +285,25 @@ def _move(x: Any, dev: torch.device, nb: bool) -> Any:
     if cls in _ATOMIC:
         return x
     return _walk(x, lambda t: t.to(dev, non_blocking=nb), lambda o: _other_to(o, dev, nb))
+
+
+def _move_compiled(obj: Any, device: torch.device | str, non_blocking: bool | None) -> Any:
+    """`to_device` while torch.compile traces it: no resolution, no cache, no stream bookkeeping.
+
+    The non-blocking policy is the eager one, except that a copy to the host is always
+    synchronous (a compiled graph has no point at which to wait for it).
+    """
+    if isinstance(device, torch.device):
+        dev = device
+    elif device in ("cpu", "meta"):
+        dev = torch.device(device)
+    else:
+        raise DeviceError(
+            f"to_device(..., {device!r}) inside torch.compile: resolving {device!r} reads the "
+            "environment and cannot be traced. Fix: resolve it before compiling, "
+            f"dev = torchplace.device({device!r}), and pass dev.")
+    nb = dev.type not in _SYNC_TYPES and dev.type != "meta" and non_blocking is not False
+    return _move(obj, dev, nb)
 
 
 class _Mover:
@@ -293,10 +392,14 @@ def pin_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def pin(obj: T) -> T:
-    """Pin every host tensor in OBJ (objects with a `pin_memory()` method use it)."""
+    """Pin every host tensor in OBJ (objects with a `pin_memory()` method use it).
+
+    An object with its own `.to()` but no `pin_memory()` (a module, a dataclass with a `.to`)
+    is walked into instead, so the tensors its containers hold are pinned all the same.
+    """
     def other(x: Any) -> Any:
         method = getattr(x, "pin_memory", None)
-        return method() if callable(method) else x
+        return method() if callable(method) else _walk(x, pin_tensor, None)
 
     return map_tensors(obj, pin_tensor, other)
 
