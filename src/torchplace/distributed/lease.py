@@ -5,17 +5,31 @@ lease vanishes when its holder dies, SIGKILL and OOM-kill included; no pid files
 and no stale leases. A lease is inherited across `exec` (torchplace run hands its leases to the
 job it starts) and by forked children, so it lasts as long as a process that may use the GPU.
 
-The directory (``$TORCHPLACE_LEASE_DIR``, default ``/tmp/torchplace-leases``) is created with
-mode 1777 like /tmp: anyone may add a lease file, only its owner may remove it. What is checked
-against another user's tampering: the directory and the lease files are opened without
-following symbolic links (O_NOFOLLOW); a directory that others may write without the sticky bit
-is refused; a lease file must be a regular file with one link (no FIFO, device or hard link to
-someone's file); after locking, the name must still point at the locked file. Lease files are
-never deleted by torchplace (deleting a lock file is what breaks flock-based locking).
+The directory (``$TORCHPLACE_LEASE_DIR``, default ``/tmp/torchplace-leases``) has mode 1777 like
+/tmp: anyone may add a lease file, only its owner (and the directory's owner, and root) may remove
+it. Deleting a lock file while it is held is what breaks flock-based locking (the next job locks a
+new file of the same name), so the trust model is:
 
-Who holds a lease is advisory: the holder writes ``<uuid>.holder.<uid>`` next to the lock,
-readers trust it only when its owner matches the uid in its name, and cross-check the pid with
-the kernel's /proc/locks.
+- The directory must be owned by root or by the current user, and every folder above it too
+  (others must not be able to rename it away: a folder above may be writable by others only with
+  the sticky bit, like /tmp). A shared directory is made by an admin
+  (``sudo install -d -m 1777 -o root -g root DIR``); one made by the first user who ran torchplace
+  serves that user only, everyone else is refused with that fix.
+- The directory and the lease files are opened without following symbolic links (O_NOFOLLOW); a
+  directory that others may write without the sticky bit is refused; a lease file must be a
+  regular file with one link (no FIFO, device or hard link to someone's file).
+- What is left: the first user to lease a GPU owns its lock file for good and may unlink it while
+  another user's job holds the lock. That is detected, not prevented: the holder's note records the
+  (device, inode) it locked, and a GPU counts as held while any note names an inode that is no
+  longer the lock file's and that the kernel still shows locked (/proc/locks). A new holder writes
+  its note and then re-checks that the name still points at the file it locked, so an unlink either
+  comes before that check (the new holder backs off) or after the note exists (others see it).
+  `Lease.check()` tells a holder that its file was removed. Lease files are never deleted by
+  torchplace.
+
+Who holds a lease is advisory: the holder writes ``<uuid>.holder.<uid>`` next to the lock (or
+``<uuid>.holder.<uid>.<random>`` when another user took that name), readers trust a note only when
+its owner matches the uid in its name, and cross-check the pid with the kernel's /proc/locks.
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ import json
 import os
 import pwd
 import re
+import secrets
 import stat
 import sys
 import threading
@@ -43,6 +58,8 @@ DEFAULT_LEASE_DIR = "/tmp/torchplace-leases"
 _LOCK_SUFFIX = ".lock"
 _HOLDER_INFIX = ".holder."
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+_NOTE_TAIL = re.compile(r"^([0-9]{1,10})(?:\.[0-9a-f]{16})?$")  # "<uid>" or "<uid>.<random>"
+_ADMIN_FIX = "sudo install -d -m 1777 -o root -g root"
 
 _registry_lock = threading.Lock()
 _held: dict[tuple[str, str], "Lease"] = {}  # (directory, uuid) -> lease held by this process
@@ -193,19 +210,20 @@ class LeaseDir:
     def _open(self, create: bool = True) -> Iterator[int | None]:
         """A descriptor of the checked directory (None when it does not exist and create=False)."""
         created = False
+        real = self._check_parents()
         if create:
             try:
-                os.mkdir(self.path, 0o1777)
+                os.mkdir(real, 0o1777)
                 created = True
             except FileExistsError:
                 pass
             except OSError as exc:
                 raise LeaseError(
-                    f"Cannot create the lease directory {self.path}: {exc.strerror}. Fix: set "
-                    f"{LEASE_DIR_ENV} to a directory all users of this machine can write, e.g. one "
-                    "made with `install -d -m 1777 DIR`.") from None
+                    f"Cannot create the lease directory {self.path}: {exc.strerror}. Fix: an admin "
+                    f"creates the shared one with `{_ADMIN_FIX} {self.path}`, or set {LEASE_DIR_ENV} "
+                    "to a directory of your own.") from None
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             if create:
                 raise
@@ -218,7 +236,9 @@ class LeaseDir:
                     "file). torchplace does not follow links there, because another user could point "
                     f"it at files of yours. Fix: remove {self.path} (its owner or root) or set "
                     f"{LEASE_DIR_ENV} to a real directory.") from None
-            raise LeaseError(f"Cannot open the lease directory {self.path}: {exc.strerror}.") from None
+            raise LeaseError(f"Cannot open the lease directory {self.path}: {exc.strerror}. Fix: an "
+                             f"admin creates the shared one with `{_ADMIN_FIX} {self.path}`, or set "
+                             f"{LEASE_DIR_ENV} to a directory of your own.") from None
         try:
             st = os.fstat(fd)
             if created and st.st_uid == os.getuid():
@@ -242,8 +262,41 @@ class LeaseDir:
             # a private directory of someone else: we could not add leases there anyway
             raise LeaseError(
                 f"The lease directory {self.path} belongs to {_user(st.st_uid)} (mode {mode:o}) and "
-                f"only they can add leases there. Fix: ask them or root to `chmod 1777 {self.path}`, "
-                f"or set {LEASE_DIR_ENV} to a directory shared by all users.")
+                f"only they can add leases there. Fix: an admin replaces it with one made by "
+                f"`{_ADMIN_FIX} {self.path}`, or set {LEASE_DIR_ENV} to a directory of your own.")
+        if st.st_uid not in (0, os.getuid()):
+            raise LeaseError(
+                f"The lease directory {self.path} is owned by {_user(st.st_uid)} (mode {mode:o}), "
+                f"neither root nor you ({_user(os.getuid())}). The owner of a shared folder may "
+                "unlink other users' lease files, and then two jobs are handed the same GPU, so "
+                "torchplace trusts a shared lease folder only if root made it. Fix: an admin removes "
+                f"it and runs `{_ADMIN_FIX} {self.path}`, or set {LEASE_DIR_ENV} to a directory of "
+                "your own (then only your jobs see your leases).")
+
+    def _check_parents(self) -> Path:
+        """The directory's path with its parent resolved, after checking that no other user can
+        rename or replace a folder on the way (each is root's or ours, and sticky if others may
+        write it). The last component is not resolved: a symbolic link there is refused."""
+        parent = Path(os.path.realpath(self.path.parent))
+        for folder in (parent, *parent.parents):
+            try:
+                st = os.stat(folder)
+            except OSError:
+                continue  # missing: creating or opening the directory fails with its own message
+            mode = stat.S_IMODE(st.st_mode)
+            if st.st_uid not in (0, os.getuid()):
+                why = f"belongs to {_user(st.st_uid)}"
+            elif mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
+                why = "other users may write without the sticky bit"
+            else:
+                continue
+            raise LeaseError(
+                f"The lease directory {self.path} is inside {folder} (owner {_user(st.st_uid)}, mode "
+                f"{mode:o}), which {why}: another user could rename the lease directory and put one "
+                "of their own in its place, and then two jobs are handed the same GPU. Fix: use a "
+                "lease directory whose parent folders only root or you can change, e.g. the default "
+                f"made by an admin with `{_ADMIN_FIX} {DEFAULT_LEASE_DIR}`, via {LEASE_DIR_ENV}.")
+        return parent / self.path.name
 
     # ----------------------------------------------------------------- lease files
 
@@ -314,28 +367,35 @@ class LeaseDir:
                 os.close(fd)
                 return None
             mine = os.fstat(fd)
-            try:
-                now = os.stat(_lock_name(uuid), dir_fd=dirfd, follow_symlinks=False)
-                same = (now.st_dev, now.st_ino) == (mine.st_dev, mine.st_ino)
-            except FileNotFoundError:
-                same = False
-            if not same:  # the file we locked was unlinked or replaced: not a lease
+            locked = (mine.st_dev, mine.st_ino)
+            # the file we locked was unlinked or replaced, or a live holder still locks an older
+            # file of this GPU that someone unlinked: either way, not a lease
+            if (not _names(dirfd, uuid, locked)
+                    or self._orphan_holder(dirfd, uuid, locked) is not None):
                 os.close(fd)
                 return None
             holder = Holder(pid=os.getpid(), user=_user(os.getuid()), uid=os.getuid(),
                             hostname=os.uname().nodename, since=_now_iso(),
                             command=(command or " ".join(sys.argv))[:300])
-            holder_file = self._write_holder(dirfd, uuid, holder)
+            holder_file = self._write_holder(dirfd, uuid, holder, locked)
+            if not _names(dirfd, uuid, locked):  # unlinked while we wrote the note
+                if holder_file:
+                    with contextlib.suppress(OSError):
+                        os.unlink(holder_file, dir_fd=dirfd)
+                os.close(fd)
+                return None
         lease = Lease(uuid, self.path, fd, holder, holder_file)
         with _registry_lock:
             _held[key] = lease
         return lease
 
-    def _write_holder(self, dirfd: int, uuid: str, holder: Holder) -> str | None:
-        """Write the advisory holder note atomically; None when another user's file blocks it."""
+    def _write_holder(self, dirfd: int, uuid: str, holder: Holder, locked: tuple[int, int]) -> str | None:
+        """Write the holder note atomically: `<uuid>.holder.<uid>`, or a name with a random tail
+        when another user's file takes that one. None only when the directory refuses both."""
         final = f"{uuid}{_HOLDER_INFIX}{os.getuid()}"
         tmp = f".{final}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-        data = json.dumps({**asdict(holder), "since_epoch": time.time()}).encode()
+        data = json.dumps({**asdict(holder), "since_epoch": time.time(),
+                           "lock_dev": locked[0], "lock_ino": locked[1]}).encode()
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o644, dir_fd=dirfd)
@@ -344,7 +404,11 @@ class LeaseDir:
                 os.write(fd, data)
             finally:
                 os.close(fd)
-            os.replace(tmp, final, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+            try:
+                os.replace(tmp, final, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+            except PermissionError:  # another user's file has our name (sticky directory)
+                final = f"{final}.{secrets.token_hex(8)}"
+                os.replace(tmp, final, src_dir_fd=dirfd, dst_dir_fd=dirfd)
             return final
         except OSError:
             with contextlib.suppress(OSError):
@@ -364,34 +428,46 @@ class LeaseDir:
             if dirfd is None:
                 return LeaseStatus(uuid, False, None, path)
             fd = self._open_lock(dirfd, uuid, create=False)
-            if fd is None:
-                return LeaseStatus(uuid, False, None, path)
-            try:
-                held, kernel_pid = _is_locked(fd)
-                holder = self._read_holder(dirfd, uuid, kernel_pid) if held else None
-            finally:
-                os.close(fd)
+            held, holder, named = False, None, None
+            if fd is not None:
+                try:
+                    held, kernel_pid = _is_locked(fd)
+                    st = os.fstat(fd)
+                    named = (st.st_dev, st.st_ino)
+                    holder = self._read_holder(dirfd, uuid, kernel_pid) if held else None
+                finally:
+                    os.close(fd)
+            if not held:  # the lock file may have been unlinked under a live holder
+                holder = self._orphan_holder(dirfd, uuid, named)
+                held = holder is not None
         return LeaseStatus(uuid, held, holder, path)
 
     def list(self) -> list[LeaseStatus]:
-        """Every lease file in the directory, held or not, sorted by UUID."""
-        try:
-            names = os.listdir(self.path)
-        except FileNotFoundError:
-            return []
-        uuids = sorted(n[: -len(_LOCK_SUFFIX)] for n in names
-                       if n.endswith(_LOCK_SUFFIX) and _SAFE_NAME.match(n[: -len(_LOCK_SUFFIX)]))
-        return [self.status(u) for u in uuids]
+        """Every lease file in the directory, held or not, sorted by UUID; also GPUs whose lock
+        file was unlinked while a live holder still locks it."""
+        with self._open(create=False) as dirfd:
+            if dirfd is None:
+                return []
+            names = os.listdir(dirfd)
+        uuids = {n[: -len(_LOCK_SUFFIX)] for n in names if n.endswith(_LOCK_SUFFIX)}
+        noted = {n.partition(_HOLDER_INFIX)[0] for n in names if _HOLDER_INFIX in n} - uuids
+        statuses = [self.status(u) for u in sorted(uuids) if _SAFE_NAME.match(u) and ".." not in u]
+        statuses += [s for s in (self.status(u) for u in sorted(noted)
+                                 if _SAFE_NAME.match(u) and ".." not in u) if s.held]
+        return sorted(statuses, key=lambda s: s.uuid)
 
-    def _read_holder(self, dirfd: int, uuid: str, kernel_pid: int | None) -> Holder | None:
-        notes: list[tuple[float, Holder]] = []
+    def _notes(self, dirfd: int, uuid: str) -> list[tuple[float, Holder, tuple[int, int] | None]]:
+        notes = []
         prefix = uuid + _HOLDER_INFIX
         for name in os.listdir(dirfd):
-            if not name.startswith(prefix):
-                continue
-            note = _read_note(dirfd, name, name[len(prefix):])
+            tail = _NOTE_TAIL.match(name[len(prefix):]) if name.startswith(prefix) else None
+            note = _read_note(dirfd, name, tail.group(1)) if tail else None
             if note is not None:
                 notes.append(note)
+        return notes
+
+    def _read_holder(self, dirfd: int, uuid: str, kernel_pid: int | None) -> Holder | None:
+        notes = [(t, h) for t, h, _ in self._notes(dirfd, uuid)]
         if kernel_pid:
             for _, holder in notes:
                 if holder.pid == kernel_pid:
@@ -400,9 +476,40 @@ class LeaseDir:
         alive = [(t, h) for t, h in notes if h.pid and pid_exists(h.pid)]
         return max(alive, key=lambda item: item[0])[1] if alive else None
 
+    def _orphan_holder(self, dirfd: int, uuid: str, named: tuple[int, int] | None) -> Holder | None:
+        """A live holder of `uuid` whose lock file was unlinked under it: a note of it names a
+        (device, inode) that is not the lock file `named` (nor any other lease file here) and
+        that the kernel shows locked. None when there is none."""
+        notes = [(h, lock) for _, h, lock in self._notes(dirfd, uuid) if lock is not None and lock != named]
+        if not notes:
+            return None
+        lease_files = set()
+        for name in os.listdir(dirfd):
+            if name.endswith(_LOCK_SUFFIX):
+                with contextlib.suppress(OSError):
+                    st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+                    lease_files.add((st.st_dev, st.st_ino))
+        for holder, (dev, ino) in notes:
+            if (dev, ino) in lease_files:  # the inode now belongs to another GPU's lease file
+                continue
+            pids = _proc_locks(dev, ino)
+            if pids or (pids is None and holder.pid and pid_exists(holder.pid)):
+                return holder
+        return None
 
-def _read_note(dirfd: int, name: str, uid_text: str) -> tuple[float, Holder] | None:
-    """A holder note, trusted only if the file's owner is the uid its name claims."""
+
+def _names(dirfd: int, uuid: str, locked: tuple[int, int]) -> bool:
+    """Whether the lease file's name still points at the file (device, inode) we locked."""
+    try:
+        now = os.stat(_lock_name(uuid), dir_fd=dirfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == locked
+
+
+def _read_note(dirfd: int, name: str, uid_text: str) -> tuple[float, Holder, tuple[int, int] | None] | None:
+    """A holder note (when, who, the (device, inode) it locked), trusted only if the file's owner
+    is the uid its name claims."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
     except OSError:
@@ -415,8 +522,10 @@ def _read_note(dirfd: int, name: str, uid_text: str) -> tuple[float, Holder] | N
         fields = {k: raw.get(k) for k in ("pid", "user", "uid", "hostname", "since", "command")}
         if fields["uid"] != st.st_uid or not isinstance(fields["pid"], int):
             return None
-        return float(raw.get("since_epoch") or 0), Holder(**fields)
-    except (OSError, ValueError, TypeError):
+        dev, ino = raw.get("lock_dev"), raw.get("lock_ino")
+        lock = (dev, ino) if type(dev) is int and type(ino) is int and dev >= 0 and ino > 0 else None
+        return float(raw.get("since_epoch") or 0), Holder(**fields), lock
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError, OverflowError):
         return None
     finally:
         os.close(fd)
