@@ -98,3 +98,128 @@ def test_resuming_refuses_a_pickled_newest_instead_of_skipping_it(tmp_path: Path
 
 class Holder:
     pass
+
+
+# --- the name `latest` is the pointer's: a checkpoint saved there would be overwritten by it ---------------
+
+@pytest.mark.parametrize("how", [{"keep_last": 3}, {"latest": True}, {}])
+def test_a_checkpoint_named_latest_is_refused_before_anything_is_written(tmp_path: Path, how: dict) -> None:
+    _save(tmp_path, 1, keep_last=3)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    with pytest.raises(torchplace.CheckpointError, match=r"'latest' is reserved.*pointer.*Fix: .*another name"):
+        torchplace.save(tmp_path / "latest", model={"w": torch.ones(3)}, rng_state=False, **how)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before  # nothing written, nothing deleted
+    with pytest.raises(torchplace.CheckpointError, match="reserved"):  # case-insensitive file systems too
+        torchplace.save(tmp_path / "Latest", model={"w": torch.ones(3)}, rng_state=False, **how)
+
+
+def test_a_plain_save_to_latest_cannot_be_lost_to_a_later_rotation(tmp_path: Path) -> None:
+    with pytest.raises(torchplace.CheckpointError, match="reserved"):
+        torchplace.save(tmp_path / "latest", model={"w": torch.ones(3)}, rng_state=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rotation_refuses_to_replace_a_latest_that_is_not_a_pointer(tmp_path: Path) -> None:
+    """A checkpoint copied to d/latest by hand (or saved there by an older torchplace) is never overwritten."""
+    _save(tmp_path, 1)
+    os.replace(tmp_path / "step-0001.safetensors", tmp_path / "latest")
+    data = (tmp_path / "latest").read_bytes()
+    with pytest.raises(torchplace.CheckpointError, match=r"latest.*not a `latest` pointer.*Fix: .*(move|rename)"):
+        _save(tmp_path, 2, keep_last=1)
+    assert (tmp_path / "latest").read_bytes() == data
+    assert not (tmp_path / "step-0002.safetensors").exists()  # refused before writing
+
+
+def test_loading_the_pointer_file_loads_the_newest_checkpoint(tmp_path: Path) -> None:
+    for step in (1, 2, 3):
+        _save(tmp_path, step, keep_last=2)
+    ck = torchplace.load(tmp_path / "latest")
+    assert ck.path.name == "step-0003.safetensors" and ck.extra["step"] == 3
+    assert any("pointer" in note for note in ck.notes)
+
+
+# --- order by a sequence number written in the metadata, never by wall time --------------------------------
+
+class Clock:
+    """time.time as fileio sees it, stepped by hand (NTP corrections, VM migrations)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    from torchplace.checkpoint import fileio
+
+    c = Clock(1_800_000_000.0)
+    monkeypatch.setattr(fileio, "time", c)  # the module that stamps created_unix
+    return c
+
+
+def _meta(path: Path) -> dict:
+    return read_header(path).meta
+
+
+def test_rotation_and_resuming_follow_the_sequence_after_the_clock_steps_back(tmp_path: Path, clock: Clock) -> None:
+    _save(tmp_path, 100, keep_last=2)
+    clock.now -= 3600  # the clock steps back an hour
+    for step in (200, 201, 202):
+        _save(tmp_path, step, keep_last=2)
+        clock.now += 1
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-0201.safetensors", "step-0202.safetensors"]
+    assert [_meta(tmp_path / f"step-{s:04d}.safetensors")["sequence"] for s in (201, 202)] == [3, 4]
+    assert _meta(tmp_path / "step-0202.safetensors")["created_unix"] < 1_800_000_000.0  # wall time went back
+    assert torchplace.load(tmp_path).extra["step"] == 202
+    assert latest(tmp_path).name == "step-0202.safetensors"
+    assert json.loads((tmp_path / "latest").read_text())["latest"] == "step-0202.safetensors"
+
+
+def test_a_clock_that_jumps_ahead_and_back_does_not_pin_the_newest(tmp_path: Path, clock: Clock) -> None:
+    clock.now += 86_400 * 365  # one save with a clock a year ahead
+    _save(tmp_path, 1, latest=True)
+    clock.now -= 86_400 * 365
+    for step in (2, 3):
+        _save(tmp_path, step, latest=True)
+    assert [p.name for p in complete_checkpoints(tmp_path)] == [f"step-000{s}.safetensors" for s in (3, 2, 1)]
+    assert torchplace.load(tmp_path).extra["step"] == 3
+
+
+def test_equal_sequences_are_ordered_by_name(tmp_path: Path) -> None:
+    """Two writers that read the directory at the same moment get the same number: the name decides."""
+    from torchplace.checkpoint.fileio import write_file
+
+    for name in ("b.safetensors", "a.safetensors"):
+        write_file(tmp_path / name, {"extra": {"name": name}}, info={"rotation": True, "sequence": 7})
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["b.safetensors", "a.safetensors"]
+
+
+def test_checkpoints_without_a_sequence_rank_below_those_with_one(tmp_path: Path, clock: Clock) -> None:
+    """A directory from an older torchplace: its files carry no sequence, so they count as older than any that
+    does (and among themselves follow their creation time, the only order they have)."""
+    from torchplace.checkpoint.fileio import write_file
+
+    clock.now += 7200  # the old files were written with a clock ahead of today's
+    for step in (1, 2):
+        write_file(tmp_path / f"old-{step}.safetensors", {"extra": {"step": step}}, info={"rotation": True})
+        clock.now += 1
+    clock.now -= 7200
+    assert torchplace.load(tmp_path).extra["step"] == 2  # old files among themselves: by creation time
+    _save(tmp_path, 3, keep_last=2)
+    assert _meta(tmp_path / "step-0003.safetensors")["sequence"] == 1
+    assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == ["old-2.safetensors", "step-0003.safetensors"]
+    assert torchplace.load(tmp_path).extra["step"] == 3
+
+
+def test_the_sequence_continues_from_the_largest_in_the_series(tmp_path: Path) -> None:
+    torchplace.save(tmp_path / "plain.safetensors", extra={}, rng_state=False)  # no rotation: no sequence
+    assert "sequence" not in _meta(tmp_path / "plain.safetensors")
+    for step in (1, 2, 3):
+        _save(tmp_path, step, keep_last=1)
+    assert _meta(tmp_path / "step-0003.safetensors")["sequence"] == 3
+    _save(tmp_path, 2, keep_last=2)  # saving over an old name again: still the newest
+    assert _meta(tmp_path / "step-0002.safetensors")["sequence"] == 4
+    assert torchplace.load(tmp_path).extra["step"] == 2
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-0002.safetensors", "step-0003.safetensors"]

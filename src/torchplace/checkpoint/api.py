@@ -32,7 +32,7 @@ from . import foreign, rng
 from .fileio import read_file, write_file
 from .format import read_header
 from .reading import Read, place_optimizer_state, read_any
-from .rotation import complete_checkpoints, rotate
+from .rotation import POINTER, check_name, check_pointer_slot, complete_checkpoints, is_pointer, next_sequence, rotate
 from .state import module_device, module_versions, state_of, strip_prefixes, unwrap, with_versions
 
 RESERVED = ("model", "optimizer", "scheduler", "scaler", "extra", "rng")
@@ -125,11 +125,13 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
     named objects with state_dict() (an EMA model, a data sampler) or plain values; `load` gives
     them back by name. rng_state: also save the Python, numpy, CPU and CUDA generator states.
     keep_last=N: also update the directory's `latest` pointer and delete all but the newest N
-    checkpoints saved this way (latest=True updates the pointer and keeps all). allow_pickle:
-    store values that only pickle can (loading them will need trust_pickle=True).
+    checkpoints saved this way (latest=True updates the pointer and keeps all); these carry a
+    sequence number that orders them, never the clock. The name `latest` is reserved for the
+    pointer. allow_pickle: store values that only pickle can (loading them will need trust_pickle=True).
 
     Raises CheckpointError if the file cannot be written completely (full disk, read-only or
-    missing directory); the previous file at PATH is then untouched. In a process group every
+    missing directory), if PATH is named `latest`, or if rotation would replace a `latest` that is
+    not a pointer; the previous file at PATH is then untouched. In a process group every
     rank must call save; rank 0 writes and every rank returns only once the file is complete.
     """
     bad = [k for k in more_state if k in RESERVED]
@@ -138,12 +140,20 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
     if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
         raise ValueError(f"keep_last={keep_last!r}: keep at least 1 checkpoint (or None to keep all).")
     target = Path(path)
+    check_name(target)  # the pointer's name: a checkpoint saved there would be overwritten by it
     _, world_size = tpdist.world()
     rotate_after = keep_last is not None or latest
     rng_tree: Any = rng.capture() if rng_state else None
     if world_size > 1 and rng_state:
         rng_tree = {"per_rank": tpdist.gather(rng_tree)}
     info = {"world_size": world_size, "rotation": rotate_after}
+
+    def series() -> dict[str, Any]:
+        """On the writing rank, before anything is written: the rotation series' next sequence number."""
+        if not rotate_after:
+            return {}
+        check_pointer_slot(target.parent)
+        return {"sequence": next_sequence(target.parent)}
 
     if isinstance(model, nn.Module) and tpdist.is_sharded(model):
         def write_side(side: Path, skeleton: dict[str, Any]) -> None:
@@ -152,7 +162,8 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
             if rng_tree is not None:
                 tree["rng"] = rng_tree
             write_file(side, tree, allow_pickle=allow_pickle,
-                       info={**info, "sharded": True, "objects": {**objects, "model": _type_name(unwrap(model))},
+                       info={**info, **series(), "sharded": True,
+                             "objects": {**objects, "model": _type_name(unwrap(model))},
                              "primary_device": str(module_device(model))})
 
         tpdist.save_sharded(target, model, optimizer, write_side)
@@ -164,7 +175,7 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
         tree, objects = _collect(model, optimizer, scheduler, scaler, extra, more_state)
         if rng_tree is not None:
             tree["rng"] = rng_tree
-        meta = {**info, "objects": objects, "primary_device": _primary_device(model, tree)}
+        meta = {**info, **series(), "objects": objects, "primary_device": _primary_device(model, tree)}
         if isinstance(model, nn.Module):
             meta["module_versions"] = module_versions(model)
         write_file(target, tree, info=meta, allow_pickle=allow_pickle)
@@ -252,7 +263,9 @@ def _load_one(path: Path, *, dev: torch.device | None, model: nn.Module | None, 
               strict: bool, restore_rng: bool, trust_pickle: bool,
               read: Read | None = None) -> Checkpoint:
     optimizer = objects.get("optimizer")
-    if tpdist.is_dcp_dir(path):
+    if read is None and model is not None and tpdist.is_dcp_dir(path) and not (path / tpdist.SIDE_FILE).exists():
+        read = tpdist.read_plain(path, model, optimizer, trust_pickle)  # written by torch alone: read via DCP, safely
+    if read is None and tpdist.is_dcp_dir(path):
         ck = _load_dcp(path, model=model, optimizer=optimizer, trust_pickle=trust_pickle)
         rest = {k: v for k, v in objects.items() if k != "optimizer"}
         _apply(ck, model=None, objects=rest, strict=strict, foreign_file=False)
@@ -288,7 +301,8 @@ def load(path: str | os.PathLike[str], *, device: Any = None, model: nn.Module |
     """Load a checkpoint onto DEVICE and into the objects given; return what was found and done.
 
     path: a checkpoint file, a directory (its newest complete checkpoint; a damaged newest one is
-    reported with a warning and the next is used), a sharded checkpoint, or another tool's file
+    reported with a warning and the next is used; its `latest` pointer file means the same), a
+    sharded checkpoint, or another tool's file
     (torch.save, Lightning, accelerate's save_state directory, safetensors).
     device: where tensors go ("cpu", "cuda:0", a torch.device, ...; resolved and validated). With a
     model, the model is moved there first; without one, tensors go to the model's own devices, or
@@ -308,6 +322,11 @@ def load(path: str | os.PathLike[str], *, device: Any = None, model: nn.Module |
     if model is not None and dev is not None:
         unwrap(model).to(dev)
     target = Path(path)
+    pointed: list[str] = []
+    if is_pointer(target):  # DIR/latest: the directory's newest, found by the headers as for DIR itself
+        target = target.parent
+        pointed.append(f"{path} is the `{POINTER}` pointer of {target}: loaded the newest complete checkpoint there "
+                       "(ordered by sequence number, as for the directory itself)")
 
     def one(where: Path, read: Read | None = None) -> Checkpoint:
         return _load_one(where, dev=dev, model=model, objects=objects, strict=strict, restore_rng=restore_rng,
@@ -326,7 +345,9 @@ def load(path: str | os.PathLike[str], *, device: Any = None, model: nn.Module |
     skipped: list[str] = []
     for candidate in candidates:
         if tpdist.is_dcp_dir(candidate):
-            return one(candidate)
+            ck = one(candidate)
+            ck.notes[:0] = pointed
+            return ck
         try:
             read = read_any(candidate, dev=dev, model=model, optimizer=optimizer, trust_pickle=trust_pickle)
         except CheckpointError as exc:
@@ -336,6 +357,6 @@ def load(path: str | os.PathLike[str], *, device: Any = None, model: nn.Module |
             skipped.append(f"skipped {candidate.name}: {exc}")
             continue
         ck = one(candidate, read)
-        ck.notes[:0] = skipped
+        ck.notes[:0] = pointed + skipped
         return ck
     raise CheckpointError(f"every checkpoint in {target} is damaged: " + "; ".join(skipped))

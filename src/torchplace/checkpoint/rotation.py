@@ -1,28 +1,43 @@
 """Keep the last N checkpoints of a directory and a `latest` pointer; find the newest complete one.
 
-Checkpoints saved with `keep_last` (or `latest=True`) carry `"rotation": true` in their metadata:
-they form the directory's rotation series. After each new one is durable, the series is read
-back from the headers in the directory, ordered by creation time, the `latest` pointer is
-replaced atomically, and only then are the oldest beyond N deleted. Rotation never deletes a file
-that is not part of the series (other files of the directory are safe), and a writer killed
-between its rename and the pointer update leaves nothing behind for good: the next save finds
-that checkpoint in the directory and counts it. The pointer is a small JSON file named `latest`:
+Checkpoints saved with `keep_last` (or `latest=True`) carry `"rotation": true` and a `"sequence"`
+number in their metadata: they form the directory's rotation series. A new member's sequence is
+1 + the largest found in the headers of the series already in the directory. After it is durable,
+the series is read back from the headers, ordered by sequence, the `latest` pointer is replaced
+atomically, and only then are the oldest beyond N deleted. Rotation never deletes a file that is
+not part of the series (other files of the directory are safe), and a writer killed between its
+rename and the pointer update leaves nothing behind for good: the next save finds that checkpoint
+in the directory and counts it. The pointer is a small JSON file named `latest`:
 
     {"format": "torchplace-latest/1", "latest": "step-300.safetensors",
      "history": ["step-200.safetensors", "step-300.safetensors"]}
 
+The name `latest` is reserved: `save` refuses to write a checkpoint under it, and rotation refuses
+(before writing anything) to replace a `latest` that is not a pointer, so no checkpoint is ever
+overwritten by one. Loading the pointer file loads the newest checkpoint of its directory.
+
+Order is the sequence number, never wall time: a clock stepped back (NTP, a migrated VM) cannot
+make rotation delete the newest checkpoints or resuming pick an old one. Checkpoints without a
+sequence (saved by an older torchplace, or without keep_last / latest=True) rank below every one
+that has one, and among themselves follow their recorded creation time, the only order they carry.
+Equal sequences (two writers that read the directory at the same moment; rotation assumes one
+writer per directory, as before) are ordered by name.
+
 Resuming does not trust the pointer blindly: `complete_checkpoints` reads every torchplace header
-in the directory and orders the complete ones by creation time, so a save killed after its rename
-but before the pointer update, or a file damaged later, still resolves to the newest whole one.
+in the directory and orders the complete ones, so a save killed after its rename but before the
+pointer update, or a file damaged later, still resolves to the newest whole one.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
+from typing import Any
 
 from ..errors import CheckpointError
 from .atomic import write_bytes
@@ -30,6 +45,102 @@ from .format import read_header
 
 POINTER = "latest"
 POINTER_FORMAT = "torchplace-latest/1"
+MAX_POINTER_BYTES = 8 * 2**20  # a pointer naming 100,000 checkpoints is about 3 MiB
+
+
+def check_name(target: Path) -> None:
+    """Refuse a checkpoint named `latest` (any case: some file systems ignore it): the pointer's name."""
+    if target.name.casefold() == POINTER:
+        raise CheckpointError(
+            f"save({str(target)!r}) asked for a checkpoint named {target.name!r}; the name {POINTER!r} is reserved "
+            f"for the pointer that keep_last= and latest=True write into the directory, which would overwrite the "
+            f"checkpoint (at this save or a later one). Nothing was written. Fix: save under another name, e.g. "
+            f"{str(target.with_name('step-000300.safetensors'))!r}.")
+
+
+def _read_small(path: Path) -> bytes | None:
+    """PATH's bytes if it is a regular file (not a link) of at most MAX_POINTER_BYTES, else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_POINTER_BYTES:
+            return None
+        return os.pread(fd, MAX_POINTER_BYTES + 1, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def is_pointer(path: str | os.PathLike[str]) -> bool:
+    """True when PATH is a `latest` pointer file written by rotation."""
+    path = Path(path)
+    if path.name != POINTER:
+        return False
+    data = _read_small(path)
+    try:
+        pointer = json.loads(data) if data is not None else None
+    except ValueError:
+        return False
+    return isinstance(pointer, dict) and pointer.get("format") == POINTER_FORMAT
+
+
+def _slot_problem(directory: Path) -> str | None:
+    """Why DIRECTORY/latest must not be replaced by a pointer, or None when it may be: it is missing, a
+    pointer, or a damaged pointer (a small text file). Anything else may be someone's data."""
+    slot = directory / POINTER
+    try:
+        info = os.lstat(slot)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"it cannot be examined ({exc.strerror or exc})"
+    if stat.S_ISLNK(info.st_mode):
+        return "it is a symbolic link (a sharded checkpoint is one)"
+    if stat.S_ISDIR(info.st_mode):
+        return "it is a directory"
+    if not stat.S_ISREG(info.st_mode):
+        return "it is not a regular file"
+    data = _read_small(slot)
+    if data is None:
+        return f"it is a file of {info.st_size} bytes, larger than any pointer"
+    if b"\0" in data:
+        return f"it is a binary file of {len(data)} bytes (a checkpoint?)"
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"it is a binary file of {len(data)} bytes (a checkpoint?)"
+    return None
+
+
+def check_pointer_slot(directory: Path) -> None:
+    """Refuse to rotate in DIRECTORY when its `latest` holds something other than a pointer."""
+    problem = _slot_problem(directory)
+    if problem is not None:
+        slot = directory / POINTER
+        raise CheckpointError(
+            f"{slot} is not a `latest` pointer ({problem}), and saving with keep_last= or latest=True would replace "
+            f"it with one. Nothing was written. Fix: move or rename {slot} (the name {POINTER!r} is reserved for "
+            "the pointer), or save into another directory.")
+
+
+def _sequence(meta: dict[str, Any]) -> int | None:
+    value = meta.get("sequence")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def next_sequence(directory: Path) -> int:
+    """1 + the largest sequence number in DIRECTORY's complete rotation series (1 when none has one)."""
+    try:
+        found = [_order(Path(e.path), True) for e in os.scandir(directory)
+                 if not e.name.startswith(".") and e.name != POINTER]
+    except OSError:  # a missing or unreadable directory: the write itself reports it
+        return 1
+    return 1 + max((key[1] for key in found if key is not None and key[0]), default=0)
 
 
 def _remove(path: Path) -> bool:
@@ -52,6 +163,12 @@ def rotate(target: Path, keep_last: int | None) -> list[Path]:
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last={keep_last!r}: keep at least 1 checkpoint (or None to keep all).")
     directory = target.parent
+    problem = _slot_problem(directory)  # checked before the save too; this catches one made meanwhile
+    if problem is not None:
+        raise CheckpointError(
+            f"{target} was saved, but {directory / POINTER} is not a `latest` pointer ({problem}), so the pointer "
+            f"was not updated and no old checkpoint was deleted. Fix: move or rename {directory / POINTER} (the "
+            f"name {POINTER!r} is reserved for the pointer).")
     series = [p for p in complete_checkpoints(directory, rotation_only=True) if p.name != target.name]
     series = [target] + series  # newest first
     keep, drop = (series[:keep_last], series[keep_last:]) if keep_last is not None else (series, [])
@@ -61,9 +178,10 @@ def rotate(target: Path, keep_last: int | None) -> list[Path]:
     return [p for p in drop if _remove(p)]
 
 
-def _created(path: Path, rotation_only: bool) -> float | None:
-    """Creation time recorded in PATH's torchplace header, or None when PATH is not a complete one
-    (or, with ROTATION_ONLY, not one saved with keep_last / latest=True)."""
+def _order(path: Path, rotation_only: bool) -> tuple[bool, int, float] | None:
+    """Where PATH's torchplace header places it (newer sorts higher): (has a sequence, sequence, creation
+    time when it has none), or None when PATH is not a complete one (or, with ROTATION_ONLY, not one saved
+    with keep_last / latest=True)."""
     from .distributed import SIDE_FILE, is_dcp_dir
 
     probe = path / SIDE_FILE if is_dcp_dir(path) else path
@@ -73,12 +191,16 @@ def _created(path: Path, rotation_only: bool) -> float | None:
         return None
     if meta is None or (rotation_only and not meta.get("rotation")):
         return None
+    sequence = _sequence(meta)
+    if sequence is not None:
+        return True, sequence, 0.0
     created = meta.get("created_unix")
-    return float(created) if isinstance(created, (int, float)) else 0.0
+    ok = isinstance(created, (int, float)) and not isinstance(created, bool) and math.isfinite(created)
+    return False, 0, float(created) if ok else 0.0
 
 
 def complete_checkpoints(directory: str | os.PathLike[str], *, rotation_only: bool = False) -> list[Path]:
-    """Torchplace checkpoints in DIRECTORY whose headers are whole, newest first.
+    """Torchplace checkpoints in DIRECTORY whose headers are whole, newest first (by sequence, then name).
 
     Only headers are read (sizes, structure, header checksum); tensor checksums are checked by
     `load`, which moves on to the next one if the newest turns out damaged.
@@ -89,14 +211,11 @@ def complete_checkpoints(directory: str | os.PathLike[str], *, rotation_only: bo
         if entry.name.startswith(".") or entry.name == POINTER:
             continue
         path = Path(entry.path)
-        created = _created(path, rotation_only)
-        try:
-            if created is not None:
-                found.append((created, entry.stat().st_mtime, entry.name, path))
-        except FileNotFoundError:  # removed meanwhile (another process's rotation)
-            continue
-    found.sort(reverse=True)
-    return [item[3] for item in found]
+        order = _order(path, rotation_only)
+        if order is not None:
+            found.append((order, entry.name, path))
+    found.sort(key=lambda item: (item[0], item[1]), reverse=True)
+    return [item[2] for item in found]
 
 
 def latest(directory: str | os.PathLike[str]) -> Path | None:
