@@ -34,6 +34,11 @@ PICKLE_FIX = ("Fix: if you trust whoever made this file, pass trust_pickle=True 
               "(or --trust-pickle to `torchplace ckpt convert`, which writes a copy that needs no pickle).")
 
 
+# Each container level becomes up to 3 JSON levels ({"t": "dict", "v": [[k, v]]}); 40 levels stay
+# within the readers' JSON nesting limit (safeio.MAX_JSON_DEPTH).
+MAX_NESTING = 40
+
+
 @dataclass(frozen=True)
 class TensorRef:
     """A placeholder for a tensor not read yet; `decode` replaces it through a lookup."""
@@ -84,6 +89,10 @@ class _Encoder:
         return key
 
     def encode(self, value: Any, path: tuple[Any, ...]) -> Any:
+        if len(path) > MAX_NESTING:
+            raise CheckpointError(f"{_path_str(path[:8])}/... nests containers more than {MAX_NESTING} levels deep, "
+                                  "deeper than a checkpoint may (readers refuse deeper JSON). Fix: store it "
+                                  "flatter, e.g. as a dict keyed by path strings.")
         if value is None or isinstance(value, (bool, str)):
             return value
         if isinstance(value, int) and not isinstance(value, bool):
@@ -148,8 +157,51 @@ def encode(tree: Any, *, allow_pickle: bool = False) -> Encoded:
     return enc.out
 
 
+class StateError(ValueError):
+    """The tagged JSON is not what `encode` writes (only a crafted or foreign file gets here)."""
+
+
+def _shaped(node: dict[str, Any], tag: str, field_: str, kind: type) -> Any:
+    value = node.get(field_)
+    if not isinstance(value, kind):
+        raise StateError(f"a {tag!r} entry has {field_}={value!r:.60}, not a {kind.__name__}")
+    return value
+
+
+def _dtype(name: str) -> torch.dtype:
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise StateError(f"{name!r:.60} is not a dtype of this torch ({torch.__version__})")
+    return value
+
+
+def _device(name: str) -> torch.device:
+    try:
+        return torch.device(name)
+    except (RuntimeError, ValueError, TypeError):
+        raise StateError(f"{name!r:.60} is not a device torch can name") from None
+
+
+def _size(dims: list[Any]) -> torch.Size:
+    if not all(type(d) is int and 0 <= d < 2**62 for d in dims):
+        raise StateError(f"a 'size' entry has dimensions {dims!r:.60}, not non-negative integers")
+    return torch.Size(dims)
+
+
+def _hashable(key: Any) -> Any:
+    try:
+        hash(key)
+    except TypeError:
+        raise StateError(f"a dict key decodes to a {type(key).__name__}, which cannot be a key") from None
+    return key
+
+
 def decode(tree: Any, lookup: Callable[[str], Any], *, unpickle: Callable[[str], Any] | None = None) -> Any:
-    """Rebuild the tree; LOOKUP(key) gives each tensor (or a TensorRef, for a skeleton)."""
+    """Rebuild the tree; LOOKUP(key) gives each tensor (or a TensorRef, for a skeleton).
+
+    Raises StateError (a ValueError) for anything `encode` does not write: an unknown tag, a field
+    of the wrong type, a dict entry that is not a [key, value] pair, a dtype or device torch lacks.
+    """
 
     def walk(node: Any) -> Any:
         if isinstance(node, list):
@@ -157,33 +209,55 @@ def decode(tree: Any, lookup: Callable[[str], Any], *, unpickle: Callable[[str],
         if not isinstance(node, dict):
             return node
         tag = node.get("t")
-        v: Any = node.get("v")  # its shape follows the tag
         if tag == "dict":
-            return {walk(k): walk(val) for k, val in v}
+            pairs = _shaped(node, tag, "v", list)
+            if not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+                raise StateError("a 'dict' entry holds something other than [key, value] pairs")
+            return {_hashable(walk(k)): walk(val) for k, val in pairs}
         if tag == "tuple":
-            return tuple(walk(x) for x in v)
+            return tuple(walk(x) for x in _shaped(node, tag, "v", list))
         if tag == "tensor":
-            return lookup(node["k"])
+            return lookup(_shaped(node, tag, "k", str))
         if tag == "ndarray":
-            t = lookup(node["k"])
+            t = lookup(_shaped(node, tag, "k", str))
             return t if isinstance(t, TensorRef) else t.cpu().numpy()
         if tag == "float":
-            return float(v)
+            try:
+                return float(_shaped(node, tag, "v", str))
+            except ValueError:
+                raise StateError(f"a 'float' entry holds {node['v']!r:.60}, not a number") from None
         if tag == "size":
-            return torch.Size(v)
+            return _size(_shaped(node, tag, "v", list))
         if tag == "dtype":
-            return getattr(torch, v)
+            return _dtype(_shaped(node, tag, "v", str))
         if tag == "device":
-            return torch.device(v)
+            return _device(_shaped(node, tag, "v", str))
         if tag == "bytes":
-            return base64.b64decode(v)
+            try:
+                return base64.b64decode(_shaped(node, tag, "v", str), validate=True)
+            except ValueError:
+                raise StateError("a 'bytes' entry is not base64") from None
         if tag == "ref":
-            return TensorRef(node["k"])
+            return TensorRef(_shaped(node, tag, "k", str))
         if tag == "pickle":
-            return TensorRef(node["k"]) if unpickle is None else unpickle(node["k"])
-        raise ValueError(f"unknown tag {tag!r}")
+            key = _shaped(node, tag, "k", str)
+            return TensorRef(key) if unpickle is None else unpickle(key)
+        raise StateError(f"unknown tag {tag!r:.60} (this torchplace knows dict, tuple, tensor, ndarray, float, "
+                         "size, dtype, device, bytes, ref, pickle)")
 
     return walk(tree)
+
+
+def skeleton(tree: Any, keys: set[str] | frozenset[str]) -> Any:
+    """The decoded tree with a TensorRef for every tensor and pickled entry, each checked to be among
+    KEYS (the tensors the file holds); StateError for anything malformed. Reads no tensor data."""
+
+    def lookup(key: str) -> TensorRef:
+        if key not in keys:
+            raise StateError(f"the state refers to tensor {key!r:.80}, which the file does not hold")
+        return TensorRef(key)
+
+    return decode(tree, lookup, unpickle=lookup)
 
 
 def unpickle_bytes(data: torch.Tensor) -> Any:

@@ -11,7 +11,6 @@ object on a CUDA device".
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import zipfile
@@ -20,14 +19,19 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from .. import safeio
 from ..errors import CheckpointError
 from .codec import PICKLE_FIX
+from .state import layout_problem
 
 MODEL_KEYS = ("model", "model_state_dict", "state_dict", "model_state", "net", "module")
 OPTIMIZER_KEYS = ("optimizer", "optimizer_state_dict", "optim", "optimizer_state")
 SCHEDULER_KEYS = ("scheduler", "lr_scheduler", "scheduler_state_dict", "lr_scheduler_state_dict")
 SCALER_KEYS = ("scaler", "grad_scaler", "scaler_state_dict", "amp")
 ACCELERATE_FILES = ("optimizer.bin", "scheduler.bin", "scaler.pt", "random_states_0.pkl")
+MAX_INDEX_BYTES = 16 * 2**20  # a sharded model's index JSON (a few hundred KiB for the largest models)
+FIX_PATH = "Fix: check the path; torchplace.load(DIRECTORY) finds the newest checkpoint in a directory."
+FIX_COMPLETE = "Fix: check that the file is complete (compare its size with the original)."
 
 
 def sniff(path: Path) -> str:
@@ -41,22 +45,46 @@ def sniff(path: Path) -> str:
         if names & set(ACCELERATE_FILES) or any(n.startswith(("model", "pytorch_model")) for n in names):
             return "accelerate"
         return "unknown"
+    fd, _ = safeio.open_regular(path, CheckpointError, FIX_PATH)
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(9)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} does not exist. Fix: check the path; torchplace.load(DIRECTORY) finds "
-                              "the newest checkpoint in a directory.") from None
+        head = os.pread(fd, 9, 0)
+        if len(head) < 9 or head[8:9] == b"{":  # torchplace files are safetensors files too; a stub of
+            return "safetensors"              # a few bytes gets the header reader's "truncated" message
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            if zipfile.is_zipfile(fh):
+                return "torch-zip"
     except OSError as exc:
-        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}. Fix: check the path and permissions."
-                              ) from None
-    if len(head) < 9 or head[8:9] == b"{":  # torchplace files are safetensors files too; a stub of
-        return "safetensors"              # a few bytes gets the header reader's "truncated" message
-    if zipfile.is_zipfile(path):
-        return "torch-zip"
+        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}. {FIX_PATH}") from None
+    finally:
+        os.close(fd)
     if head[:1] == b"\x80":
         return "torch-pickle"
     return "unknown"
+
+
+def zip_budget(file_size: int) -> int:
+    """The most bytes a torch.save zip of FILE_SIZE bytes may unpack to: twice its size, or 128 MiB."""
+    return max(2 * file_size, 128 * 2**20)
+
+
+def check_zip(path: Path) -> None:
+    """Refuse a zip whose members would unpack to more than `zip_budget` (a zip bomb): torch.save
+    stores its members uncompressed, so only a re-packed or crafted file expands."""
+    fd, size = safeio.open_regular(path, CheckpointError, FIX_PATH)
+    try:
+        with os.fdopen(fd, "rb") as fh, zipfile.ZipFile(fh) as zf:
+            members = zf.infolist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
+        raise CheckpointError(f"{path} cannot be read as a torch.save file: {exc}. {FIX_COMPLETE}") from None
+    declared = sum(m.file_size for m in members)
+    limit = zip_budget(size)
+    if declared > limit:
+        packed = sum(1 for m in members if m.compress_type != zipfile.ZIP_STORED)
+        raise CheckpointError(
+            f"{path} is a {size}-byte zip whose members declare {declared} bytes unpacked ({packed} of "
+            f"{len(members)} compressed); torchplace unpacks at most {limit} bytes from a file this size "
+            "(torch.save never compresses, so this file was re-packed or crafted). Fix: if you trust its "
+            "origin, load it with torch.load and save it again with torch.save or torchplace.save.")
 
 
 def torch_load(path: Path, map_location: Any, trust_pickle: bool, *, mmap: bool = False) -> Any:
@@ -64,6 +92,8 @@ def torch_load(path: Path, map_location: Any, trust_pickle: bool, *, mmap: bool 
     kwargs: dict[str, Any] = {"map_location": map_location, "weights_only": not trust_pickle}
     if mmap:
         kwargs["mmap"] = True
+    if sniff(path) == "torch-zip":
+        check_zip(path)
     try:
         return torch.load(path, **kwargs)
     except pickle.UnpicklingError as exc:
@@ -71,9 +101,10 @@ def torch_load(path: Path, map_location: Any, trust_pickle: bool, *, mmap: bool 
         why = f" ({first})" if first else ""
         raise CheckpointError(f"{path} is a pickle that needs code from the file to load{why}; torchplace "
                               f"does not run code from checkpoints by default. {PICKLE_FIX}") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as exc:
-        raise CheckpointError(f"{path} cannot be read as a torch.save file: {str(exc).splitlines()[0]}. "
-                              "Fix: check that the file is complete (compare its size with the original).") from None
+    except Exception as exc:  # the unpickler parses untrusted bytes: whatever it raises, the file is at fault
+        lines = str(exc).splitlines()
+        raise CheckpointError(f"{path} cannot be read as a torch.save file ({type(exc).__name__}: "
+                              f"{(lines[0] if lines else '')[:300]}). {FIX_COMPLETE}") from None
 
 
 def _is_state_dict(obj: Any) -> bool:
@@ -88,23 +119,39 @@ def _first(obj: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str | None, A
     return None, None
 
 
-def normalize(obj: Any) -> tuple[str, dict[str, Any]]:
-    """(tool, state) with state in torchplace's layout: model, optimizer, scheduler, scaler, extra."""
+def normalize(obj: Any, path: Path | str = "the checkpoint") -> tuple[str, dict[str, Any]]:
+    """(tool, state) with state in torchplace's layout: model, optimizer, scheduler, scaler, extra.
+
+    CheckpointError (naming PATH) when what the file holds cannot be that layout: a Lightning
+    `state_dict` that is not a dict, a model whose keys are not strings, ..."""
+    tool, state = _normalize(obj)
+    problem = layout_problem(state)
+    if problem:
+        raise CheckpointError(f"{path} ({tool}) cannot be loaded: {problem}. Fix: check that the file is the "
+                              "checkpoint you meant; torch.load(path, weights_only=True) shows what it holds.")
+    return tool, state
+
+
+def _normalize(obj: Any) -> tuple[str, dict[str, Any]]:
     if _is_state_dict(obj):
         return "torch.save (state dict)", {"model": dict(obj)}
     if not isinstance(obj, Mapping):
         return "torch.save (object)", {"extra": {"object": obj}}
     if "state_dict" in obj and any(k in obj for k in ("pytorch-lightning_version", "lightning_version",
                                                         "global_step", "loops")):
-        state: dict[str, Any] = {"model": dict(obj["state_dict"])}
-        if obj.get("optimizer_states"):
-            state["optimizer"] = obj["optimizer_states"][0]
-        if obj.get("lr_schedulers"):
-            state["scheduler"] = obj["lr_schedulers"][0]
+        version = obj.get("pytorch-lightning_version") or obj.get("lightning_version") or "?"
+        tool = f"lightning {version}"
+        model = obj["state_dict"]
+        state: dict[str, Any] = {"model": dict(model) if isinstance(model, Mapping) else model}
+        for name, key in (("optimizer", "optimizer_states"), ("scheduler", "lr_schedulers")):
+            value = obj.get(key)
+            if isinstance(value, (list, tuple)):  # one per optimizer; the first is restored
+                value = value[0] if value else None
+            if value is not None:
+                state[name] = value
         taken = {"state_dict", "optimizer_states", "lr_schedulers"}
         state["extra"] = {k: v for k, v in obj.items() if k not in taken}
-        version = obj.get("pytorch-lightning_version") or obj.get("lightning_version") or "?"
-        return f"lightning {version}", state
+        return tool, state
     state, taken_keys = {}, set()
     for name, keys in (("model", MODEL_KEYS), ("optimizer", OPTIMIZER_KEYS), ("scheduler", SCHEDULER_KEYS),
                        ("scaler", SCALER_KEYS)):
@@ -128,13 +175,31 @@ def _accelerate_model(path: Path, load_file: Callable[[Path], dict[str, Any]],
                 torch_load(path / name, map_location, trust_pickle)
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (path / index).is_file():
-            shards = sorted(set(json.loads((path / index).read_text())["weight_map"].values()))
+            shards = _index_shards(path / index)
             out: dict[str, Any] = {}
             for shard in shards:
                 out.update(load_file(path / shard) if shard.endswith(".safetensors") else
                            torch_load(path / shard, map_location, trust_pickle))
             return out
     return None
+
+
+def _index_shards(index: Path) -> list[str]:
+    """The shard file names a sharded model's index JSON lists (plain names in its folder only)."""
+    fix = "Fix: copy the index file again from where the model was saved."
+    try:
+        data = safeio.loads(safeio.read_limited(index, MAX_INDEX_BYTES, CheckpointError, fix))
+    except ValueError as exc:
+        raise CheckpointError(f"{index} is not valid JSON ({exc}). {fix}") from None
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{index} has no 'weight_map' of tensor names to shard files. {fix}")
+    shards = sorted(set(weight_map.values()))
+    odd = next((s for s in shards if s in ("", ".", "..") or "/" in s or "\\" in s or "\0" in s), None)
+    if odd is not None:
+        raise CheckpointError(f"{index} names shard {odd!r:.80}, which is not a file name in {index.parent} "
+                              f"(only files beside the index are read). {fix}")
+    return shards
 
 
 def load_accelerate(path: Path, load_file: Callable[[Path], dict[str, Any]], map_location: Any,

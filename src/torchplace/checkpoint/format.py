@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-import stat
+import string
 import struct
 import zlib
 from dataclasses import dataclass
@@ -36,12 +36,17 @@ from typing import Any
 
 import torch
 
+from .. import safeio
 from ..errors import CheckpointError
 
 FORMAT_VERSION = 1
 META_KEY = "torchplace"
 HEADER_PREFIX = b'{"__metadata__":{"' + META_KEY.encode() + b'":"'
 MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
+# Parsed JSON takes up to ~24x its text ("[{},{},...]"); a header may take 1/12 of its file, so
+# parsing it costs at most 2x the file (or ~200 MiB for a header of up to SMALL_HEADER_BYTES).
+SMALL_HEADER_BYTES = 8 * 2**20
+MAX_DIM = 2**62  # a tensor dimension (and element count) beyond this is no real tensor
 CHUNK_BYTES = 16 * 2**20
 ZERO_CRC = "00000000"
 # the rest of __metadata__: "format": "pt" tells tools such as transformers that these are torch tensors
@@ -173,12 +178,15 @@ def _near_prefix(raw: bytes) -> bool:
 
 
 def open_for_read(path: Path) -> int:
-    """A read-only file descriptor for PATH, or a CheckpointError that says how to find one."""
-    try:
-        return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} does not exist. Fix: check the path; torchplace.load(DIRECTORY) "
-                              "finds the newest checkpoint in a directory.") from None
+    """A read-only file descriptor for the regular file PATH, or a CheckpointError that says how to find one."""
+    fd, _ = safeio.open_regular(path, CheckpointError, "Fix: check the path; torchplace.load(DIRECTORY) finds "
+                                                       "the newest checkpoint in a directory.")
+    return fd
+
+
+def header_limit(file_size: int) -> int:
+    """The longest header read from a file of FILE_SIZE bytes (see SMALL_HEADER_BYTES)."""
+    return min(MAX_HEADER_BYTES, max(SMALL_HEADER_BYTES, file_size // 12))
 
 
 def read_header(path: str | os.PathLike[str], fd: int | None = None) -> Header:
@@ -186,24 +194,25 @@ def read_header(path: str | os.PathLike[str], fd: int | None = None) -> Header:
 
     Checks the length prefix, the JSON, every tensor entry, that the entries tile the data region
     with no holes, that the file is exactly as long as the header says (a truncated file fails
-    here) and, for torchplace files, the header checksum. Tensor data is not read.
+    here) and, for torchplace files, the header checksum and every metadata field. Tensor data is
+    not read.
     """
     path = Path(path)
     own = fd is None
     if fd is None:
         fd = open_for_read(path)
     try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise CheckpointError(f"{path} is a directory, not a checkpoint file.")
-        size = info.st_size
+        size = os.fstat(fd).st_size
         if size < 8:
             raise _damaged(path, f"the file is {size} bytes long, too short for even the length prefix "
                                  "(a truncated or empty file)")
         (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
-        if n > min(MAX_HEADER_BYTES, size - 8):
+        if n > size - 8:
             raise _damaged(path, f"the header length prefix says {n} bytes but the file holds only "
                                  f"{size - 8} after it (truncated, or not a safetensors/torchplace file)")
+        if n > header_limit(size):
+            raise _damaged(path, f"the header length prefix says {n} bytes; a file of {size} bytes may have a "
+                                 f"header of at most {header_limit(size)} (not a safetensors/torchplace file)")
         raw = os.pread(fd, n, 8)
         if len(raw) != n:
             raise _damaged(path, f"could read only {len(raw)} of the {n} header bytes")
@@ -219,8 +228,8 @@ def parse_header(path: Path, raw: bytes, file_size: int) -> Header:
     if not ours and _near_prefix(raw):
         raise _damaged(path, "the header's opening bytes differ from torchplace's by a few bytes")
     try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+        header = safeio.loads(raw)
+    except ValueError as exc:
         raise _damaged(path, f"the header is not valid JSON ({exc})") from None
     if not isinstance(header, dict):
         raise _damaged(path, "the header is not a JSON object")
@@ -231,12 +240,15 @@ def parse_header(path: Path, raw: bytes, file_size: int) -> Header:
     if ours:
         try:
             meta_text = metadata[META_KEY]
-            meta = json.loads(meta_text)
+            meta = safeio.loads(meta_text)
         except (KeyError, ValueError) as exc:
             raise _damaged(path, f"torchplace's metadata is not valid JSON ({exc})") from None
         if not isinstance(meta, dict):
             raise _damaged(path, "torchplace's metadata is not a JSON object")
-    raw_dtypes: dict[str, list[Any]] = (meta or {}).get("raw_dtypes", {})
+    raw_dtypes = (meta or {}).get("raw_dtypes", {})
+    if not isinstance(raw_dtypes, dict) or not all(
+            isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) for v in raw_dtypes.values()):
+        raise _damaged(path, "the metadata's raw_dtypes is not a map of [dtype name, shape]")
     entries = []
     for key, info in header.items():
         entries.append(_entry(path, key, info, raw_dtypes))
@@ -261,33 +273,50 @@ def parse_header(path: Path, raw: bytes, file_size: int) -> Header:
     return Header(path, entries, meta, foreign, data_offset, offset)
 
 
+def _shape_numel(shape: Any) -> int | None:
+    """The element count of SHAPE, or None unless it is a list of non-negative ints (not bools) whose
+    non-zero dimensions multiply to less than MAX_DIM (torch refuses larger shapes, even empty ones)."""
+    if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < MAX_DIM for d in shape):
+        return None
+    numel = nonzero = 1
+    for d in shape:
+        numel, nonzero = numel * d, nonzero * (d or 1)
+        if nonzero >= MAX_DIM:
+            return None
+    return numel
+
+
 def _entry(path: Path, key: str, info: Any, raw_dtypes: dict[str, list[Any]]) -> TensorEntry:
     if not isinstance(info, dict) or set(info) - {"dtype", "shape", "data_offsets"}:
         raise _damaged(path, f"the entry for tensor {key!r} is malformed")
     code, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-    if code not in _CODES:
+    if not isinstance(code, str) or code not in _CODES:
         raise _damaged(path, f"tensor {key!r} has dtype code {code!r}, which torchplace does not know "
                              f"(known: {', '.join(_CODES)})")
-    if (not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape)
-            or not isinstance(offsets, list) or len(offsets) != 2
-            or not all(isinstance(o, int) and o >= 0 for o in offsets) or offsets[0] > offsets[1]):
-        raise _damaged(path, f"tensor {key!r} has an invalid shape or data_offsets")
+    numel = _shape_numel(shape)
+    if (numel is None or not isinstance(offsets, list) or len(offsets) != 2
+            or not all(type(o) is int and o >= 0 for o in offsets) or offsets[0] > offsets[1]):
+        raise _damaged(path, f"tensor {key!r} has an invalid shape or data_offsets (shape {shape!r:.80}, "
+                             f"data_offsets {offsets!r:.80}; each must be a list of non-negative integers)")
     dtype = _CODES[code]
-    numel = 1
-    for d in shape:
-        numel *= d
     if numel * dtype.itemsize != offsets[1] - offsets[0]:
         raise _damaged(path, f"tensor {key!r} is {code}{shape} ({numel * dtype.itemsize} bytes) but its "
                              f"data_offsets span {offsets[1] - offsets[0]} bytes")
     if key in raw_dtypes:  # stored as raw bytes; the metadata holds the real dtype and shape
         real_name, real_shape = raw_dtypes[key]
-        dtype, shape = dtype_from_name(real_name, path), list(real_shape)
-        numel = 1
-        for d in shape:
-            numel *= d
-        if code != "U8" or numel * dtype.itemsize != offsets[1] - offsets[0]:
+        dtype, numel = dtype_from_name(real_name, path), _shape_numel(real_shape)
+        if code != "U8" or numel is None or numel * dtype.itemsize != offsets[1] - offsets[0]:
             raise _damaged(path, f"raw tensor {key!r} does not match its recorded dtype and shape")
+        shape = real_shape
     return TensorEntry(key, dtype, tuple(shape), offsets[0], offsets[1])
+
+
+_HEX = frozenset(string.hexdigits.lower())
+MAX_CHUNK_BYTES = 2**30
+
+
+def _is_crc(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 8 and set(value) <= _HEX
 
 
 def _check_meta(path: Path, entries: list[TensorEntry], meta_text: str, meta: dict[str, Any],
@@ -300,10 +329,47 @@ def _check_meta(path: Path, entries: list[TensorEntry], meta_text: str, meta: di
         raise _damaged(path, f"the header checksum does not match (recorded {found}, computed {want}): "
                              "a shape, key or metadata value was altered")
     version = meta.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise CheckpointError(f"{path} uses torchplace checkpoint format {version!r}; this torchplace "
+    if type(version) is not int or version > FORMAT_VERSION:
+        raise CheckpointError(f"{path} uses torchplace checkpoint format {version!r:.40}; this torchplace "
                               f"reads up to {FORMAT_VERSION}. Fix: upgrade torchplace.")
     chunk, crcs = meta.get("chunk_bytes"), meta.get("crc32")
-    if meta.get("data_bytes") != data_bytes or not isinstance(chunk, int) or chunk <= 0 \
-            or not isinstance(crcs, list) or len(crcs) != -(-data_bytes // chunk):
-        raise _damaged(path, "the data size or the checksum list does not match the tensor index")
+    if type(meta.get("data_bytes")) is not int or meta["data_bytes"] != data_bytes or type(chunk) is not int \
+            or not 0 < chunk <= MAX_CHUNK_BYTES or not isinstance(crcs, list) \
+            or len(crcs) != -(-data_bytes // chunk) or not all(_is_crc(c) for c in crcs):
+        raise _damaged(path, "the data size, the chunk size or the checksum list does not match the tensor index "
+                             f"(chunks are 1 byte to {MAX_CHUNK_BYTES} bytes, one 8-digit hex CRC-32 each)")
+    problem = _meta_problem(meta, {e.key for e in entries})
+    if problem:
+        raise _damaged(path, f"the metadata is malformed: {problem}")
+
+
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _meta_problem(meta: dict[str, Any], keys: set[str]) -> str | None:
+    """What is wrong with the metadata fields readers use (None when nothing): their JSON types, and
+    the state tree (see `codec.check`). The checksum says a file is intact, not that it is well-formed."""
+    from .codec import skeleton
+    from .state import layout_problem
+
+    devices = meta.get("devices", {})
+    if not isinstance(devices, dict) or not isinstance(devices.get("default"), (str, type(None))) \
+            or not isinstance(devices.get("except", {}), dict) \
+            or not all(_is_str_list(v) for v in devices.get("except", {}).values()):
+        return "'devices' is not {'default': device, 'except': {device: [keys]}}"
+    if not _is_str_list(meta.get("pickled", [])):
+        return "'pickled' is not a list of strings"
+    versions = meta.get("module_versions", {})
+    if not isinstance(versions, dict) or not all(isinstance(v, dict) for v in versions.values()):
+        return "'module_versions' is not a map of maps"
+    for name, kind in (("world_size", int), ("primary_device", str), ("objects", dict)):
+        if name in meta and meta[name] is not None and not isinstance(meta[name], kind):
+            return f"{name!r} is a {type(meta[name]).__name__}, not a {kind.__name__}"
+    if "state" not in meta:
+        return "there is no 'state' (the saved tree)"
+    try:
+        tree = skeleton(meta["state"], keys)
+    except ValueError as exc:
+        return f"the saved state does not decode ({exc})"
+    return layout_problem(tree)

@@ -18,7 +18,7 @@ import torch
 from ..errors import CheckpointError
 from . import codec, foreign
 from .distributed import SIDE_FILE, read_dcp_metadata
-from .format import Header, dtype_name, read_header
+from .format import Header, dtype_name, open_for_read, read_header
 from .stream import verify_data
 
 _META_SHOWN = ("format_version", "torchplace_version", "torch_version", "created_utc", "hostname", "world_size",
@@ -84,7 +84,7 @@ def _describe(value: Any) -> str:
     if isinstance(value, dict):
         parts = [f"{len(value)} {'entry' if len(value) == 1 else 'entries'}"]
         groups = value.get("param_groups")
-        if isinstance(groups, list) and groups and isinstance(groups[0], dict):
+        if isinstance(groups, list) and groups and all(isinstance(g, dict) for g in groups):
             parts.append("lr " + ", ".join(f"{g.get('lr')!r}" if not isinstance(g.get("lr"), torch.Tensor)
                                            else "tensor" for g in groups))
         if tensors:
@@ -139,7 +139,7 @@ def _from_torch_file(path: Path, info: CheckpointInfo, trust_pickle: bool) -> No
         return storage
 
     obj = foreign.torch_load(path, record, trust_pickle, mmap=foreign.sniff(path) == "torch-zip")
-    info.tool, state = foreign.normalize(obj)
+    info.tool, state = foreign.normalize(obj, path)
     found: list[tuple[str, torch.Tensor]] = []
     _walk_tensors(state, (), found)
     for key, t in found:
@@ -163,7 +163,7 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
     kind = foreign.sniff(path)
     info = CheckpointInfo(str(path), kind, _size(path))
     if kind == "safetensors":
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_for_read(path)
         try:
             header = read_header(path, fd)
             info.tool = "torchplace" if header.meta is not None else "safetensors"
@@ -221,7 +221,7 @@ def _from_dcp(path: Path, info: CheckpointInfo, verify: bool) -> None:
         skeleton = codec.decode(meta.get("state", {"t": "dict", "v": []}), codec.TensorRef)
         info.contents = {k: _describe(v) for k, v in skeleton.items()}
         if verify:
-            fd = os.open(side, os.O_RDONLY)
+            fd = open_for_read(side)
             try:
                 verify_data(fd, header)
             finally:

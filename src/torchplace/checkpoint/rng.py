@@ -34,16 +34,21 @@ def restore(state: dict[str, Any], device: torch.device, saved_device: str | Non
     """
     restored: list[str] = []
     skipped: dict[str, str] = {}
-    if "python" in state:
-        random.setstate(state["python"])
-        restored.append("python")
-    if "numpy" in state:
-        np.random.set_state(state["numpy"])
-        restored.append("numpy")
-    if "cpu" in state:
-        torch.set_rng_state(state["cpu"].cpu())
-        restored.append("cpu")
-    saved = state.get("cuda") or []
+    for name, setter in (("python", random.setstate), ("numpy", np.random.set_state),
+                         ("cpu", lambda s: torch.set_rng_state(s.cpu()))):
+        if name not in state:
+            continue
+        try:
+            setter(state[name])
+        except (TypeError, ValueError, RuntimeError, AttributeError, IndexError, KeyError) as exc:
+            skipped[name] = f"the saved state is not a {name} generator state ({type(exc).__name__}: {exc})"[:300]
+        else:
+            restored.append(name)
+    saved = state.get("cuda")
+    saved = [] if saved is None else saved
+    if not isinstance(saved, (list, tuple)) or not all(isinstance(s, torch.Tensor) for s in saved):
+        skipped["cuda"] = "the saved CUDA generator states are not a list of tensors"
+        return restored, skipped
     if not saved:
         return restored, skipped
     names = [f"cuda:{i}" for i in range(len(saved))]

@@ -17,6 +17,27 @@ import torch
 from torch import nn
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+MAPPING_ENTRIES = ("model", "optimizer", "scheduler", "scaler", "rng")
+
+
+def layout_problem(state: Any) -> str | None:
+    """What keeps STATE (a saved tree, ours or normalized from another tool) from being torchplace's
+    layout, or None: a dict with string keys, whose model is a map from string keys, and whose
+    optimizer, scheduler, scaler and rng entries are maps. Loaders rely on these shapes."""
+    if not isinstance(state, Mapping):
+        return f"the saved state is a {type(state).__name__}, not a dict"
+    odd = next((k for k in state if not isinstance(k, str)), None)
+    if odd is not None:
+        return f"the saved state has a key {odd!r:.60} that is not a string"
+    for name in MAPPING_ENTRIES:
+        value = state.get(name)
+        if value is not None and not isinstance(value, Mapping):
+            return f"its {name!r} entry is a {type(value).__name__}, not a dict"
+    model = state.get("model") or {}
+    odd = next((k for k in model if not isinstance(k, str)), None)
+    if odd is not None:
+        return f"the model's state has a key {odd!r:.60} of type {type(odd).__name__}; state dict keys are strings"
+    return None
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -106,9 +127,12 @@ def optimizer_devices(optimizer: torch.optim.Optimizer,
     """
     out: dict[tuple[Any, ...], torch.device] = {}
     groups = saved.get("param_groups") or []
+    state = saved.get("state") or {}
     current = optimizer.param_groups
-    if len(groups) != len(current):
-        return out
+    if not isinstance(groups, list) or len(groups) != len(current) or not isinstance(state, Mapping) \
+            or not all(isinstance(g, Mapping) and isinstance(g.get("params", []), list) for g in groups) \
+            or not all(isinstance(v, Mapping) for v in state.values()):
+        return out  # not an optimizer's state: load_state_dict will say what is wrong
     cpu = torch.device("cpu")
     for saved_group, group in zip(groups, current):
         ids = saved_group.get("params", [])
@@ -116,6 +140,10 @@ def optimizer_devices(optimizer: torch.optim.Optimizer,
             return {}
         on_device = bool(group.get("capturable") or group.get("fused"))
         for pid, param in zip(ids, group["params"]):
-            for name in (saved.get("state") or {}).get(pid, {}):
+            try:
+                names = state.get(pid, {})
+            except TypeError:  # an unhashable id
+                return {}
+            for name in names:
                 out[("state", pid, name)] = param.device if name != "step" or on_device else cpu
     return out

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 import torch
 
 from ..errors import CheckpointError
-from .format import DAMAGED_FIX, Header, TensorEntry
+from .format import CHUNK_BYTES, DAMAGED_FIX, Header, TensorEntry
 
 
 class Sink(Protocol):
@@ -192,6 +192,14 @@ def _check(path: Path, crcs: list[str] | None, k: int, c0: int, c1: int, crc: in
                           f"computed {crc:08x}); they hold tensor(s) {named}. {DAMAGED_FIX}")
 
 
+def _checksums(header: Header) -> tuple[list[str] | None, int]:
+    """(the CRC list or None, the chunk size) of a validated header. A chunk never exceeds the data,
+    so staging buffers stay within the file's size whatever chunk size the header declares."""
+    meta = header.meta or {}
+    chunk = meta.get("chunk_bytes") or CHUNK_BYTES
+    return meta.get("crc32"), max(1, min(chunk, header.data_bytes))
+
+
 def allocate(header: Header, devices: dict[str, torch.device]) -> dict[str, torch.Tensor]:
     """Empty tensors for every entry, each on its target device."""
     cpu = torch.device("cpu")
@@ -201,9 +209,7 @@ def allocate(header: Header, devices: dict[str, torch.device]) -> dict[str, torc
 def read_data(fd: int, header: Header, out: dict[str, torch.Tensor], *, workers: int | None = None) -> None:
     """Fill OUT (from `allocate`) from the file, checking every chunk's CRC (when the file has them,
     as torchplace's do) before its bytes reach a tensor."""
-    meta = header.meta or {}
-    crcs = meta.get("crc32")
-    chunk = meta.get("chunk_bytes") or (16 * 2**20)
+    crcs, chunk = _checksums(header)
     flat = {e.key: byte_view(out[e.key]) for e in header.entries if e.nbytes}
     devices = _cuda_devices(list(flat.values()))
     for dev in devices:  # memory handed out for OUT may still be in use by queued kernels of any stream
@@ -241,8 +247,7 @@ def read_data(fd: int, header: Header, out: dict[str, torch.Tensor], *, workers:
 
 def verify_data(fd: int, header: Header, *, workers: int | None = None) -> None:
     """Check every chunk's CRC without keeping the data (for `torchplace ckpt inspect --verify`)."""
-    meta = header.meta or {}
-    crcs, chunk = meta.get("crc32"), meta.get("chunk_bytes") or (16 * 2**20)
+    crcs, chunk = _checksums(header)
     if not crcs:
         return
     local = threading.local()

@@ -12,8 +12,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import safeio
+from ..errors import SnapshotError
 from .host import HostFacts, read_host
-from .topology import Topology, load_snapshot, read_topology
+from .topology import SNAPSHOT_FIX, Topology, load_snapshot, read_topology
 from .versions import Versions, read_versions
 from .visible import VisibleMap, map_visible
 
@@ -54,8 +56,11 @@ class Facts:
     def from_dict(cls, data: dict[str, Any], source: str = "snapshot",
                   env: dict[str, str] | None = None) -> "Facts":
         topology = Topology.from_dict(data, source=source)
-        host = HostFacts.from_dict(data.get("host") or {})
-        versions = Versions.from_dict(data.get("versions") or {})
+        try:
+            host = safeio.build(HostFacts, data.get("host") or {}, "host")
+            versions = safeio.build(Versions, data.get("versions") or {}, "versions")
+        except ValueError as exc:
+            raise SnapshotError(f"{source}: malformed snapshot ({exc}). {SNAPSHOT_FIX}") from None
         return cls(topology, host, versions, relevant_env(env))
 
 

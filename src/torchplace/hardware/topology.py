@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import safeio
 from ..errors import SnapshotError
 from . import nvml
 
@@ -134,39 +135,47 @@ class Topology:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "snapshot") -> "Topology":
-        if not isinstance(data, dict) or "gpus" not in data:
-            raise SnapshotError(f"{source}: a snapshot needs a top-level object with a 'gpus' list.")
+        """The topology a snapshot describes; SnapshotError naming the field for any value of the wrong type."""
+        if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
+            raise SnapshotError(f"{source}: a snapshot needs a top-level object with a 'gpus' list. "
+                                f"{SNAPSHOT_FIX}")
         schema = data.get("schema", SCHEMA_VERSION)
-        if schema != SCHEMA_VERSION:
-            raise SnapshotError(f"{source}: snapshot schema {schema} is not supported "
-                                f"(this torchplace reads schema {SCHEMA_VERSION}).")
+        if schema != SCHEMA_VERSION or type(schema) is not int:
+            raise SnapshotError(f"{source}: snapshot schema {schema!r:.40} is not supported "
+                                f"(this torchplace reads schema {SCHEMA_VERSION}). {SNAPSHOT_FIX}")
         try:
-            gpus = []
-            for raw in data["gpus"]:
-                raw = dict(raw)
-                raw["mig"] = [MigInstance(**m) for m in raw.get("mig") or []]
-                procs = raw.get("processes")
-                raw["processes"] = None if procs is None else [GpuProcess(**p) for p in procs]
-                known = {f for f in GpuRecord.__dataclass_fields__}
-                gpus.append(GpuRecord(**{k: v for k, v in raw.items() if k in known}))
-            links = [Link(**item) for item in data.get("links", [])]
-        except (TypeError, KeyError) as exc:
-            raise SnapshotError(f"{source}: malformed GPU record ({exc}).") from exc
-        fields_ = {k: data.get(k) for k in ("driver_version", "cuda_driver_version", "nvml_error",
-                                            "captured_at", "hostname")}
+            gpus = [safeio.build(GpuRecord, raw, f"gpus[{i}]") for i, raw in enumerate(data["gpus"])]
+            links = [safeio.build(Link, item, f"links[{i}]") for i, item in enumerate(data.get("links") or [])]
+            fields_ = {k: safeio.build(_Strings, {"value": data.get(k)}, k).value
+                       for k in ("driver_version", "cuda_driver_version", "nvml_error", "captured_at", "hostname")}
+        except ValueError as exc:
+            raise SnapshotError(f"{source}: malformed snapshot ({exc}). {SNAPSHOT_FIX}") from None
         return cls(gpus=gpus, links=links, source=source, **fields_)
 
 
+@dataclass
+class _Strings:
+    value: str | None = None
+
+
+SNAPSHOT_FIX = "Fix: capture it again with `torchplace doctor --json > snap.json` on the machine to describe."
+MAX_SNAPSHOT_BYTES = 16 * 2**20  # a snapshot of 8 GPUs is about 20 KiB
+
+
 def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a snapshot file as a dict, with an error that names the file on failure."""
+    """Read a snapshot file as a dict, with an error that names the file on failure.
+
+    Only a regular file of at most MAX_SNAPSHOT_BYTES is read (a FIFO or /dev/urandom is refused at
+    once), and its JSON may nest at most safeio.MAX_JSON_DEPTH levels."""
     p = Path(path)
+    raw = safeio.read_limited(p, MAX_SNAPSHOT_BYTES, SnapshotError, SNAPSHOT_FIX)
     try:
-        return json.loads(p.read_text())
-    except FileNotFoundError:
-        raise SnapshotError(f"Snapshot {p} does not exist. Capture one with "
-                            "`torchplace doctor --json > snap.json` on the machine to describe.") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise SnapshotError(f"Snapshot {p} could not be read as JSON: {exc}.") from exc
+        data = safeio.loads(raw)
+    except ValueError as exc:
+        raise SnapshotError(f"Snapshot {p} could not be read as JSON: {exc}. {SNAPSHOT_FIX}") from None
+    if not isinstance(data, dict):
+        raise SnapshotError(f"Snapshot {p} holds a JSON {type(data).__name__}, not an object. {SNAPSHOT_FIX}")
+    return data
 
 
 # --------------------------------------------------------------------------- live reading

@@ -1,0 +1,165 @@
+"""Open untrusted input files within fixed bounds: one helper per concern.
+
+Checkpoints and snapshots come from other machines and other people. Whatever they hold, reading
+them must neither hang nor take more memory than the file is worth. So every reader here:
+
+- opens without blocking and refuses anything that is not a regular file (a FIFO, /dev/zero, a
+  socket, a directory) at once, from the open descriptor (no window between check and open);
+- reads small files (JSON) only up to a size limit it states;
+- parses JSON with a nesting limit (Python's parser raises RecursionError on deep input, and
+  every recursive walk after it would too).
+
+`build` turns a JSON object into a typed record, checking every field against its annotation.
+Each file helper takes the error class to raise (CheckpointError, SnapshotError), so every message
+names the file, says what is wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import stat
+import types
+import typing
+from typing import Any, TypeVar
+
+from .errors import TorchplaceError
+
+T = TypeVar("T")
+MAX_JSON_DEPTH = 128  # nesting levels of JSON any reader accepts (torchplace writes fewer than 40)
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def kind_of(mode: int) -> str:
+    """'a FIFO (named pipe)', 'a directory', ... for a stat mode that is not a regular file."""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def open_regular(path: str | os.PathLike[str], error: type[TorchplaceError], fix: str) -> tuple[int, int]:
+    """(fd, size) of the regular file PATH, opened read-only; ERROR (ending with FIX) for anything else.
+
+    Opened with O_NONBLOCK, so a FIFO with no writer does not block the open; the descriptor is
+    checked with fstat, so what is read is what was checked.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise error(f"{path} does not exist. {fix}") from None
+    except OSError as exc:
+        raise error(f"cannot open {path}: {exc.strerror or exc}. {fix}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise error(f"{path} is {kind_of(info.st_mode)}, not a regular file, so it is not read. {fix}")
+        if flags & getattr(os, "O_NONBLOCK", 0):
+            os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, info.st_size
+
+
+def read_limited(path: str | os.PathLike[str], limit: int, error: type[TorchplaceError], fix: str) -> bytes:
+    """The bytes of the regular file PATH, or ERROR when it is larger than LIMIT bytes."""
+    fd, size = open_regular(path, error, fix)
+    try:
+        if size > limit:
+            raise error(f"{path} is {size} bytes; at most {limit} are read. {fix}")
+        chunks, total = [], 0
+        while total <= limit:  # the size may change while reading: never read past the limit
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError as exc:
+        raise error(f"cannot read {path}: {exc.strerror or exc}. {fix}") from None
+    finally:
+        os.close(fd)
+    if total > limit:
+        raise error(f"{path} grew past {limit} bytes while being read. {fix}")
+    return b"".join(chunks)
+
+
+def json_depth(value: Any) -> int:
+    """How deeply VALUE's lists and dicts nest (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
+
+
+def loads(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """json.loads that raises ValueError (never RecursionError) and refuses nesting deeper than MAX_DEPTH."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ValueError(f"JSON nested deeper than Python can parse (the limit is {max_depth} levels)") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    depth = json_depth(value)
+    if depth > max_depth:
+        raise ValueError(f"JSON nested {depth} levels deep (the limit is {max_depth})")
+    return value
+
+
+def build(cls: type[T], data: Any, where: str) -> T:
+    """An instance of the dataclass CLS from the JSON object DATA, every field checked against its
+    annotation (int, str, float, None, lists, dicts, nested dataclasses built the same way); unknown
+    keys are ignored. ValueError naming WHERE and the field for anything else."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} is a {type(data).__name__}, not an object")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ValueError(f"{where} has no {f.name!r}")
+            continue
+        values[f.name] = _convert(data[f.name], hints[f.name], f"{where}.{f.name}")
+    return cls(**values)
+
+
+def _convert(value: Any, hint: Any, where: str) -> Any:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for arg in args:
+            try:
+                return _convert(value, arg, where)
+            except ValueError as exc:
+                errors.append(exc)
+        raise errors[-1]
+    if hint is type(None):
+        if value is not None:
+            raise ValueError(f"{where} is {value!r:.60}, not null")
+        return None
+    if origin is list:
+        if not isinstance(value, list):
+            raise ValueError(f"{where} is a {type(value).__name__}, not a list")
+        return [_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} is a {type(value).__name__}, not an object")
+        return {k: _convert(v, args[1], f"{where}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(hint):
+        return build(hint, value, where)
+    ok = {int: lambda v: type(v) is int, float: lambda v: type(v) in (int, float),
+          bool: lambda v: type(v) is bool, str: lambda v: type(v) is str}.get(hint)
+    if ok is None or not ok(value):
+        raise ValueError(f"{where} is {value!r:.60}, not a {getattr(hint, '__name__', hint)}")
+    return value
