@@ -25,6 +25,20 @@ if len(u) > 1:
     common = os.path.commonprefix(u)
     if len(common) > 4:
         values.append(common)
+# whitespace, letter case, Unicode digits and overflowing numbers (issues 14 and 15)
+values += ["\t1", "\n1", " \t1", "1\t", "0 1", "\u00a01", "0,\u00a01", "-0", "00", "0x", " +1", "+-1",
+           "\u0661", "\uff11", "\u00b2", "0,\uff11", "0,\u0661", "\u0661,0", "0\u0661", "1\uff11",
+           "4294967296", "4294967297", "18446744073709551615", "18446744073709551616", "1" + "0" * 5000,
+           "GPU-" + u[0][4:].upper(), "GPU-" + u[0][4:12].upper(), u[0][:8] + u[0][8:12].upper(),
+           " " + u[0], u[0] + " ", "\t" + u[0], u[0][:12] + " ", u[0] + "x", "GPU-\uff17fbb"]
+# does the driver read a long value whole, cut it, or ignore it? (honoured: [1]; ignored: every GPU)
+for n in (255, 256, 1024, 1025, 2624, 2625, 4096):  # 2624/2625: the bound found by bisection
+    values += ["1" + " " * (n - 1), " " * (n - 1) + "1"]
+values += ["-4294967295", "2147483648", "-2147483648", u[0][:12] + u[0][13:17], u[0][:-1], u[0][:-1] + "x",
+           u[0][:6] + "-" + u[0][6:12], u[0][:7], "GPU--" + u[0][4:12], u[0][:12] + "-"]
+if len(u) > 1:
+    values += [u[0] + ", " + u[1], u[0] + ",  " + u[1][:10], u[0] + "," + "GPU-" + u[1][4:].upper(),
+               "0, " + u[1], "0,1,\u0661", "1, \t0"]
 results = []
 
 
@@ -47,7 +61,7 @@ def one(value, order=None, with_torch=False):
     return rec
 
 
-with ThreadPoolExecutor(8) as pool:
+with ThreadPoolExecutor(24) as pool:
     jobs = [pool.submit(one, v, None, True) for v in values]
     jobs += [pool.submit(one, v, "PCI_BUS_ID") for v in ["0", "1", "1,0"]]
     unset_env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
@@ -55,5 +69,6 @@ with ThreadPoolExecutor(8) as pool:
 results.append({"value": None, "driver_uuids": probe_driver(unset_env).uuids})
 json.dump({"nvml_uuids": u, "results": results}, open(sys.argv[1], "w"), indent=1)
 for r in results:
-    print(repr(r["value"]), r.get("order"), "->", [u.index(x) if x in u else x for x in (r["driver_uuids"] or [])],
+    shown = r["value"] if r["value"] is None or len(r["value"]) < 80 else f"<{len(r['value'])} chars>"
+    print(repr(shown), r.get("order"), "->", [u.index(x) if x in u else x for x in (r["driver_uuids"] or [])],
           r.get("driver_error") or "", "torch:", r.get("torch_device_count"), r.get("torch_parse"))

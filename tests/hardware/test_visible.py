@@ -13,20 +13,71 @@ from torchplace.hardware.topology import Topology
 from torchplace.hardware.visible import map_visible
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
+CAPTURES = sorted(FIXTURES.glob("driver_visible_devices_h200x2*.json"))
 DRIVER = json.loads((FIXTURES / "driver_visible_devices_h200x2.json").read_text())
 X2 = Topology.from_dict(json.loads((FIXTURES / "snapshots" / "h200x2.json").read_text()))
 U0, U1 = (g.uuid for g in X2.gpus)
 
 
-@pytest.mark.parametrize("case", DRIVER["results"], ids=lambda c: f"{c['value']!r}-{c.get('order')}")
-def test_matches_what_the_driver_enumerated(case):
-    """Every value the 2 x H200 driver was asked about maps to the same UUIDs, in order."""
-    mapping = map_visible(case["value"], X2, case.get("order"))
+def _machine_of(capture: dict) -> Topology:
+    """The 2 x H200 snapshot with the UUIDs of the machine the capture was made on."""
+    data = json.loads((FIXTURES / "snapshots" / "h200x2.json").read_text())
+    for gpu, uuid in zip(data["gpus"], capture["nvml_uuids"]):
+        gpu["uuid"] = uuid
+    return Topology.from_dict(data)
+
+
+def _cases():
+    for path in CAPTURES:
+        capture = json.loads(path.read_text())
+        topology = _machine_of(capture)
+        for case in capture["results"]:
+            value = case["value"]
+            shown = value if value is None or len(value) < 60 else f"<{len(value)} chars>"
+            yield pytest.param(topology, case, id=f"{path.stem[-10:]}-{shown!r}-{case.get('order')}")
+
+
+@pytest.mark.parametrize("topology,case", list(_cases()))
+def test_matches_what_the_driver_enumerated(topology, case):
+    """Every value a 2 x H200 driver was asked about maps to the same UUIDs, in order."""
+    mapping = map_visible(case["value"], topology, case.get("order"))
     assert [d.uuid for d in mapping.visible] == (case["driver_uuids"] or [])
 
 
 def test_driver_fixture_has_enough_cases():
     assert len(DRIVER["results"]) >= 20
+    assert sum(len(json.loads(p.read_text())["results"]) for p in CAPTURES) >= 130
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("GPU-" + U1[4:].upper(), [1]),                      # upper-case hex: the driver accepts it
+    (U1[:12].upper().replace("GPU-", "GPU-"), [1]),
+    (U1.replace("-", "")[:3] + "-" + U1.replace("-", "")[3:16], [1]),  # dashes are skipped
+    (" " + U1, []),                                      # a space before a UUID: an int entry, no digit
+    ("\t" + U1, []),
+    (U0 + ", " + U1, [0]),                               # ... also after a comma
+    (U1 + " ", [1]),                                     # after a full UUID the rest is ignored
+    (U1[:12] + " ", []),                                 # ... but not inside a short one
+    ("\u0661", []), ("\uff11", []), ("\u00b2", []),      # Unicode digits are no digits
+    ("0,\uff11", [0]), ("0\u0661", [0]), ("1\uff11", [1]),  # ... and end the list
+    ("\u00a01", []),                                     # no-break space is not C whitespace
+    ("\t1", [1]), (" \n1", [1]), ("1, \t0", [1, 0]),    # C whitespace is
+    ("4294967297", [1]), ("-4294967295", [1]),           # the low 32 bits
+    ("2147483648", []), ("18446744073709551616", []),
+    ("1" + "0" * 5000, [0, 1]),                          # longer than the driver reads: ignored
+    ("1" + " " * 2623, [1]), ("1" + " " * 2624, [0, 1]),
+])
+def test_driver_rules_for_odd_values(value, expected):
+    assert [d.physical_index for d in map_visible(value, X2, None).visible] == expected
+
+
+def test_odd_values_say_what_happened():
+    assert "low 32 bits of 4294967297" in map_visible("4294967297", X2, None).notes[0]
+    assert "ASCII digits only" in map_visible("\uff11", X2, None).stopped_at
+    assert any("torch.cuda.device_count() may disagree" in n for n in map_visible("\uff11", X2, None).notes)
+    assert "ignores a value longer than 2624 bytes" in map_visible("1" * 3000, X2, None).notes[0]
+    assert "not a hex digit" in map_visible(U0[:12] + " ", X2, None).stopped_at
+    assert map_visible("0,1", X2, None).notes == []
 
 
 @pytest.mark.parametrize("value,expected,stopped", [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -10,7 +12,8 @@ from hypothesis import strategies as st
 import torchplace as tp
 from torchplace.errors import DeviceError
 from torchplace.hardware.topology import Topology
-from torchplace.placement.resolve import Machine, resolve
+from torchplace.hardware.visible import map_visible
+from torchplace.placement.resolve import Machine, cuda_device_count, resolve
 
 from snapshots import load_snapshot_dict
 
@@ -109,3 +112,33 @@ def test_any_spec_yields_a_device_or_a_device_error(spec, cvd):
     else:
         assert isinstance(result, torch.device)
         assert result.type in ("cpu", "meta") or result.index is not None
+
+
+@pytest.mark.parametrize("spec,fixed", [
+    ("cuda:01", "cuda:1"), ("cuda:00", "cuda:0"), ("cpu:00", "cpu:0"),
+    ("cuda:\u0661", "cuda:1"), ("cuda:\uff11", "cuda:1"), ("cuda:\u00b2", "cuda:2"), ("physical:\u0661", "physical:1"),
+    ("\uff11", "1"),
+])
+def test_specs_torch_refuses_are_refused_with_the_ascii_spelling(spec, fixed):
+    """Leading zeros and non-ASCII digits: torch.device refuses them, so do we, naming the fix."""
+    if ":" in spec:
+        with pytest.raises(RuntimeError):
+            torch.device(spec)
+    with pytest.raises(DeviceError, match=re.escape(f"Fix: write {fixed!r}")):
+        resolve(spec, machine())
+
+
+def test_uuid_in_upper_case_resolves_as_the_driver_reads_it():
+    assert resolve(U1[:12].upper(), machine()) == torch.device("cuda:1")
+
+
+@pytest.mark.parametrize("cvd", ["-", "+", "\u00b2", "1" + "0" * 5000])
+def test_values_torch_cannot_parse_leave_cpu_and_count_alone(cvd, monkeypatch):
+    """CUDA_VISIBLE_DEVICES='-' made torch's own parser raise ValueError from device('cpu')."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", cvd)
+    assert tp.device("cpu") == torch.device("cpu")
+    notes: list[str] = []
+    visible = map_visible(cvd, X2, None)
+    torch_count = lambda: len(torch.cuda._parse_visible_devices())  # noqa: E731  torch's real parser
+    assert cuda_device_count(visible, notes, torch_count) == visible.count
+    assert "using the driver's reading" in notes[0] and len(notes[0]) < 400

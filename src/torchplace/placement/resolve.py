@@ -8,6 +8,7 @@ counts, the visible map, LOCAL_RANK), so tests run it on snapshots of real machi
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -22,7 +23,7 @@ DeviceSpec = Union[str, int, torch.device, None]
 
 _FORMS = ('"auto", "cpu", "meta", "cuda", "cuda:N", an int N, a torch.device, "physical:N", '
           'a GPU UUID or unique prefix ("GPU-..."), or another accelerator ("mps", "xpu:0", ...)')
-_TYPED = re.compile(r"^([a-z_][a-z0-9_]*)(?::(-?\d+))?$")
+_TYPED = re.compile(r"^([a-z_][a-z0-9_]*)(?::(-?[0-9]+))?$")  # ASCII digits only, as torch.device
 
 
 @dataclass
@@ -42,7 +43,8 @@ class Machine:
     def live(cls) -> "Machine":
         visible = map_visible()
         has_cuda = torch.backends.cuda.is_built() if hasattr(torch.backends, "cuda") else False
-        count = torch.cuda.device_count() if has_cuda else 0
+        notes: list[str] = []
+        count = cuda_device_count(visible, notes) if has_cuda else 0
         accel, accel_count = None, 0
         acc_mod = getattr(torch, "accelerator", None)
         if acc_mod is not None and acc_mod.is_available():
@@ -50,7 +52,7 @@ class Machine:
             if acc is not None and acc.type != "cuda":
                 accel, accel_count = acc.type, acc_mod.device_count()
         current = torch.cuda.current_device() if count and torch.cuda.is_initialized() else None
-        return cls(count, visible, has_cuda, launch_env.local_rank(), accel, accel_count, current)
+        return cls(count, visible, has_cuda, launch_env.local_rank(), accel, accel_count, current, notes)
 
     @classmethod
     def from_topology(cls, topology: Topology, cuda_visible_devices: str | None = None,
@@ -58,6 +60,27 @@ class Machine:
         """A machine as a snapshot describes it, under the given environment values."""
         visible = map_visible(cuda_visible_devices, topology, cuda_device_order)
         return cls(visible.count, visible, True, local_rank)
+
+
+def cuda_device_count(visible: VisibleMap, notes: list[str], count: Any = None) -> int:
+    """torch.cuda.device_count(), or the driver's count where torch's own parser fails.
+
+    torch reads CUDA_VISIBLE_DEVICES with a parser of its own, which raises ValueError on values
+    such as '-', '+', a Unicode digit or a number of more than 4,300 digits; the driver reads them
+    (see hardware/visible.py), so its reading is used instead and a note says why.
+    """
+    try:
+        return int((count or torch.cuda.device_count)())
+    except ValueError as exc:
+        notes.append(f"torch.cuda.device_count() failed on CUDA_VISIBLE_DEVICES="
+                     f"{_short(visible.cuda_visible_devices)} ({exc}); using the driver's reading: "
+                     f"{visible.count} GPU(s). Fix: set CUDA_VISIBLE_DEVICES to ASCII ordinals or UUIDs.")
+        return visible.count
+
+
+def _short(value: str | None) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:40]}... ({len(value or '')} characters)"
 
 
 def device(spec: DeviceSpec = "auto", *, machine: Machine | None = None) -> torch.device:
@@ -81,6 +104,7 @@ def resolve(spec: DeviceSpec, m: Machine) -> torch.device:
         text = spec.strip()
     else:
         raise DeviceError(f"{spec!r} ({type(spec).__name__}) is not a device spec. Accepted: {_FORMS}.")
+    _refuse_unicode_digits(text)
     low = text.lower()
     if low.startswith("physical:"):
         return _physical(text.split(":", 1)[1].strip(), m, asked=text)
@@ -90,7 +114,7 @@ def resolve(spec: DeviceSpec, m: Machine) -> torch.device:
     if not match:
         raise DeviceError(f"{text!r} is not a device spec. Accepted: {_FORMS}.")
     kind, index = match.group(1), match.group(2)
-    idx = int(index) if index is not None else None
+    idx = _index(index, text) if index is not None else None
     if kind in ("cpu", "meta"):
         if idx not in (None, 0):
             raise DeviceError(f"{text!r} requested, but {kind} has a single device. Fix: use {kind!r}.")
@@ -144,11 +168,31 @@ def _cuda_message(asked: str, m: Machine) -> str:
             "CUDA_VISIBLE_DEVICES before the process starts (`torchplace map` shows the table).")
 
 
+def _refuse_unicode_digits(text: str) -> None:
+    """torch.device and the CUDA driver read ASCII digits only; say so and give the ASCII spelling."""
+    odd = next((ch for ch in text if not ch.isascii() and ch.isnumeric()), None)
+    if odd is None:
+        return
+    fixed = "".join(str(unicodedata.digit(ch)) if not ch.isascii() and unicodedata.digit(ch, None) is not None
+                    else ch for ch in text)
+    raise DeviceError(f"{text!r} uses the non-ASCII digit {odd!r} ({unicodedata.name(odd, 'unnamed')}); "
+                      f"torch.device and the CUDA driver read ASCII digits 0-9 only. Fix: write {fixed!r}.")
+
+
+def _index(digits: str, asked: str) -> int:
+    """A device index as torch.device reads it: ASCII digits, no leading zero ('cuda:01' is refused)."""
+    bare = digits.lstrip("-")
+    if len(bare) > 1 and bare.startswith("0"):
+        fixed = asked[:len(asked) - len(digits)] + digits.replace(bare, bare.lstrip("0") or "0")
+        raise DeviceError(f"{asked!r} has a leading zero in its index, which torch.device refuses "
+                          f"(\"Invalid device string\"). Fix: write {fixed!r}.")
+    return int(digits)
+
+
 def _physical(text: str, m: Machine, asked: str) -> torch.device:
-    try:
-        physical = int(text)
-    except ValueError:
-        raise DeviceError(f"{asked!r}: 'physical:' needs a GPU index as nvidia-smi shows it, e.g. 'physical:2'.") from None
+    if not re.fullmatch(r"[0-9]+", text):
+        raise DeviceError(f"{asked!r}: 'physical:' needs a GPU index as nvidia-smi shows it, e.g. 'physical:2'.")
+    physical = _index(text, asked)
     logical = m.visible.logical_of(physical)
     if logical is None:
         raise DeviceError(f"{asked} requested, but physical GPU {physical} is not visible to this process; "
@@ -157,7 +201,8 @@ def _physical(text: str, m: Machine, asked: str) -> torch.device:
 
 
 def _uuid(text: str, m: Machine) -> torch.device:
-    hits = [d for d in m.visible.visible if (d.mig_uuid or d.uuid).startswith(text)]
+    # the driver reads UUID hex digits in either case (hardware/visible.py)
+    hits = [d for d in m.visible.visible if (d.mig_uuid or d.uuid).lower().startswith(text.lower())]
     if len(hits) == 1:
         return _cuda(hits[0].logical, m, asked=text)
     why = "matches no visible GPU" if not hits else f"matches {len(hits)} visible GPUs"
