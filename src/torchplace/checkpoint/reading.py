@@ -85,12 +85,12 @@ def read_any(path: Path, *, dev: torch.device | None, model: nn.Module | None, o
     if kind == "dcp":
         raise CheckpointError(f"{path} is a sharded checkpoint (torch.distributed.checkpoint): its tensors only "
                               "exist as shards. Fix: torchplace.load it with model= (and optimizer=) in a process "
-                              "group, or make one file with "
-                              "torch.distributed.checkpoint.format_utils.dcp_to_torch_save.")
+                              "group, then torchplace.save (torch's dcp_to_torch_save unpickles without limits: use it "
+                              "only for folders you trust).")
     if kind == "dcp-foreign":
-        raise CheckpointError(f"{path} was written by torch.distributed.checkpoint directly, without torchplace's "
-                              "side file. Fix: load it with torch.distributed.checkpoint.load, or turn it into one "
-                              "file with torch.distributed.checkpoint.format_utils.dcp_to_torch_save.")
+        raise CheckpointError(f"{path} was written by torch.distributed.checkpoint directly; it holds no model "
+                              "structure to convert without a model. Fix: torchplace.load(path, model=...) reads it "
+                              "into your model (safely), then torchplace.save writes one file.")
     raise CheckpointError(f"{path} is not a checkpoint torchplace recognises (not torchplace/safetensors, torch.save, "
                           "Lightning, accelerate or DCP). Fix: check the path.")
 
