@@ -115,3 +115,15 @@ def test_a_busy_source_gpu_is_waited_for():
     value = busy_result()
     out = tp.to_device(value, "cuda:1")  # torch orders the copy after the source's stream
     assert torch.equal(out.cpu(), torch.arange(1 << 22, dtype=torch.float32) * 3)
+
+
+def test_a_packed_sequence_reaches_an_lstm_on_the_gpu_directly_and_through_the_loader():
+    """Issue 15, item 3: moved by its own .to(), so batch_sizes stays on the host as the LSTM needs."""
+    packed = torch.nn.utils.rnn.pack_sequence([torch.randn(4, 2), torch.randn(3, 2)])
+    lstm = torch.nn.LSTM(2, 3).to("cuda:0")
+    moved = tp.to_device({"seq": packed, "y": torch.ones(2)}, "cuda:0")
+    assert moved["seq"].data.is_cuda and moved["seq"].batch_sizes.device.type == "cpu"
+    expected = lstm(moved["seq"])[0].data
+    for batch in tp.DeviceLoader([{"seq": packed, "y": torch.ones(2)}] * 3, "cuda:0"):
+        assert batch["seq"].batch_sizes.device.type == "cpu" and batch["y"].is_cuda
+        torch.testing.assert_close(lstm(batch["seq"])[0].data, expected)
