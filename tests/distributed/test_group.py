@@ -11,6 +11,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -68,6 +69,51 @@ def test_bad_environment_is_refused_before_any_network_call(group):
     env = {"RANK": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
     with pytest.raises(DistributedError, match=r"RANK=2 is not below WORLD_SIZE=2"):
         tdist.init(env=env)
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"WORLD_SIZE": "3000000000"}, "larger than torch.distributed can count"),  # was a raw TypeError
+    ({"MASTER_ADDR": "127.0.0.1\x00evil"}, "contains a NUL byte"),
+])
+def test_values_torch_cannot_take_are_our_error(group, change, match):
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), **change}
+    with pytest.raises(DistributedError, match=match):
+        tdist.init(env=env, join_timeout=2)
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize("reply", [b"", b"HTTP/1.0 400 Bad Request\r\n\r\n" * 4])
+def test_a_service_that_is_not_a_store_at_the_master_address_is_named(group, reply):
+    """A plain TCP server (closes at once, or answers garbage) where the rendezvous store should be."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                if reply:
+                    conn.sendall(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(server.getsockname()[1])}
+    try:
+        with pytest.raises(DistributedError, match=r"is not a torch.distributed rendezvous store.*Fix: set MASTER_PORT"):
+            tdist.init(env=env, join_timeout=2)
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
     assert not torch.distributed.is_initialized()
 
 

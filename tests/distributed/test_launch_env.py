@@ -112,3 +112,25 @@ def test_slurm_messages_use_slurm_names():
     env = read_launch_env({"SLURM_PROCID": "4", "SLURM_NTASKS": "4", "MASTER_ADDR": "h", "MASTER_PORT": "2"})
     with pytest.raises(DistributedError, match="SLURM_PROCID=4 is not below SLURM_NTASKS=4"):
         check(env)
+
+
+@pytest.mark.parametrize("value,match", [
+    ("\u0661", "not an integer"), ("\uff12", "not an integer"), ("\u00b2", "not an integer"), ("1_0", "not an integer"),
+    ("1" * 5000, "5000 digits"),
+])
+def test_integers_are_ascii_digits_only(value, match):
+    """int() takes Unicode digits and underscores; the launchers never write them."""
+    with pytest.raises(DistributedError, match=match):
+        read_launch_env({"RANK": "0", "WORLD_SIZE": value})
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"WORLD_SIZE": "3000000000", "RANK": "0"}, r"WORLD_SIZE=3000000000 is larger than torch.distributed can count"),
+    ({"MASTER_ADDR": "node0\x00evil"}, r"MASTER_ADDR='node0\\x00evil' contains a NUL byte"),
+    ({"MASTER_ADDR": "node0 node1"}, "whitespace or a control character"),
+    ({"MASTER_ADDR": "n" * 300}, "300 characters long"),
+    ({"LOCAL_RANK": "3000000000", "LOCAL_WORLD_SIZE": ""}, "larger than a device index can be"),
+])
+def test_values_torch_cannot_take_are_refused_before_any_network_call(change, match):
+    with pytest.raises(DistributedError, match=match):
+        check(read_launch_env({**TORCHRUN, **change}))

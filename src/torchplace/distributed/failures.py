@@ -96,6 +96,14 @@ def explain(exc: BaseException | str, launch: LaunchEnv | None = None,
             "per rank. Fix: start one process per visible GPU (`torchplace run --gpus N`, or torchrun "
             "--nproc-per-node equal to the GPU count) and let torchplace.dist.init() choose "
             "cuda:LOCAL_RANK.")
+    if "Ping failed" in text or "invalid value returned from server" in text or (
+            type(exc).__name__ == "DistNetworkError" and ("Connection reset" in text or "EOF" in text
+                                                          or "Broken pipe" in text)):
+        return DistributedError(
+            f"{_rank(launch)} reached {_where(launch)}, but what answers there is not a torch.distributed "
+            f"rendezvous store ({text.splitlines()[0][:160]}). Another program (a web server, a database, "
+            "an older job) holds that port. Fix: set MASTER_PORT to a port only this job uses, or launch "
+            "with `torchplace run` / `torchrun --standalone`, which choose a free port.")
     if "invalid device ordinal" in text:
         return DistributedError(
             f"{_rank(launch)} asked for a CUDA device that is not visible (LOCAL_RANK="

@@ -32,18 +32,31 @@ def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
     return os.environ if env is None else env
 
 
+#: torch.distributed keeps ranks, sizes and ports in C ints: a larger value cannot work.
+C_INT_MAX = 2**31 - 1
+_INTEGER = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: int() would also take '\u0661' or '1_0'
+
+
+def _short(raw: str) -> str:
+    text = repr(raw)
+    return text if len(text) <= 40 else f"{text[:30]}... ({len(raw)} characters)"
+
+
 def _int_var(env: Mapping[str, str], name: str) -> int | None:
     """Read ``name`` as a non-negative int; None when unset or empty."""
     raw = env.get(name)
     if raw is None or raw.strip() == "":
         return None
-    try:
-        value = int(raw.strip())
-    except ValueError:
+    text = raw.strip()
+    if _INTEGER.fullmatch(text) and len(text) > 20:
         raise DistributedError(
-            f"{name}={raw!r} is not an integer. The launcher (torchrun, srun) sets it to a whole "
-            f"number. Fix: unset {name} or set it to a non-negative integer."
-        ) from None
+            f"{name}={_short(raw)} has {len(text)} digits, far more than any rank, size or port. "
+            f"Fix: unset {name} or set it to a non-negative integer.")
+    if not _INTEGER.fullmatch(text):
+        raise DistributedError(
+            f"{name}={_short(raw)} is not an integer (ASCII digits 0-9). The launcher (torchrun, srun) "
+            f"sets it to a whole number. Fix: unset {name} or set it to a non-negative integer.")
+    value = int(text)
     if value < 0:
         raise DistributedError(
             f"{name}={raw!r} is negative. Fix: unset {name} or set it to a non-negative integer.")
@@ -195,12 +208,24 @@ def first_host(nodelist: str) -> str:
     return prefix + first.split("-")[0]
 
 
+def _bad_host(addr: str) -> str | None:
+    """Why `addr` cannot be a host name or address, or None."""
+    if "\x00" in addr:
+        return "contains a NUL byte"
+    if any(ch.isspace() or not ch.isprintable() for ch in addr):
+        return "contains whitespace or a control character"
+    if len(addr) > 253:
+        return f"is {len(addr)} characters long (a host name has at most 253)"
+    return None
+
+
 def check(launch: LaunchEnv) -> None:
     """Raise DistributedError listing every inconsistency in `launch`, before any collective runs.
 
     Checks: RANK and WORLD_SIZE both set, 0 <= RANK < WORLD_SIZE, LOCAL_RANK < LOCAL_WORLD_SIZE,
     LOCAL_WORLD_SIZE <= WORLD_SIZE, and a rendezvous address (MASTER_ADDR, MASTER_PORT in
-    1..65535) when there is more than one process. Device checks (LOCAL_RANK within the visible
+    1..65535) when there is more than one process; sizes and ranks that fit torch's C ints, and a
+    MASTER_ADDR without NUL bytes, whitespace or control characters. Device checks (LOCAL_RANK within the visible
     GPUs) need torch and live in `torchplace.dist.init`.
     """
     if launch.launcher is None:
@@ -215,10 +240,15 @@ def check(launch: LaunchEnv) -> None:
         problems.append(f"{world_var} is not set (the number of processes in the job)")
     elif launch.world_size < 1:
         problems.append(f"{world_var}={launch.world_size} must be at least 1")
+    elif launch.world_size > C_INT_MAX:
+        problems.append(f"{world_var}={launch.world_size} is larger than torch.distributed can count "
+                        f"({C_INT_MAX}, a C int)")
     if launch.rank is not None and launch.world_size and launch.rank >= launch.world_size:
         problems.append(f"{rank_var}={launch.rank} is not below {world_var}={launch.world_size} "
                         f"(ranks run 0..{launch.world_size - 1})")
     lws = launch.local_world_size
+    if launch.local_rank is not None and launch.local_rank > C_INT_MAX:
+        problems.append(f"{lrank_var}={launch.local_rank} is larger than a device index can be ({C_INT_MAX})")
     if launch.local_rank is not None and lws is not None and launch.local_rank >= lws:
         problems.append(f"{lrank_var}={launch.local_rank} is not below LOCAL_WORLD_SIZE={lws}")
     if lws is not None and launch.world_size and lws > launch.world_size:
@@ -226,6 +256,9 @@ def check(launch: LaunchEnv) -> None:
     if launch.world_size and launch.world_size > 1:
         if not launch.master_addr:
             problems.append("MASTER_ADDR is not set (the host of rank 0's rendezvous store)")
+        elif _bad_host(launch.master_addr):
+            problems.append(f"MASTER_ADDR={_short(launch.master_addr)} {_bad_host(launch.master_addr)}; it "
+                            "must be a host name or IP address of rank 0's host")
         if launch.master_port is None:
             problems.append("MASTER_PORT is not set (the rendezvous port)")
         elif not 1 <= launch.master_port <= 65535:
