@@ -63,17 +63,18 @@ def parts(path: Path) -> tuple[dict[str, Any], dict[str, Any], bytes]:
 def _entries(index: dict[str, Any], meta: Any) -> list[fmt.TensorEntry]:
     """The index as the reader sees it (best effort: invalid entries are refused before any checksum)."""
     raw = meta.get("raw_dtypes", {}) if isinstance(meta, dict) else {}
-    out = []
-    for key, info in index.items():
-        try:
+    try:
+        out = []
+        for key, info in index.items():
             dtype = fmt._CODES[info["dtype"]]
             shape = info["shape"]
             if isinstance(raw, dict) and key in raw:
                 dtype, shape = getattr(torch, raw[key][0]), raw[key][1]
-            out.append(fmt.TensorEntry(key, dtype, tuple(shape), *info["data_offsets"]))
-        except Exception:  # noqa: BLE001 - the reader refuses this entry before it checks a checksum
-            return []
-    return sorted(out, key=lambda e: (e.start, e.end))
+            start, end = info["data_offsets"]
+            out.append(fmt.TensorEntry(key, dtype, tuple(shape), int(start), int(end)))
+        return sorted(out, key=lambda e: (e.start, e.end))
+    except Exception:  # noqa: BLE001 - the reader refuses such an index before it checks a checksum
+        return []
 
 
 def write(path: Path, index: dict[str, Any], meta: Any, data: bytes, *, meta_text: str | None = None,
@@ -251,7 +252,7 @@ def _prefix(folder: Path) -> Path:
 
 @case("header_bigger_than_budget")
 def _big_header(folder: Path) -> Path:
-    return _framed(folder / "bighdr.pt", b"{" + b" " * (fmt.SMALL_HEADER_BYTES + 16) + b"}")
+    return _framed(folder / "bighdr.pt", b"{" + b" " * (9 * 2**20) + b"}")  # beyond format.SMALL_HEADER_BYTES
 
 
 @case("truncated_stub")

@@ -222,10 +222,11 @@ def decode(tree: Any, lookup: Callable[[str], Any], *, unpickle: Callable[[str],
             t = lookup(_shaped(node, tag, "k", str))
             return t if isinstance(t, TensorRef) else t.cpu().numpy()
         if tag == "float":
+            text = _shaped(node, tag, "v", str)
             try:
-                return float(_shaped(node, tag, "v", str))
+                return float(text)
             except ValueError:
-                raise StateError(f"a 'float' entry holds {node['v']!r:.60}, not a number") from None
+                raise StateError(f"a 'float' entry holds {text!r:.60}, not a number") from None
         if tag == "size":
             return _size(_shaped(node, tag, "v", list))
         if tag == "dtype":

@@ -26,17 +26,17 @@ def layout_problem(state: Any) -> str | None:
     optimizer, scheduler, scaler and rng entries are maps. Loaders rely on these shapes."""
     if not isinstance(state, Mapping):
         return f"the saved state is a {type(state).__name__}, not a dict"
-    odd = next((k for k in state if not isinstance(k, str)), None)
-    if odd is not None:
-        return f"the saved state has a key {odd!r:.60} that is not a string"
+    odd = [k for k in state if not isinstance(k, str)]
+    if odd:
+        return f"the saved state has a key {odd[0]!r:.60} that is not a string"
     for name in MAPPING_ENTRIES:
         value = state.get(name)
         if value is not None and not isinstance(value, Mapping):
             return f"its {name!r} entry is a {type(value).__name__}, not a dict"
     model = state.get("model") or {}
-    odd = next((k for k in model if not isinstance(k, str)), None)
-    if odd is not None:
-        return f"the model's state has a key {odd!r:.60} of type {type(odd).__name__}; state dict keys are strings"
+    odd = [k for k in model if not isinstance(k, str)]
+    if odd:
+        return f"the model's state has a key {odd[0]!r:.60} of type {type(odd[0]).__name__}; state dict keys are strings"
     return None
 
 

@@ -145,12 +145,20 @@ class Topology:
                                 f"(this torchplace reads schema {SCHEMA_VERSION}). {SNAPSHOT_FIX}")
         try:
             gpus = [safeio.build(GpuRecord, raw, f"gpus[{i}]") for i, raw in enumerate(data["gpus"])]
-            links = [safeio.build(Link, item, f"links[{i}]") for i, item in enumerate(data.get("links") or [])]
+            links = [safeio.build(Link, item, f"links[{i}]") for i, item in enumerate(_list(data.get("links"), "links"))]
             fields_ = {k: safeio.build(_Strings, {"value": data.get(k)}, k).value
                        for k in ("driver_version", "cuda_driver_version", "nvml_error", "captured_at", "hostname")}
         except ValueError as exc:
             raise SnapshotError(f"{source}: malformed snapshot ({exc}). {SNAPSHOT_FIX}") from None
         return cls(gpus=gpus, links=links, source=source, **fields_)
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"{where} is a {type(value).__name__}, not a list")
+    return value
 
 
 @dataclass
