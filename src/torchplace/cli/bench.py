@@ -11,6 +11,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "transfer": ("torchplace.bench.transfer", "host->device copies: naive, pinned, accelerate, to_device"),
     "loader": ("torchplace.bench.loader", "training-like loop: naive, pinned, DeviceLoader vs ideal"),
     "strict": ("torchplace.bench.strict", "cost of strict mode and watch on real training steps"),
+    "diagnose": ("torchplace.bench.diagnose", "how many corpus device mistakes strict, watch and explain name"),
     "checkpoint": ("torchplace.bench.checkpoint", "save/load vs torch.save/torch.load and a raw write"),
     "ddp": ("torchplace.bench.ddp", "one GPU vs DataParallel vs DDP through torchplace run"),
     "cpu": ("torchplace.bench.cpu", "CPU inference at default vs configured threads"),

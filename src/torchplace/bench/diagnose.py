@@ -1,0 +1,205 @@
+"""`torchplace bench diagnose`: how many device mistakes strict(), watch() and explain() name.
+
+Runs the corpus of tests/checks/corpus.py (device mistakes from public issues, and legal
+patterns) on one device pair and scores each tool per case:
+
+- named: the report names the culprit (every culprit string of the case appears in it);
+- full: it also shows the module path and the user's line (`corpus.py:LINE`);
+- false alarm (legal cases): strict()/watch() raised or warned, or explain() listed an error or
+  a warning.
+
+Pairs: cpu-meta (CI), cuda-cpu (one GPU), cuda1-cuda0 (two GPUs); by default every pair this
+machine has. torch is imported only inside run(): the CLI imports this module for its parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .common import BenchResult, Row, Target
+
+TOOLS = ("strict", "watch", "explain")
+_CORPUS = Path(__file__).resolve().parents[3] / "tests" / "checks" / "corpus.py"
+# issue 16: on the GPU machine, strict names >= 95% with path, tensor and line, explain >= 90%, watch >= 80%
+_TARGETS = {"strict": 0.95, "explain": 0.90, "watch": 0.80}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pairs", default=None,
+                        help="device pairs, comma-separated: cpu-meta,cuda-cpu,cuda1-cuda0 (default: all this "
+                             "machine has)")
+    parser.add_argument("--corpus", default=None, help=f"the corpus module (default {_CORPUS})")
+    parser.add_argument("--cases", default=None, help="only these case names, comma-separated")
+
+
+@dataclass
+class Outcome:
+    """One tool on one case on one pair."""
+
+    case: str
+    kind: str
+    pair: str
+    tool: str
+    named: bool = False
+    full: bool = False
+    alarm: bool = False
+    text: str = ""
+    missing: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"case": self.case, "kind": self.kind, "pair": self.pair, "tool": self.tool, "named": self.named,
+                "full": self.full, "alarm": self.alarm, "missing": self.missing, "text": self.text}
+
+
+def load_corpus(path: str | Path | None = None) -> Any:
+    """Import the corpus module from its file (it lives with the tests, not in the package)."""
+    from ..errors import TorchplaceError
+
+    file = Path(path) if path else _CORPUS
+    if not file.is_file():
+        raise TorchplaceError(f"bench diagnose needs the case corpus at {file}, which does not exist. Fix: run it "
+                              f"from a checkout of torchplace, or pass --corpus PATH/corpus.py.")
+    name = "torchplace_diagnose_corpus"
+    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(file):
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def available_pairs() -> list[str]:
+    import torch
+
+    pairs = ["cpu-meta"]
+    if torch.cuda.is_available():
+        pairs.append("cuda-cpu")
+        if torch.cuda.device_count() > 1:
+            pairs.append("cuda1-cuda0")
+    return pairs
+
+
+def score(case: Any, pair: str, tool: str, corpus: Any) -> Outcome:
+    """Build CASE for PAIR and judge TOOL on it."""
+    import torch
+
+    main, other = (torch.device(d) for d in corpus.PAIRS[pair])
+    if torch.cuda.is_available():
+        torch.cuda.set_device(0)
+    out = Outcome(case.name, case.kind, pair, tool)
+    torch.manual_seed(0)
+    program = case.build(main, other)
+    if tool == "explain":
+        result = program.explain() if program.explain else _explain(program)
+        found = [p for p in result.problems if p["severity"] in ("error", "warning")]
+        out.text = "\n".join(f"[{p['severity']}] {p['kind']} {p['where']}: {p['message']}" for p in found)
+        out.alarm = bool(found)
+    else:
+        out.text, out.alarm = _run_under(tool, program)
+    if case.kind == "mistake":
+        wanted = list(case.culprit)
+        out.missing = [w for w in wanted if w not in out.text]
+        out.named = bool(out.text) and not out.missing
+        extra = [w for w in (case.module, case.at) if w and w not in out.text]
+        out.full = out.named and not extra
+        out.missing += extra
+    return out
+
+
+def _explain(program: Any) -> Any:
+    from ..checks.explain import explain
+
+    return explain(program.model, *program.inputs, optimizer=program.optimizer)
+
+
+def _run_under(tool: str, program: Any) -> tuple[str, bool]:
+    """Run the program under strict(model=...) or watch(model): (what it reported, whether it did)."""
+    from ..checks.strict import strict
+    from ..checks.watch import watch
+    from ..errors import TorchplaceError
+
+    context = strict(model=program.model) if tool == "strict" else watch(program.model)
+    texts: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with context:
+                program.run()
+        except TorchplaceError as exc:
+            texts.append(str(exc))
+        except RuntimeError as exc:  # passed through unconverted: nothing named
+            return "", True if "device" in str(exc) else False
+    texts += [str(w.message) for w in caught if w.category.__module__.startswith("torchplace")]
+    return "\n".join(texts), bool(texts)
+
+
+def score_all(pairs: list[str], corpus: Any, names: set[str] | None = None) -> list[Outcome]:
+    outcomes = []
+    for pair in pairs:
+        for case in corpus.for_pair(pair):
+            if names and case.name not in names:
+                continue
+            for tool in TOOLS:
+                outcomes.append(score(case, pair, tool, corpus))
+    return outcomes
+
+
+def table(outcomes: list[Outcome]) -> list[tuple[str, dict[str, str]]]:
+    """Rows of the score table: (label, {pair: 'n/N'})."""
+    pairs = list(dict.fromkeys(o.pair for o in outcomes))
+    rows: list[tuple[str, dict[str, str]]] = []
+    for tool in TOOLS:
+        for label, attr in ((f"{tool}() names the culprit", "named"),
+                            (f"{tool}() ... with module path, tensor and user line", "full")):
+            cells = {}
+            for pair in pairs:
+                got = [o for o in outcomes if o.pair == pair and o.tool == tool and o.kind == "mistake"]
+                cells[pair] = f"{sum(getattr(o, attr) for o in got)}/{len(got)}"
+            rows.append((label, cells))
+    cells = {}
+    for pair in pairs:
+        legal = [o for o in outcomes if o.pair == pair and o.kind == "legal"]
+        counts = [sum(o.alarm for o in legal if o.tool == t) for t in TOOLS]
+        cells[pair] = " / ".join(map(str, counts)) + f" (of {len(legal) // len(TOOLS)})"
+    rows.append(("false alarms on legal code: strict / watch / explain", cells))
+    return rows
+
+
+def run(args: argparse.Namespace) -> BenchResult:
+    corpus = load_corpus(args.corpus)
+    pairs = [p.strip() for p in args.pairs.split(",")] if args.pairs else available_pairs()
+    names = {n.strip() for n in args.cases.split(",")} if args.cases else None
+    outcomes = score_all(pairs, corpus, names)
+    rows: list[Row] = []
+    targets: list[Target] = []
+    for pair in pairs:
+        mistakes = [o for o in outcomes if o.pair == pair and o.kind == "mistake"]
+        legal = [o for o in outcomes if o.pair == pair and o.kind == "legal"]
+        for tool in TOOLS:
+            mine = [o for o in mistakes if o.tool == tool]
+            n = len(mine) or 1
+            named, full = sum(o.named for o in mine), sum(o.full for o in mine)
+            alarms = sum(o.alarm for o in legal if o.tool == tool)
+            rows.append(Row(f"{pair}: {tool}() names the culprit", named / n, "fraction",
+                            extra={"count": f"{named}/{len(mine)}"}))
+            rows.append(Row(f"{pair}: {tool}() with module path, tensor and user line", full / n, "fraction",
+                            extra={"count": f"{full}/{len(mine)}",
+                                   "missed": [o.case for o in mine if not o.full]}))
+            rows.append(Row(f"{pair}: {tool}() false alarms on legal code", float(alarms), "cases",
+                            extra={"cases": [o.case for o in legal if o.tool == tool and o.alarm]}))
+            if pair != "cpu-meta":
+                targets.append(Target(f"{pair}: {tool}() full reports", full / n, _TARGETS[tool], ">="))
+            targets.append(Target(f"{pair}: {tool}() false alarms", float(alarms), 0.0))
+    notes = [f"{label}: " + ", ".join(f"{p} {c}" for p, c in cells.items()) for label, cells in table(outcomes)]
+    notes.append(f"corpus: {len(corpus.CASES)} cases from public issues ({corpus.__file__})")
+    result = BenchResult("diagnose", rows, baseline=None, lower_is_better=False, targets=targets, notes=notes,
+                         params={"pairs": pairs, "outcomes": [o.to_dict() for o in outcomes]})
+    return result
