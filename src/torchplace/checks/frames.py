@@ -87,6 +87,68 @@ def is_library(filename: str) -> bool:
     return filename.startswith(TORCH_DIR) or filename.startswith(_CHECKS_DIR)
 
 
+_PACKAGE_DIR = os.path.dirname(_CHECKS_DIR.rstrip(os.sep)) + os.sep
+_FACTORIES = frozenset({"tensor", "as_tensor", "asarray", "empty", "zeros", "ones", "full", "rand", "randn", "randint",
+                        "randperm", "arange", "linspace", "logspace", "eye", "from_numpy", "scalar_tensor"})
+
+
+def is_user(filename: str) -> bool:
+    """The user's code: neither torch nor any part of torchplace."""
+    return not (filename.startswith(TORCH_DIR) or filename.startswith(_PACKAGE_DIR))
+
+
+def assignment_of(name: str, frame: FrameType) -> tuple[int, str, str | None] | None:
+    """The last `name = ...` in frame's function before the running line: (line, source, factory note).
+
+    The note says when the right-hand side makes a tensor with a torch factory that gives no
+    device (it lands on the CPU) or an index-less one (whichever GPU is current).
+    """
+    if frame.f_code.co_name == "<module>":
+        return None
+    try:
+        lines, start = inspect.getsourcelines(frame.f_code)
+    except (OSError, TypeError):
+        return None
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except SyntaxError:
+        return None
+    best: ast.AST | None = None
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign)) else []
+        names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        if name in names and start + node.lineno - 1 <= frame.f_lineno:
+            if best is None or node.lineno > best.lineno:
+                best = node
+    if best is None:
+        return None
+    text = " ".join(ast.unparse(best).split())
+    return start + best.lineno - 1, text, _factory_note(getattr(best, "value", None))
+
+
+def _factory_note(value: ast.AST | None) -> str | None:
+    if value is None:
+        return None
+    if any(isinstance(n, ast.Attribute) and n.attr in ("to", "cuda") for n in ast.walk(value)):
+        return None  # moved explicitly afterwards
+    for node in ast.walk(value):
+        if not isinstance(node, ast.Call):
+            continue
+        func = ast.unparse(node.func)
+        if not (func.startswith("torch.") and func.split(".", 1)[1] in _FACTORIES):
+            continue
+        device = next((k.value for k in node.keywords if k.arg == "device"), None)
+        if device is None:
+            return f"{func}(...) without a device, so on the CPU"
+        spec = ast.unparse(device)
+        if spec.strip("'\"") in ("cuda", "xpu", "mps") or spec in ("torch.device('cuda')", 'torch.device("cuda")'):
+            return f"{func}(..., device={spec}) without an index, so on whichever GPU is current"
+    return None
+
+
 def traceback_entries(tb: TracebackType | None) -> list[tuple[FrameType, int, int]]:
     """(frame, line, last instruction) from the outermost to the innermost frame."""
     out = []

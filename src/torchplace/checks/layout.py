@@ -113,12 +113,15 @@ def iter_tensors(value: Any, path: str, depth: int = 4) -> Iterator[tuple[str, t
             yield from iter_tensors(item, f"{path}[{i}]", depth - 1)
 
 
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))  # _parameters, _buffers, hooks: torch's own
+
+
 def plain_attributes(root: torch.nn.Module, label: str = "model") -> Iterator[tuple[str, torch.Tensor]]:
     """Tensors kept on modules as plain attributes (not parameters or buffers): `.to()` skips them."""
     for name, module in root.named_modules():
         prefix = f"{label}.{name}" if name else label
         for key, value in vars(module).items():
-            if key.startswith("_"):
+            if key in _MODULE_INTERNALS:
                 continue
             for path, tensor in iter_tensors(value, f"{prefix}.{key}", 1):
                 if not isinstance(tensor, torch.nn.Parameter):
