@@ -237,7 +237,7 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
             value = place_optimizer_state(obj, dict(value))
         try:
             obj.load_state_dict(value)
-        except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             raise CheckpointError(f"{path}: the saved {name} state does not fit the {type(obj).__name__} given "
                                   f"({exc}). Fix: build it as it was when saved (same parameters and groups)."
                                   ) from None

@@ -74,7 +74,7 @@ def read_any(path: Path, *, dev: torch.device | None, model: nn.Module | None, o
         tool = "torchplace" if fs.header.meta is not None else "safetensors"
         return tool, fs.tree, fs.meta, []
     if kind in ("torch-zip", "torch-pickle"):
-        tool, state = foreign.normalize(foreign.torch_load(path, default, trust_pickle))
+        tool, state = foreign.normalize(foreign.torch_load(path, default, trust_pickle), path)
         return tool, state, {}, []
     if kind == "accelerate":
         def load_st(p: Path) -> dict[str, Any]:
