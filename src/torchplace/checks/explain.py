@@ -1,7 +1,11 @@
 """`torchplace.explain(model, *inputs, optimizer=None)`: where everything lives, and what is wrong.
 
-Reads, never runs: parameters and buffers grouped by module and device (layout.py), inputs by
-their path in the batch, optimizer state by device, and the problems found:
+Parameters and buffers grouped by module and device (layout.py), inputs by their path in the
+batch, optimizer state by device, and the problems found. Given inputs, it also runs the forward
+once (under torch.no_grad(), buffers restored afterwards) and judges by what the forward does: a
+device mismatch there is reported with its culprit (as watch() names it), and placement that
+only looks odd (a CPU index or lengths tensor, a host-only attribute, a deliberate split) is a
+note, not an alarm, when the forward ran. Problems looked for:
 
 - a module whose own parameters and buffers are on different devices;
 - a model spread over devices (fine when deliberate, e.g. torchplace.place; a bug otherwise);
@@ -9,7 +13,10 @@ their path in the batch, optimizer state by device, and the problems found:
 - inputs on a device that holds none of the model;
 - optimizer state on another device than its parameter (state made before `model.to()`),
   and optimizer parameters that are not the model's;
-- DataParallel / DistributedDataParallel whose first device does not hold the model.
+- DataParallel / DistributedDataParallel whose first device does not hold the model;
+- modules kept in plain lists or dicts (model.to() skips them), and companions passed beside
+  the inputs (a loss, a metric, a scheduler: any module or object holding tensors) that sit on
+  another device than the model.
 
 The result is a dict (for code) that renders as rich tables (`print(result)`, `.print()`).
 """
@@ -22,7 +29,7 @@ from typing import Any
 
 import torch
 
-from .layout import iter_tensors, model_devices, module_groups, own_tensors, plain_attributes
+from .layout import _MODULE_INTERNALS, iter_tensors, model_devices, module_groups, own_tensors, plain_attributes
 
 _CPU = torch.device("cpu")
 
@@ -71,13 +78,119 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
         optimizer=None,
         problems=problems,
     )
+    companions = [(i, v) for i, v in enumerate(inputs) if _is_companion(v)]
+    args = tuple(v for v in inputs if not _is_companion(v))
     _check_modules(model, groups, devices, problems)
     result["plain_attributes"] = _check_attributes(model, problems)
-    result["inputs"] = _check_inputs(inputs, devices, problems)
+    result["inputs"] = _check_inputs(args, devices, problems)
+    _check_unregistered(model, devices, problems)
+    _check_companions(companions, devices, problems)
     if optimizer is not None:
         result["optimizer"] = _check_optimizer(model, optimizer, problems)
     _check_parallel(model, problems)
+    result["forward"] = _run_forward(model, args, problems) if args else "not run: no inputs given"
     return result
+
+
+_LOOKS_ODD = ("input-device", "plain-attribute", "model-split")
+
+
+def _is_companion(value: Any) -> bool:
+    """A loss, metric or scheduler passed beside the inputs: a module, or an object holding tensors."""
+    if isinstance(value, torch.nn.Module):
+        return True
+    if isinstance(value, (torch.Tensor, dict, list, tuple)) or not hasattr(value, "__dict__"):
+        return False
+    return any(isinstance(v, torch.Tensor) for v in vars(value).values())
+
+
+def _run_forward(model: torch.nn.Module, args: tuple[Any, ...], problems: list[dict[str, str]]) -> str:
+    """Run model(*args) once; a device mismatch becomes a problem naming its culprit, and placement that
+    only looked odd becomes a note when the forward ran (torch accepted it)."""
+    from ..errors import DeviceMismatchError
+    from .watch import watch
+
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        with torch.no_grad(), watch(model):
+            model(*args)
+    except DeviceMismatchError as exc:
+        report = getattr(exc, "report", None)
+        where = getattr(report, "module", None) or "model"
+        _problem(problems, "mismatch", where, "error", f"the forward fails: {exc}")
+        return "device mismatch"
+    except Exception as exc:  # inputs the forward does not take (a whole batch): the static findings stand
+        return f"not run: model(*inputs) raised {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved:
+                if buffer.device == value.device and buffer.shape == value.shape:
+                    buffer.copy_(value)
+    for p in problems:
+        if p["kind"] in _LOOKS_ODD:
+            p["severity"] = "note"
+            p["message"] += " (The forward ran with these inputs, so torch accepts this placement.)"
+    return "ran"
+
+
+def _companion_names(values: list[Any]) -> dict[int, str]:
+    """The caller's names for the companions (`criterion`), read from the frames that called explain()."""
+    import sys
+
+    out: dict[int, str] = {}
+    frame = sys._getframe(3)
+    for _ in range(4):
+        if frame is None:
+            break
+        for name, value in frame.f_locals.items():
+            if name not in ("inputs", "args", "self") and any(value is v for v in values):
+                out.setdefault(id(value), name)
+        frame = frame.f_back
+    return out
+
+
+def _check_companions(companions: list[tuple[int, Any]], devices: list[str],
+                      problems: list[dict[str, str]]) -> None:
+    if not companions or not devices:
+        return
+    names = _companion_names([v for _, v in companions])
+    for index, value in companions:
+        label = names.get(id(value), f"inputs[{index}]")
+        if isinstance(value, torch.nn.Module):
+            tensors = [(f"{label}.{n}", t) for n, t in [*value.named_parameters(), *value.named_buffers()]]
+            tensors += list(plain_attributes(value, label))
+        else:
+            tensors = [(f"{label}.{k}", t) for k, t in vars(value).items() if isinstance(t, torch.Tensor)]
+        away = [(path, t) for path, t in tensors if str(t.device) not in devices and t.dim() > 0]
+        if away:
+            shown = ", ".join(f"{path} on {t.device}" for path, t in away[:4])
+            _problem(problems, "companion-device", label, "error",
+                     f"{label} ({type(value).__name__}) keeps {shown}, while the model is on {', '.join(devices)}; it "
+                     f"is not part of the model, so model.to() does not move it. Fix: {label}.to({devices[0]!r}) "
+                     f"(or make it a submodule of the model).")
+
+
+def _check_unregistered(model: torch.nn.Module, devices: list[str], problems: list[dict[str, str]]) -> None:
+    """Modules kept in plain lists, tuples or dicts: model.to() and model.parameters() skip them."""
+    for name, module in model.named_modules():
+        prefix = f"model.{name}" if name else "model"
+        for key, value in vars(module).items():
+            if key in _MODULE_INTERNALS or not isinstance(value, (list, tuple, dict)):
+                continue
+            items = list(value.items() if isinstance(value, dict) else enumerate(value))[:256]
+            held = [(f"{prefix}.{key}[{k!r}]", m) for k, m in items if isinstance(m, torch.nn.Module)]
+            if not held:
+                continue
+            kind = "dict" if isinstance(value, dict) else type(value).__name__
+            wrapper = "nn.ModuleDict" if isinstance(value, dict) else "nn.ModuleList"
+            away = [(f"{path}.{n}", t.device) for path, m in held
+                    for n, t in [*m.named_parameters(), *m.named_buffers()] if devices and str(t.device) not in devices]
+            where = "; ".join(f"{path} on {d}" for path, d in away[:4])
+            _problem(problems, "unregistered-module", f"{prefix}.{key}", "error" if away else "warning",
+                     f"{prefix}.{key} is a plain Python {kind} holding {len(held)} module(s) "
+                     f"({', '.join(p for p, _ in held[:4])}); model.to(), model.parameters() and the state_dict do "
+                     f"not see them" + (f", and they are elsewhere: {where}" if away else "") +
+                     f". Fix: {prefix}.{key} = {wrapper}(...).")
 
 
 def describe(tensor: torch.Tensor) -> dict[str, Any]:

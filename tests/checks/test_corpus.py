@@ -1,0 +1,86 @@
+"""The corpus on cpu vs meta: strict() and watch() name every mistake with module path, tensor and
+user line; explain() names the ones its forward run or static checks can see; nothing cries wolf."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import corpus
+from torchplace.bench import diagnose
+from torchplace.checks.mismatch import misplaced_state
+
+PAIR = "cpu-meta"
+MISTAKES = corpus.for_pair(PAIR, "mistake")
+LEGAL = corpus.for_pair(PAIR, "legal")
+# mistakes made outside the model's forward (in a loss, metric or scheduler call, or the training
+# loop): explain(model, *inputs) names the culprit but cannot know the line that will use it
+EXPLAIN_NO_LINE = {"criterions_in_list", "loss_weight_not_moved", "pos_weight_not_moved", "metric_not_moved",
+                   "scheduler_sigmas", "head_replaced_after_to", "input_not_moved"}
+EXPLAIN_BLIND = {"stack_zero_dim_loss", "labels_not_moved", "targets_not_moved"}  # made in the user's loop
+
+
+def test_the_corpus_is_big_enough_and_cites_its_sources():
+    assert len([c for c in corpus.CASES if c.kind == "mistake"]) >= 30 and len(MISTAKES) >= 30
+    assert len([c for c in corpus.CASES if c.kind == "legal"]) >= 15
+    assert all(c.source.count("/") == 1 and "#" in c.source for c in corpus.CASES)
+    assert all(c.line for c in corpus.CASES if c.kind == "mistake")
+    assert len({c.name for c in corpus.CASES}) == len(corpus.CASES)
+
+
+@pytest.mark.parametrize("tool", ["strict", "watch"])
+@pytest.mark.parametrize("case", MISTAKES, ids=lambda c: c.name)
+def test_strict_and_watch_name_path_tensor_and_line(case, tool):
+    out = diagnose.score(case, PAIR, tool, corpus)
+    assert out.full, f"missing {out.missing} in:\n{out.text}"
+
+
+@pytest.mark.parametrize("case", MISTAKES, ids=lambda c: c.name)
+def test_explain_names_what_it_can_see(case):
+    out = diagnose.score(case, PAIR, "explain", corpus)
+    if case.name in EXPLAIN_BLIND:
+        assert not out.named
+    elif case.name in EXPLAIN_NO_LINE:
+        assert out.named and not out.full, out.text
+    else:
+        assert out.full, f"missing {out.missing} in:\n{out.text}"
+
+
+@pytest.mark.parametrize("tool", diagnose.TOOLS)
+@pytest.mark.parametrize("case", LEGAL, ids=lambda c: c.name)
+def test_legal_patterns_raise_no_alarm(case, tool):
+    out = diagnose.score(case, PAIR, tool, corpus)
+    assert not out.alarm, out.text
+
+
+def test_the_factory_that_made_a_culprit_is_named_with_its_line():
+    out = diagnose.score(next(c for c in MISTAKES if c.name == "lstm_h0_zeros"), PAIR, "strict", corpus)
+    assert "`h0 = torch.zeros(1, x.shape[1], W)` at tests/checks/corpus.py:" in out.text
+    assert "torch.zeros(...) without a device, so on the CPU" in out.text and "pass device=" in out.text
+
+
+def test_modules_in_plain_lists_suggest_module_list():
+    out = diagnose.score(next(c for c in MISTAKES if c.name == "heads_in_list"), PAIR, "strict", corpus)
+    assert "inside module model.heads[0] (Linear)" in out.text and "make it nn.ModuleList(...)" in out.text
+    out = diagnose.score(next(c for c in MISTAKES if c.name == "branches_in_dict"), PAIR, "explain", corpus)
+    assert "model.branches = nn.ModuleDict(...)" in out.text
+
+
+def test_zero_dim_cpu_tensors_refused_by_stack_are_blamed():
+    out = diagnose.score(next(c for c in MISTAKES if c.name == "stack_zero_dim_loss"), PAIR, "strict", corpus)
+    assert "allowed" not in out.text and "which elementwise ops accept on any device but this op does not" in out.text
+    assert "box_loss on cpu, while the rest are on meta" in out.text
+
+
+def test_optimizer_state_is_named_by_parameter_and_key():
+    """torch's meta kernels let an optimizer step mix devices (and Module.to('meta') makes new parameters),
+    so the naming is checked directly: state moved away from its parameter, as a GPU run leaves it."""
+    model = corpus.Toy()
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, corpus.W)).sum().backward()
+    optimizer.step()
+    for state in optimizer.state.values():
+        state["exp_avg"] = state["exp_avg"].to("meta")
+    found = misplaced_state(optimizer, model)
+    assert found[0] == "model.layers.0.proj.weight['exp_avg'] on meta (parameter on cpu)" and len(found) == 10
+    assert not any("'step'" in f for f in found)  # Adam keeps its step counters on the CPU by design
