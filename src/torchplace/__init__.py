@@ -86,8 +86,28 @@ def _strict_from_env() -> None:
 
     if os.environ.get("TORCHPLACE_STRICT", "").strip() not in ("", "0"):
         from .checks.strict import enable_from_env
+        from .errors import TorchplaceError
 
-        enable_from_env()
+        try:
+            enable_from_env()
+        except TorchplaceError as exc:
+            if not _started_as_cli():
+                raise
+            from . import cli  # the command reports it as one line (exit 2) instead of an import traceback
+
+            cli.STARTUP_ERROR = exc
+
+
+def _started_as_cli() -> bool:
+    """True when this import is the `torchplace` command's (console script or `python -m torchplace`)."""
+    import os
+    import sys
+
+    argv = list(getattr(sys, "orig_argv", None) or sys.argv)
+    if len(argv) > 1 and os.path.basename(argv[1]) == "torchplace":
+        return True
+    return any(a == "-mtorchplace" or (a == "-m" and argv[i + 1:i + 2] == ["torchplace"])
+               for i, a in enumerate(argv))
 
 
 _strict_from_env()

@@ -63,7 +63,7 @@ def test_missing_snapshot_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"gpus": [{"index": "x"}]}')
     out = tp("doctor", "--snapshot", str(bad))
-    assert out.returncode == 2 and "malformed GPU record" in out.stderr
+    assert out.returncode == 2 and "malformed snapshot (gpus[0]" in out.stderr
 
 
 def test_fact_commands_never_import_torch():

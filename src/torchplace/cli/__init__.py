@@ -2,14 +2,27 @@
 
 Each subcommand is a module in this package with `register(subparsers)`; heavy imports
 (torch above all) happen inside the command, not at parse time, so `doctor` and `map` stay fast.
+
+`main` is the one place where failures end (issue 14, item 7):
+- a TorchplaceError, a usage error or an OSError (a path that cannot be read or written):
+  one line, "torchplace: error: ...", with the fix; exit 2;
+- stdout closed by its reader (`torchplace map --json | head -c1`): quiet, exit 1, stdout
+  pointed at /dev/null as Python's documentation advises for SIGPIPE;
+- anything else is a bug in torchplace: one line naming the exception and how to see the
+  traceback (TORCHPLACE_DEBUG=1, which prints it); exit 70 (EX_SOFTWARE).
+Arguments are checked when they are parsed (`cli.args`), so most of these never get that far.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
-from typing import Sequence
+import warnings
+from typing import Any, NoReturn, Sequence
+
+from .args import UsageError
 
 # subcommand -> module; each module defines register(subparsers) -> None
 COMMANDS: dict[str, str] = {
@@ -21,34 +34,137 @@ COMMANDS: dict[str, str] = {
     "ckpt": "torchplace.cli.ckpt",
     "bench": "torchplace.cli.bench",
 }
+EXIT_USAGE, EXIT_PIPE, EXIT_BUG = 2, 1, 70
+MAX_MESSAGE = 1200  # characters of one error line
+
+#: An error found while `import torchplace` ran for this command (a bad TORCHPLACE_STRICT).
+STARTUP_ERROR: Exception | None = None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors that name the help to read."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: error: {message}. See `{self.prog} --help`.")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; with `command`, only that subcommand is imported (keeps `pick` under 100 ms)."""
     from .. import __version__
 
-    parser = argparse.ArgumentParser(prog="torchplace", description="Know where every tensor lives.")
+    parser = _Parser(prog="torchplace", description="Know where every tensor lives.")
     parser.add_argument("--version", action="version", version=f"torchplace {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = [COMMANDS[command]] if command in COMMANDS else COMMANDS.values()
     for module in wanted:
         importlib.import_module(module).register(sub)
+    _check_types(parser)
     return parser
 
 
+# options whose values are checked by name, wherever a subcommand (or a bench module) declares them
+_POSITIVE_INTS = {"repeat", "repeats", "steps", "rounds", "tensors", "batches", "epochs", "batch", "processes",
+                  "gpus", "size_mib", "nproc"}
+_PATHS = {"snapshot", "dir", "plot", "file", "src", "dst"}
+
+
+def _check_types(parser: argparse.ArgumentParser) -> None:
+    """Give every option an ASCII-only, range-checked type (argparse's int() takes '²' and '-5')."""
+    from . import args as t
+
+    by_dest: dict[str, Any] = {"count": t.count_or_auto, "min_free_memory": t.size, "wait": t.duration,
+                               "shape": t.shape, "sizes": t.sizes, "gpus": t.gpus, "tr_master_port": t.port,
+                               "tr_node_rank": t.whole_number_text, "tr_max_restarts": t.whole_number_text,
+                               "out": t.out_dir}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in {id(p): p for p in action.choices.values()}.values():
+                _check_types(sub)
+            continue
+        if not isinstance(action, argparse._StoreAction):
+            continue
+        dest = action.dest
+        if action.type is int:
+            high = 100 if dest == "max_utilization" else t.C_INT_MAX
+            action.type = t.whole_number(1 if dest in _POSITIVE_INTS else 0, high)
+        elif action.type is float:
+            action.type = t.number(0.0, above=dest == "seconds")
+        elif action.type is None and action.nargs is None:
+            action.type = t.path if dest in _PATHS else by_dest.get(dest)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(argv[0] if argv else None)
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+    """Run the command; every failure ends here as one line and an exit code (see the module doc)."""
     from ..errors import TorchplaceError
 
     try:
-        return int(args.func(args) or 0)
-    except TorchplaceError as exc:
-        print(f"torchplace: error: {exc}", file=sys.stderr)
-        return 2
+        with warnings.catch_warnings():
+            warnings.showwarning = _warn  # a library's warning: one line, not two with source
+            code = _main(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at exit
+        return code
+    except (TorchplaceError, UsageError) as exc:
+        _say(exc if isinstance(exc, UsageError) else f"torchplace: error: {exc}")
+        return EXIT_USAGE
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return EXIT_PIPE
+    except OSError as exc:  # the system's answer about a path the user gave: not a bug
+        where = f": {exc.filename!r}" if exc.filename else ""
+        where += f" -> {exc.filename2!r}" if getattr(exc, "filename2", None) else ""
+        _say(f"torchplace: error: {exc.strerror or exc}{where}. Fix: check the path and its permissions.")
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        if _debug():
+            import traceback
+
+            traceback.print_exc()
+        _say(f"torchplace: internal error (a bug in torchplace): {type(exc).__name__}: {exc}. "
+             + ("The traceback is above; please report it."
+                if _debug() else "Rerun with TORCHPLACE_DEBUG=1 to see the traceback, and please report it."))
+        return EXIT_BUG
+
+
+def _main(argv: list[str]) -> int:
+    if STARTUP_ERROR is not None:
+        raise STARTUP_ERROR
+    parser = build_parser(argv[0] if argv else None)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help and --version end here, after printing
+        return exc.code if isinstance(exc.code, int) else 0
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    return int(args.func(args) or 0)
+
+
+def _say(message: object) -> None:
+    """One line on stderr, however long or multi-line the message."""
+    text = " ".join(str(message).split())
+    if len(text) > MAX_MESSAGE:
+        text = text[:MAX_MESSAGE - 40] + f"... ({len(text)} characters in all)"
+    try:
+        print(text, file=sys.stderr)
+    except (OSError, ValueError):  # stderr closed too: nothing more to say
+        pass
+
+
+def _warn(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+          file: Any = None, line: str | None = None) -> None:
+    _say(f"torchplace: warning: {category.__name__}: {message}")
+
+
+def _stdout_to_devnull() -> None:
+    """After EPIPE, point stdout at /dev/null so the flush at exit cannot raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # a captured stdout has no descriptor
+        pass
+
+
+def _debug() -> bool:
+    return os.environ.get("TORCHPLACE_DEBUG", "").strip() not in ("", "0")

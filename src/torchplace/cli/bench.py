@@ -27,7 +27,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--out", metavar="DIR", help="also write the JSON result under DIR")
         p.set_defaults(func=_run, bench_module=module)
         importlib.import_module(module).add_arguments(p)  # bench modules import torch lazily
-    parser.set_defaults(func=lambda args: parser.print_help() or 2)
+    parser.set_defaults(func=lambda args: _no_name(parser))
+
+
+def _no_name(parser: argparse.ArgumentParser) -> int:
+    from .args import UsageError
+
+    parser.print_help()
+    raise UsageError(f"torchplace bench: error: name a benchmark: {', '.join(BENCHES)}. "
+                     "See `torchplace bench --help`.")
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -33,8 +33,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--trust-pickle", action="store_true",
                    help="open files that need pickle (runs code from the file: only for files you trust)")
+    p.add_argument("--weights-only", action="store_true",
+                   help="write only the model's state dict, as a plain safetensors file that "
+                        "model.load_state_dict(safetensors.torch.load_file(OUT)) accepts (HF, timm, vLLM)")
     p.set_defaults(func=_convert)
-    parser.set_defaults(func=lambda args: parser.print_help() or 2)
+    parser.set_defaults(func=lambda args: _no_command(parser))
+
+
+def _no_command(parser: argparse.ArgumentParser) -> int:
+    from .args import UsageError
+
+    parser.print_help()
+    raise UsageError("torchplace ckpt: error: name a command: inspect FILE, or convert IN OUT. "
+                     "See `torchplace ckpt --help`.")
 
 
 def _bytes(n: int) -> str:
@@ -89,21 +100,47 @@ def _render_info(info: Any, *, show_all: bool) -> None:
         console.print(f"[yellow]note:[/] {escape(note)}")
 
 
+def _check_destination(src: str, dst: str) -> None:
+    """Refuse an OUT that is IN itself (the input would be lost) or a special file (root would replace it)."""
+    import os
+    import stat
+
+    from ..errors import CheckpointError
+
+    try:
+        st = os.stat(dst)
+    except OSError:
+        return  # a new name: the usual case
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        raise CheckpointError(f"OUT {dst!r} is not a regular file (a device, FIFO or socket); writing the "
+                              "checkpoint there would replace it. Fix: give a new file name for OUT.")
+    try:
+        same = os.path.samefile(src, dst)
+    except OSError:
+        same = False
+    if same:
+        raise CheckpointError(f"IN and OUT are the same file ({src!r} and {dst!r}); converting in place "
+                              "would overwrite the input. Fix: write to a new name, check it with "
+                              "`torchplace ckpt inspect`, then move it.")
+
+
 def _convert(args: argparse.Namespace) -> int:
     from ..checkpoint import convert
 
-    result = convert(args.src, args.dst, trust_pickle=args.trust_pickle)
+    _check_destination(args.src, args.dst)
+    result = convert(args.src, args.dst, trust_pickle=args.trust_pickle, weights_only=args.weights_only)
     if args.json:
         print(json.dumps({"path": str(result.path), "source_tool": result.source_tool,
                           "stripped_prefix": result.stripped_prefix, "tensors": result.tensors,
-                          "notes": result.notes}, indent=1))
+                          "weights_only": result.weights_only, "notes": result.notes}, indent=1))
         return 0
     from rich.markup import escape
 
     from .render import console
 
     stripped = f", stripped {result.stripped_prefix!r}" if result.stripped_prefix else ""
-    console.print(escape(f"wrote {result.path}: {result.tensors} tensors from a {result.source_tool} checkpoint, "
+    what = "model weights (plain safetensors)" if result.weights_only else "tensors"
+    console.print(escape(f"wrote {result.path}: {result.tensors} {what} from a {result.source_tool} checkpoint, "
                          f"on the CPU{stripped}"))
     for note in result.notes:
         console.print(f"[yellow]note:[/] {escape(note)}")

@@ -30,8 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..distributed.pick import pick
 
-    count = args.count if args.count == "auto" else _count(args.count)
-    picked = pick(count, min_free_memory=args.min_free_memory, max_utilization=args.max_utilization,
+    # every value was checked when parsed (cli.args): count is a whole number >= 1 or "auto"
+    picked = pick(args.count, min_free_memory=args.min_free_memory, max_utilization=args.max_utilization,
                   wait=args.wait, snapshot=args.snapshot, lease=False)
     if args.json:
         print(json.dumps(picked.to_dict(), indent=1))
@@ -46,14 +46,6 @@ def run(args: argparse.Namespace) -> int:
         for rejection in picked.rejected:
             print(f"skipped {rejection.describe()}", file=sys.stderr)
     return 0
-
-
-def _count(text: str) -> int:
-    from ..errors import LeaseError
-
-    if not text.isdigit() or int(text) < 1:
-        raise LeaseError(f"--count {text!r} must be a whole number >= 1 or 'auto'.")
-    return int(text)
 
 
 def _gib(n: int | None) -> str:

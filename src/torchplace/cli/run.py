@@ -44,11 +44,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import argparse as _argparse
+
     from ..distributed import run as runner
     from ..errors import TorchplaceError
+    from .args import UsageError, command
 
+    try:
+        cmd = command(args.cmd)
+    except _argparse.ArgumentTypeError as exc:
+        raise UsageError(f"torchplace run: error: {exc} See `torchplace run --help`.") from None
     torchrun = {k[3:]: v for k, v in vars(args).items() if k.startswith("tr_") and v is not None}
-    plan = runner.plan(args.cmd, gpus=args.gpus, nproc=args.nproc, once=args.once, wait=args.wait,
+    plan = runner.plan(cmd, gpus=args.gpus, nproc=args.nproc, once=args.once, wait=args.wait,
                        min_free_memory=args.min_free_memory, max_utilization=args.max_utilization,
                        snapshot=args.snapshot, torchrun=torchrun, lease=not args.dry_run)
     if args.dry_run:

@@ -71,13 +71,16 @@ class GpuRequest:
             return cls(auto=True)
         if low in ("none", "cpu"):
             return cls(none=True)
-        if raw.isdigit():
+        if raw.isascii() and raw.isdigit():  # str.isdigit alone takes '\u00b2' and '\u0661'
+            if len(raw) > 6:
+                raise DistributedError(f"--gpus {raw[:20]!r}{'...' if len(raw) > 20 else ''} asks for more GPUs "
+                                       "than any machine has. Fix: give a count such as 2, or auto.")
             if int(raw) == 0:
                 raise DistributedError("--gpus 0 asks for zero GPUs. Fix: --gpus none for CPU "
                                        "processes, or --gpus 0, (with a comma) for physical GPU 0.")
             return cls(count=int(raw))
         items = tuple(item.strip() for item in raw.split(",") if item.strip())
-        if not items or not all(item.isdigit() or item.startswith("GPU-") for item in items):
+        if not items or not all((item.isascii() and item.isdigit()) or item.startswith("GPU-") for item in items):
             raise DistributedError(
                 f"--gpus {raw!r} is not understood. Write a count (2), physical indices or UUIDs "
                 "separated by commas (0,2 or 3, for GPU 3 alone, or GPU-5e3f...), auto, or none.")
