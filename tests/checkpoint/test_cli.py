@@ -55,12 +55,13 @@ def test_convert_writes_a_torchplace_file(tmp_path: Path, capsys) -> None:
     torch.save({"model": {f"module.{k}": v for k, v in model.state_dict().items()}, "epoch": 2}, src)
     assert main(["ckpt", "convert", str(src), str(tmp_path / "out.safetensors"), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["stripped_prefix"] == "module." and result["tensors"] == 2
+    assert result["stripped_prefix"] == "" and result["tensors"] == 2  # kept: load(model=) maps it
+    assert any("'module.', kept" in n for n in result["notes"])
     target = torch.nn.Linear(3, 2)
     torchplace.load(tmp_path / "out.safetensors", model=target)
     assert torch.equal(target.weight, model.weight)
     assert main(["ckpt", "convert", str(src), str(tmp_path / "again.safetensors")]) == 0
-    assert "stripped 'module.'" in " ".join(capsys.readouterr().out.split())  # rich wraps lines
+    assert "starts with 'module.', kept" in " ".join(capsys.readouterr().out.split())  # rich wraps lines
 
 
 def test_ckpt_without_a_command_prints_help(capsys) -> None:

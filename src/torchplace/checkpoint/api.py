@@ -6,7 +6,8 @@
                          scaler=scaler)   # the newest complete checkpoint in ckpt/
     step = ck.extra["step"]
 
-Save writes model weights (unwrapped: no `module.` / `_orig_mod.`), optimizer, scheduler,
+Save writes model weights (unwrapped: no `module.` / `_orig_mod.`, not even from compiled
+submodules, with the modules' versions), optimizer, scheduler,
 scaler, RNG states, extras and metadata as one safetensors-compatible file, atomically, with
 checksums. Load puts every tensor straight onto the device it will live on (any device, with or
 without a GPU), fills the objects it is given (model first, then the optimizer so its state lands
@@ -33,7 +34,8 @@ from .fileio import read_file, write_file
 from .format import read_header
 from .reading import Read, place_optimizer_state, read_any
 from .rotation import POINTER, check_name, check_pointer_slot, complete_checkpoints, is_pointer, next_sequence, rotate
-from .state import module_device, module_versions, state_of, strip_prefixes, unwrap, with_versions
+from . import keymap
+from .state import clean_state, module_device, saved_versions, state_of, unwrap, versions_of
 
 RESERVED = ("model", "optimizer", "scheduler", "scaler", "extra", "rng")
 
@@ -101,6 +103,8 @@ def _collect(model: Any, optimizer: Any, scheduler: Any, scaler: Any, extra: Any
     for name, obj in (("model", model), ("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler)):
         if obj is not None:
             tree[name] = state_of(obj, name)
+            if name == "model":  # a state dict given as such: cleaned like a module's own
+                tree[name] = clean_state(tree[name])
             objects[name] = _type_name(unwrap(obj) if isinstance(obj, nn.Module) else obj)
     if extra is not None:
         if not isinstance(extra, Mapping):
@@ -175,9 +179,8 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
         tree, objects = _collect(model, optimizer, scheduler, scaler, extra, more_state)
         if rng_tree is not None:
             tree["rng"] = rng_tree
-        meta = {**info, **series(), "objects": objects, "primary_device": _primary_device(model, tree)}
-        if isinstance(model, nn.Module):
-            meta["module_versions"] = module_versions(model)
+        meta = {**info, **series(), "objects": objects, "primary_device": _primary_device(model, tree),
+                **_versions_info(tree)}
         write_file(target, tree, info=meta, allow_pickle=allow_pickle)
         if rotate_after:
             rotate(target, keep_last)
@@ -187,6 +190,18 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
         tpdist.on_rank0(write, target)
         return target
     return write()
+
+
+def _versions_info(tree: dict[str, Any]) -> dict[str, Any]:
+    """The `_metadata` (module versions) of the model and of named modules in TREE, for the file's metadata:
+    JSON cannot hold it on the state dicts themselves."""
+    info: dict[str, Any] = {}
+    if tree.get("model") is not None:
+        info["module_versions"] = versions_of(tree["model"])
+    named = {k: versions_of(v) for k, v in tree.items() if k not in RESERVED and versions_of(v)}
+    if named:
+        info["named_versions"] = named
+    return info
 
 
 def _needs_pickle(path: Path) -> bool:
@@ -209,23 +224,33 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
             raise CheckpointError(f"{path} holds no model weights (it holds: {_holds(state)}). "
                                   "Fix: load it without model=, or point at the checkpoint that has them.")
         target = unwrap(model)
-        expected = set(target.state_dict().keys())
-        prefix = strip_prefixes(list(sd), expected)
-        if prefix:
-            sd = {k[len(prefix):]: v for k, v in sd.items()}
-            state["model"], ck.stripped_prefix = sd, prefix
+        found = keymap.match(list(sd), target)
+        sd = state["model"] = found.apply(sd, _file_versions(ck, "model", sd))
+        if getattr(sd, "_metadata", None) is None and _versionless(ck.tool):
+            sd._metadata = getattr(target.state_dict(), "_metadata", None)  # type: ignore[attr-defined]
+        ck.stripped_prefix = found.stripped_prefix
+        if found.note():
+            ck.notes.append(found.note() or "")
         try:
-            result = target.load_state_dict(with_versions(sd, ck.metadata.get("module_versions")), strict=strict)
+            result = target.load_state_dict(sd, strict=strict)
         except RuntimeError as exc:
-            raise CheckpointError(f"{path}: the weights do not fit {type(target).__name__}: {exc}\nFix: pass the "
-                                  "model the checkpoint was saved from, or strict=False to load the keys "
+            tried = "" if found.complete else (
+                f"\n{found.matched} of {found.total} saved keys name a tensor of the model, under the best "
+                f"mapping ({found.rewrite.describe()}; wrapper prefixes {', '.join(keymap.WRAPPER_NAMES)} were "
+                "tried at the start and inside).")
+            raise CheckpointError(f"{path}: the weights do not fit {type(target).__name__}: {exc}{tried}\nFix: pass "
+                                  "the model the checkpoint was saved from, or strict=False to load the keys "
                                   "that match (missing and unexpected keys are then reported).") from None
         ck.missing_keys, ck.unexpected_keys = list(result.missing_keys), list(result.unexpected_keys)
-    elif foreign_file and isinstance(state.get("model"), Mapping):
-        prefix = strip_prefixes(list(state["model"]))
-        if prefix:
-            state["model"] = {k[len(prefix):]: v for k, v in state["model"].items()}
-            ck.stripped_prefix = prefix
+    elif isinstance(state.get("model"), Mapping):
+        sd = state["model"]
+        cleaned, _, changed = keymap.clean(sd, _file_versions(ck, "model", sd))
+        state["model"] = cleaned
+        if changed:
+            ck.notes.append(f"model keys: removed torch.compile's '_orig_mod.' from {changed} saved keys")
+        lead = keymap.leading_wrapper_note(list(cleaned))
+        if lead and foreign_file:
+            ck.notes.append(lead)
     for name, obj in objects.items():
         if obj is None:
             continue
@@ -233,6 +258,12 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
             raise CheckpointError(f"{path} has no {name} state (it holds: {_holds(state)}). "
                                   f"Fix: load it without {name}=.")
         value = state[name]
+        if isinstance(obj, nn.Module) and isinstance(value, Mapping):  # a named module (an EMA model)
+            found = keymap.match(list(value), unwrap(obj))
+            value = state[name] = found.apply(value, _file_versions(ck, name, value))
+            if found.note():
+                ck.notes.append(f"{name}: {found.note()}")
+            obj = unwrap(obj)
         if name == "optimizer" and foreign_file and isinstance(value, Mapping):
             value = place_optimizer_state(obj, dict(value))
         try:
@@ -241,6 +272,23 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
             raise CheckpointError(f"{path}: the saved {name} state does not fit the {type(obj).__name__} given "
                                   f"({exc}). Fix: build it as it was when saved (same parameters and groups)."
                                   ) from None
+
+
+def _file_versions(ck: Checkpoint, name: str, sd: Any) -> dict[str, Any] | None:
+    """The module versions saved for entry NAME: in our files' metadata, on other tools' state dicts."""
+    if name == "model":
+        saved = saved_versions(ck.metadata.get("module_versions"))
+    else:
+        named = ck.metadata.get("named_versions")
+        saved = saved_versions(named.get(name)) if isinstance(named, Mapping) else None
+    return saved or versions_of(sd) or None
+
+
+def _versionless(tool: str) -> bool:
+    """True for formats that cannot store module versions (plain safetensors, accelerate's model.safetensors,
+    DCP): their weights are taken as the model's current versions, as torch's DCP loading does (it fills
+    model.state_dict() in place). A torch.save file without versions is loaded as torch would load it."""
+    return tool in ("safetensors", "accelerate") or tool.startswith("torch.distributed.checkpoint")
 
 
 def _restore_rng(ck: Checkpoint, dev: torch.device) -> None:
@@ -307,8 +355,12 @@ def load(path: str | os.PathLike[str], *, device: Any = None, model: nn.Module |
     device: where tensors go ("cpu", "cuda:0", a torch.device, ...; resolved and validated). With a
     model, the model is moved there first; without one, tensors go to the model's own devices, or
     to the CPU. model/optimizer/scheduler/scaler/**more_state: objects whose load_state_dict is
-    called, the model first so the optimizer's state lands on its parameters' devices. Wrapper
-    prefixes (`module.`, `_orig_mod.`) from other tools are stripped. strict: passed to the
+    called, the model first so the optimizer's state lands on its parameters' devices. The saved
+    keys are matched against the model's: as saved when they match, else with wrapper prefixes
+    (`module.`, `_orig_mod.`, Lightning's `model.` and `_forward_module.`) removed or added, at
+    the start or inside, whichever makes every key match (the choice is in the result's notes);
+    module versions (`_metadata`) are kept. Without a model, only torch.compile's `_orig_mod.` is
+    removed (a leading `module.` may be a real submodule). strict: passed to the
     model's load_state_dict. restore_rng: restore the RNG states that make sense here (the
     result says which were skipped and why). trust_pickle: allow files that need pickle (which
     runs code from the file); only for files from someone you trust.

@@ -1,10 +1,18 @@
-"""Turn another tool's checkpoint into a torchplace one: on the CPU, prefixes stripped, no pickle.
+"""Turn another tool's checkpoint into a torchplace one, or any checkpoint into plain weights: on the CPU, no pickle.
 
 Reads torch.save files (plain state dicts, training dicts, Lightning checkpoints), accelerate
-`save_state` directories and safetensors files the same way `load` does (weights_only, mapped to
-the CPU, so a file saved on a GPU converts on a machine without one), strips the `module.` /
-`_orig_mod.` wrapper prefixes from the model's keys, and writes the result with
-`torchplace.save`'s format, so it loads fast, verified and safely from then on.
+`save_state` directories, safetensors files and torchplace files the same way `load` does
+(weights_only, mapped to the CPU, so a file saved on a GPU converts on a machine without one) and
+removes only the wrapper prefix that is unambiguous without the model: torch.compile's
+`_orig_mod.`, at any depth. A leading `module.` or `model.` may be DDP's and Lightning's, or a real
+submodule (an EMA wrapper's `module`): it is kept and reported; `load(path, model=...)` maps it by
+matching the model's keys.
+
+- `convert(src, dst)` writes `torchplace.save`'s format (module versions kept), so the file loads
+  fast, verified and safely from then on.
+- `convert(src, dst, weights_only=True)` writes the model's state dict alone as a plain safetensors
+  file (`{"format": "pt"}` metadata, tied weights stored once each), which
+  `model.load_state_dict(safetensors.torch.load_file(dst))` accepts, as do HF, timm and vLLM.
 """
 
 from __future__ import annotations
@@ -12,13 +20,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 
+from ..errors import CheckpointError
+from . import keymap
+from .atomic import write_bytes
 from .fileio import write_file
 from .reading import read_any
-from .state import strip_prefixes
+from .state import saved_versions, versions_of
 
 
 @dataclass
@@ -30,26 +41,76 @@ class Converted:
     stripped_prefix: str = ""
     tensors: int = 0
     notes: list[str] = field(default_factory=list)
+    weights_only: bool = False
 
 
-def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, trust_pickle: bool = False) -> Converted:
-    """Convert the checkpoint at SRC into a torchplace checkpoint at DST (written atomically)."""
+def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, trust_pickle: bool = False,
+            weights_only: bool = False) -> Converted:
+    """Convert the checkpoint at SRC into a torchplace checkpoint at DST (written atomically); with
+    WEIGHTS_ONLY, into a plain safetensors state dict of the model's weights."""
     src, dst = Path(src), Path(dst)
     tool, state, meta, notes = read_any(src, dev=torch.device("cpu"), model=None, optimizer=None,
                                      trust_pickle=trust_pickle)
+    notes = list(notes)
     prefix = ""
+    versions: dict[str, Any] | None = None
     model = state.get("model")
-    if isinstance(model, dict):
-        prefix = strip_prefixes(list(model))
-        if prefix:
-            state["model"] = {k[len(prefix):]: v for k, v in model.items()}
+    if isinstance(model, Mapping):
+        cleaned, versions, changed = keymap.clean(model, saved_versions(meta.get("module_versions")) or
+                                                  versions_of(model) or None)
+        state["model"] = cleaned
+        if changed:
+            prefix = "_orig_mod."
+            notes.append(f"removed torch.compile's '_orig_mod.' from {changed} model keys")
+        lead = keymap.leading_wrapper_note(list(cleaned))
+        if lead:
+            notes.append(lead)
+    if weights_only:
+        return _write_weights(src, dst, tool, state, prefix, notes)
     info = {"world_size": meta.get("world_size", 1), "objects": meta.get("objects", {}),
             "primary_device": "cpu", "converted_from": {"path": str(src), "tool": tool}}
-    if "module_versions" in meta:
-        info["module_versions"] = meta["module_versions"]
+    if versions:
+        info["module_versions"] = dict(versions)
     write_file(dst, state, info=info)
     count = sum(1 for _ in _tensors(state))
-    return Converted(dst, tool, prefix, count, list(notes))
+    return Converted(dst, tool, prefix, count, notes)
+
+
+def _write_weights(src: Path, dst: Path, tool: str, state: dict[str, Any], prefix: str,
+                   notes: list[str]) -> Converted:
+    from safetensors.torch import save as to_bytes
+
+    model = state.get("model")
+    if not isinstance(model, Mapping) or not model:
+        held = ", ".join(sorted(state)) or "nothing"
+        raise CheckpointError(f"{src} ({tool}) holds no model weights to export (it holds: {held}). Fix: convert "
+                              "without --weights-only, or point at the checkpoint that has the model.")
+    tensors: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+    skipped = [k for k, v in model.items() if not isinstance(v, torch.Tensor)]
+    shared = 0
+    for key, value in model.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        t = value.detach().to("cpu").contiguous()
+        if t.numel():
+            ptr = t.untyped_storage().data_ptr()
+            if ptr in storages:  # tied weights: safetensors stores no aliases, so each key gets its own copy
+                t, shared = t.clone(), shared + 1
+            storages.add(t.untyped_storage().data_ptr())
+        tensors[key] = t
+    if skipped:
+        notes.append(f"left out {len(skipped)} model entries that are not tensors ({', '.join(skipped[:5])}); "
+                     "load_state_dict(strict=False) skips them")
+    if shared:
+        notes.append(f"{shared} tensors shared memory with another (tied weights); each key holds its own copy")
+    left = sorted(k for k in state if k != "model")
+    if left:
+        notes.append(f"weights only: left out {', '.join(left)}")
+    notes.append("module versions (_metadata) cannot be stored in a plain safetensors file; modules load it as "
+                 "the current version")
+    write_bytes(dst, to_bytes(tensors, metadata={"format": "pt"}))
+    return Converted(dst, tool, prefix, len(tensors), notes, weights_only=True)
 
 
 def _tensors(tree: object) -> Iterator[torch.Tensor]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import pickle
 import zipfile
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -112,6 +113,15 @@ def _is_state_dict(obj: Any) -> bool:
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
 
 
+def _model_state(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the model's state dict that keeps its `_metadata` (module versions), as torch's loaders do."""
+    out: dict[str, Any] = OrderedDict(obj)
+    meta = getattr(obj, "_metadata", None)
+    if meta is not None:
+        out._metadata = meta  # type: ignore[attr-defined]
+    return out
+
+
 def _first(obj: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str | None, Any]:
     for k in keys:
         if k in obj and obj[k] is not None:
@@ -134,7 +144,7 @@ def normalize(obj: Any, path: Path | str = "the checkpoint") -> tuple[str, dict[
 
 def _normalize(obj: Any) -> tuple[str, dict[str, Any]]:
     if _is_state_dict(obj):
-        return "torch.save (state dict)", {"model": dict(obj)}
+        return "torch.save (state dict)", {"model": _model_state(obj)}
     if not isinstance(obj, Mapping):
         return "torch.save (object)", {"extra": {"object": obj}}
     if "state_dict" in obj and any(k in obj for k in ("pytorch-lightning_version", "lightning_version",
@@ -142,7 +152,7 @@ def _normalize(obj: Any) -> tuple[str, dict[str, Any]]:
         version = obj.get("pytorch-lightning_version") or obj.get("lightning_version") or "?"
         tool = f"lightning {version}"
         model = obj["state_dict"]
-        state: dict[str, Any] = {"model": dict(model) if isinstance(model, Mapping) else model}
+        state: dict[str, Any] = {"model": _model_state(model) if isinstance(model, Mapping) else model}
         for name, key in (("optimizer", "optimizer_states"), ("scheduler", "lr_schedulers")):
             value = obj.get(key)
             if isinstance(value, (list, tuple)):  # one per optimizer; the first is restored
@@ -157,7 +167,7 @@ def _normalize(obj: Any) -> tuple[str, dict[str, Any]]:
                        ("scaler", SCALER_KEYS)):
         key, value = _first(obj, keys)
         if key is not None and isinstance(value, Mapping):
-            state[name] = dict(value)
+            state[name] = _model_state(value) if name == "model" else dict(value)
             taken_keys.add(key)
     rest = {k: v for k, v in obj.items() if k not in taken_keys}
     if "model" not in state:

@@ -148,11 +148,14 @@ def _from_torch_file(path: Path, info: CheckpointInfo, trust_pickle: bool) -> No
     info.contents = {k: _describe(v) for k, v in state.items()}
     model = state.get("model")
     if isinstance(model, dict):
-        from .state import strip_prefixes
+        from .keymap import clean, leading_wrapper_note
 
-        prefix = strip_prefixes(list(model))
-        if prefix:
-            info.notes.append(f"every model key starts with {prefix!r} (a wrapper's prefix); load and convert strip it")
+        changed = clean(model)[2]
+        if changed:
+            info.notes.append(f"{changed} model keys hold torch.compile's '_orig_mod.'; load and convert remove it")
+        lead = leading_wrapper_note(list(model))
+        if lead:
+            info.notes.append(lead)
 
 
 def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle: bool = False) -> CheckpointInfo:

@@ -19,7 +19,8 @@ from ..errors import CheckpointError
 from . import codec, foreign
 from .fileio import FileState, read_file
 from .format import read_header
-from .state import module_device, module_devices, optimizer_devices, strip_prefixes, unwrap
+from .keymap import match
+from .state import module_device, module_devices, optimizer_devices, unwrap
 
 Read = tuple[str, dict[str, Any], dict[str, Any], list[str]]
 
@@ -29,10 +30,10 @@ def _device_for(model: nn.Module | None, optimizer: Any, default: torch.device,
     """A function from a tensor's path in the saved tree to the device it should be read onto."""
     cpu = torch.device("cpu")
     model_devs: dict[str, torch.device] = {}
-    prefix = ""
+    names: dict[str, str] = {}
     if model is not None:
         model_devs = module_devices(model)
-        prefix = strip_prefixes(saved_model_keys, set(model_devs))
+        names = match(saved_model_keys, model).mapping  # saved key -> the model's key it fills
     opt_devs = optimizer_devices(optimizer, saved_optimizer) if optimizer is not None and saved_optimizer else {}
 
     def device_for(path: tuple[Any, ...]) -> torch.device:
@@ -40,7 +41,7 @@ def _device_for(model: nn.Module | None, optimizer: Any, default: torch.device,
         if head == "rng":
             return cpu
         if head == "model" and len(path) == 2 and model is not None:
-            dev = model_devs.get(str(path[1])[len(prefix):])
+            dev = model_devs.get(names.get(str(path[1]), str(path[1])))
             if dev is not None and dev.type != "meta":
                 return dev
         if head == "optimizer" and optimizer is not None:

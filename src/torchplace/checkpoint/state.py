@@ -1,8 +1,9 @@
 """Training objects <-> the plain state a checkpoint stores.
 
 - Wrappers are peeled on save (DataParallel, DistributedDataParallel, torch.compile, in any
-  nesting), so no `module.` or `_orig_mod.` prefix is ever written; on load, such prefixes from
-  other tools' files are stripped when every key carries them and the model does not expect them.
+  nesting, and torch.compile'd submodules inside), so no `module.` or `_orig_mod.` wrapper prefix
+  is ever written; on load, `keymap` matches other tools' keys against the model's.
+- The state dict's `_metadata` (per-module versions) travels with it, renamed with its keys.
 - Every tensor is read straight onto the device it will live on: a model's tensors onto the device
   of the parameter or buffer they fill, an optimizer's state onto its parameter's device, and
   `step` where PyTorch keeps it (the CPU, unless the optimizer is capturable or fused).
@@ -16,7 +17,6 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 MAPPING_ENTRIES = ("model", "optimizer", "scheduler", "scaler", "rng")
 
 
@@ -41,12 +41,14 @@ def layout_problem(state: Any) -> str | None:
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The module inside DataParallel / DistributedDataParallel / torch.compile wrappers."""
+    """The module inside DataParallel / DistributedDataParallel / torch.compile / Fabric wrappers."""
     while True:
         if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
             inner = model.module
         elif type(model).__name__ == "OptimizedModule":
             inner = getattr(model, "_orig_mod", None)
+        elif type(model).__name__ == "_FabricModule":  # Lightning Fabric's wrapper (around DDP, FSDP, ...)
+            inner = getattr(model, "_original_module", None)
         else:
             return model
         if not isinstance(inner, nn.Module):
@@ -65,15 +67,37 @@ def state_of(obj: Any, what: str) -> Any:
     raise TypeError(f"{what}= must be an object with state_dict() or a mapping, not {type(obj).__name__}")
 
 
-def module_state(model: nn.Module) -> dict[str, Any]:
-    """The unwrapped model's state dict (tensors detached, still on their devices)."""
-    return dict(unwrap(model).state_dict())
+def module_state(model: nn.Module) -> OrderedDict[str, Any]:
+    """The unwrapped model's state dict (tensors detached, still on their devices), with clean keys
+    (no `_orig_mod.` from compiled submodules) and its `_metadata` (module versions) kept."""
+    return clean_state(unwrap(model).state_dict())
+
+
+def clean_state(sd: Mapping[str, Any]) -> OrderedDict[str, Any]:
+    """SD as saved: torch.compile's `_orig_mod.` removed at any depth, `_metadata` kept and renamed."""
+    from .keymap import clean
+
+    return clean(sd)[0]
 
 
 def module_versions(model: nn.Module) -> dict[str, Any]:
-    """The per-module `_metadata` PyTorch attaches to state dicts (versions used by BatchNorm, ...)."""
-    meta = getattr(unwrap(model).state_dict(), "_metadata", None) or {}
-    return {k: dict(v) for k, v in meta.items()}
+    """The per-module `_metadata` PyTorch attaches to state dicts (versions used by BatchNorm, ...),
+    keyed like the saved (clean) state."""
+    return versions_of(module_state(model))
+
+
+def versions_of(sd: Any) -> dict[str, Any]:
+    """SD's `_metadata` as plain maps of JSON values ({} if it has none)."""
+    from .keymap import versions_of as read
+
+    return read(sd) or {}
+
+
+def saved_versions(value: Any) -> dict[str, dict[str, Any]] | None:
+    """VALUE (read from a file's metadata) if it is a map of module path -> map, else None."""
+    if isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, Mapping) for k, v in value.items()):
+        return {k: dict(v) for k, v in value.items()}
+    return None
 
 
 def with_versions(sd: Mapping[str, Any], versions: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -82,28 +106,6 @@ def with_versions(sd: Mapping[str, Any], versions: Mapping[str, Any] | None) -> 
     out: OrderedDict[str, Any] = OrderedDict(sd)
     out._metadata = OrderedDict((k, dict(v)) for k, v in versions.items())  # type: ignore[attr-defined]
     return out
-
-
-def strip_prefixes(keys: list[str], expected: set[str] | None = None) -> str:
-    """The wrapper prefix (e.g. 'module._orig_mod.') every key in KEYS carries, to strip; or ''.
-
-    Only `module.` and `_orig_mod.` count, in any order and nesting, and only when every key
-    has them: other keys are never touched. When the model's own keys (EXPECTED) already match,
-    nothing is stripped (a model may have a submodule really named `module`).
-    """
-    prefix = ""
-    current = list(keys)
-    while current:
-        if expected is not None and all(k in expected for k in current):
-            break
-        for p in WRAPPER_PREFIXES:
-            if all(k.startswith(p) for k in current):
-                current = [k[len(p):] for k in current]
-                prefix += p
-                break
-        else:
-            break
-    return prefix
 
 
 def module_devices(model: nn.Module) -> dict[str, torch.device]:
