@@ -4,6 +4,7 @@ real leaking loops and stays silent on a clean one, and OOM diagnosis works unde
 
 from __future__ import annotations
 
+import collections
 import json
 import subprocess
 import sys
@@ -95,6 +96,97 @@ def test_outputs_kept_without_no_grad_grow_memory():
                 tracker.step()
     assert tracker.report.growth_bytes > 16 * 2**20
     assert "made by AddmmBackward0 in a list of 20 items" in tracker.report.kept_by[0]
+
+
+def line_of(text: str) -> str:
+    """'test_memory.py:N' of the first line of this file containing TEXT."""
+    lines = open(__file__).read().splitlines()
+    return f"test_memory.py:{next(i for i, line in enumerate(lines, 1) if text in line)}"
+
+
+def test_clean_adamw_loop_stays_silent():
+    """AdamW makes two state tensors per parameter at its first step: warmup covers them."""
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh(), torch.nn.Linear(256, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MemoryLeakWarning)
+        with track_memory("cpu") as tracker:
+            for _ in range(24):
+                loss = model(torch.randn(64, 256)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                tracker.step()
+    assert tracker.report is None
+
+
+def test_growing_cache_of_plain_tensors_is_named():
+    """The issue's case: a per-step cache of graph-free tensors, 8 MiB a step; no autograd graph."""
+    x = torch.randn(2**21)  # 8 MiB
+    seen = {}
+    with pytest.warns(MemoryLeakWarning) as caught:
+        with track_memory("cpu") as tracker:
+            for step in range(30):
+                seen[step] = x * 2  # the leak
+                tracker.step()
+    grew = tracker.report.grew
+    assert [(g.name, g.where, g.growth_bytes, g.added_tensors) for g in grew] == [
+        ("dict `seen`", line_of("seen[step] = x * 2"), 28 * 8 * 2**20, 28)]
+    message = str(caught[0].message)
+    assert f"dict `seen` ({line_of('seen[step] = x * 2')}) grew by 224.0 MiB: 28 tensor(s) of 8.0 MiB added (cpu)" \
+        in message
+    assert "deque(maxlen=...)" in message and "autograd graph" not in message
+    seen.clear()
+
+
+class Trainer:
+    def __init__(self) -> None:
+        self.outputs: list = []
+        self.recent: collections.deque = collections.deque(maxlen=4)  # bounded: never a leak
+
+    def step(self, x: torch.Tensor) -> None:
+        self.recent.append(x + 1)
+        self.outputs.append((x * 2, x * 3))  # the leak: two tensors a step, in a tuple
+
+
+class Accumulator(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.memory: dict = {}
+
+
+def test_holders_are_named_by_attribute_path():
+    """An object's list of tuples and a submodule's dict are named by the path the user typed;
+    a bounded deque that holds as much at the end as at the start is not named."""
+    x = torch.randn(2**20)  # 4 MiB
+    trainer = Trainer()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), Accumulator())
+    with pytest.warns(MemoryLeakWarning):
+        with track_memory("cpu") as tracker:
+            for step in range(24):
+                trainer.step(x)
+                model[1].memory[step] = x - 1
+                tracker.step()
+    found = {g.name: (g.where, g.growth_bytes, g.added_tensors) for g in tracker.report.grew}
+    assert found == {"list `trainer.outputs`": (line_of("self.outputs.append("), 22 * 8 * 2**20, 44),
+                     "dict `model.1.memory`": (line_of("model[1].memory[step] ="), 22 * 4 * 2**20, 22)}
+
+
+def test_tensor_attribute_that_grows_is_named():
+    class Buffer:
+        def __init__(self) -> None:
+            self.rows = torch.zeros(0, 2**19)
+
+    buffer = Buffer()
+    with pytest.warns(MemoryLeakWarning):
+        with track_memory("cpu") as tracker:
+            for _ in range(20):
+                buffer.rows = torch.cat([buffer.rows, torch.ones(4, 2**19)])  # 8 MiB more each step
+                tracker.step()
+    top = tracker.report.grew[0]
+    assert (top.name, top.where, top.added_tensors, top.growth_bytes) == (
+        "tensor `buffer.rows`", line_of("buffer.rows = torch.cat("), 0, 18 * 8 * 2**20)
+    assert "its 1 tensor(s) grew to 160.0 MiB (cpu)" in top.describe()
 
 
 # --------------------------------------------------------------------------- out of memory

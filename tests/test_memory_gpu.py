@@ -65,6 +65,38 @@ def test_kept_activations_grow_allocated_bytes():
     outputs.clear()
 
 
+def test_growing_cache_of_plain_tensors_is_named_on_the_gpu():
+    """The issue's case on CUDA: 8 MiB of graph-free tensors a step kept in a dict."""
+    x = torch.randn(2**21, device=DEV)  # 8 MiB
+    seen = {}
+    with pytest.warns(MemoryLeakWarning) as caught:
+        with track_memory(DEV) as tracker:
+            for step in range(30):
+                seen[step] = x * 2  # the leak
+                tracker.step()
+    top = tracker.report.grew[0]
+    assert (top.name, top.growth_bytes, top.added_tensors, top.device) == ("dict `seen`", 28 * 8 * MiB, 28, "cuda:0")
+    assert top.where.startswith("test_memory_gpu.py:")
+    assert "dict `seen` (test_memory_gpu.py:" in str(caught[0].message)
+    assert "grew by 224.0 MiB: 28 tensor(s) of 8.0 MiB added (cuda:0)" in str(caught[0].message)
+    seen.clear()
+
+
+def test_clean_adamw_loop_stays_silent_on_the_gpu():
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 1)).to(DEV)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MemoryLeakWarning)
+        with track_memory(DEV) as tracker:
+            for _ in range(24):
+                loss = model(torch.randn(256, 1024, device=DEV)).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                tracker.step()
+    assert tracker.report is None
+
+
 @pytest.fixture
 def capped_gpu():
     """Cap this process at what it holds now plus 1 GiB; undo afterwards."""

@@ -5,16 +5,22 @@
             train_step(batch)
             tracker.step()
 
-Each `step()` reads one cheap number (CUDA: bytes allocated by tensors; CPU: the resident set).
+Each `step()` reads one cheap number (CUDA: bytes allocated by tensors; CPU: bytes in use on the C
+heap from glibc's mallinfo2, else the resident set).
 After `warmup_steps` (optimizer state and allocator caches appear in the first steps) it also
 notes which live tensors hold autograd graphs. On exit it flags a leak when memory grew beyond
 a tolerance in both halves of the run (steady growth, not a one-off cache), or when new
 graph-holding tensors piled up (the classic `losses.append(loss)`), and names them and what
-holds them. A leak warns (`MemoryLeakWarning`) or, under strict mode, raises `MemoryLeakError`.
+holds them. When memory grew, it also compares what each holder (dict, list, deque, object
+attribute) held at the baseline with what it holds at the end (two heap walks, never in
+`step()`), and names those that grew by the user's name: "dict `seen` (train.py:42) grew by
+224.0 MiB: 28 tensor(s) of 8.0 MiB added (cpu)". A leak warns (`MemoryLeakWarning`) or, under strict mode, raises `MemoryLeakError`.
 """
 
 from __future__ import annotations
 
+import ctypes
+import sys
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -25,9 +31,10 @@ import torch
 
 from ..errors import TorchplaceError
 from ..policy import strict_enabled
+from .holders import Growth, Holding, grown, holdings, name_holder, user_frames
 from .report import TensorInfo, _fmt, containers_of, cuda_origins, graph_holders, live_tensors, tensor_info
 
-CPU_TOLERANCE = 16 * 2**20  # resident-set noise of glibc arenas and thread stacks
+CPU_TOLERANCE = 16 * 2**20  # heap noise (glibc arenas, thread caches); the resident set is noisier still
 CUDA_TOLERANCE = 2**20  # the caching allocator's counter is exact
 _DESCRIBED = 20
 
@@ -52,6 +59,7 @@ class LeakReport:
     new_graph_holders: int
     holders: list[TensorInfo] = field(default_factory=list)
     kept_by: list[str] = field(default_factory=list)  # "28 x float32 [] made by MeanBackward0 in ..."
+    grew: list[Growth] = field(default_factory=list)  # holders holding more tensor memory than at the start
     message: str = ""
 
 
@@ -70,8 +78,11 @@ class MemoryTracker:
         self.steps = 0
         self.report: LeakReport | None = None
         self._baseline_holders: set[int] = set()
+        self._holdings: dict[int, Holding] = {}
+        self._frame: Any = None  # the frame of the `with` block: its variables name the holders
 
     def __enter__(self) -> "MemoryTracker":
+        self._frame = sys._getframe(1)
         if self.record_origins:
             torch.cuda.memory._record_memory_history(max_entries=100_000)
         if self.warmup_steps == 0:
@@ -84,6 +95,7 @@ class MemoryTracker:
             if exc is None:
                 self.report = self.check()
         finally:
+            self._frame = None
             if self.record_origins:
                 torch.cuda.memory._record_memory_history(enabled=None)
         if self.report is not None:
@@ -104,6 +116,7 @@ class MemoryTracker:
         tensors = live_tensors(self._on_device)
         self._baseline_holders = {id(t) for t in graph_holders(tensors)}
         tensors.clear()
+        self._holdings = holdings(self._on_device, own={id(self._holdings)})
 
     def _on_device(self, t: torch.Tensor) -> bool:
         return t.device.type == self.device.type and (self.device.index is None or t.device.index == self.device.index)
@@ -111,6 +124,9 @@ class MemoryTracker:
     def _reading(self) -> int:
         if self.device.type == "cuda":
             return int(torch.cuda.memory_allocated(self.device))
+        in_use = _heap_in_use()
+        if in_use is not None:
+            return in_use
         import psutil
 
         return int(psutil.Process().memory_info().rss)
@@ -138,8 +154,55 @@ class MemoryTracker:
             tensors.clear()
         report = LeakReport(str(self.device), tracked, growth, self.tolerance_bytes, list(s), max(0, added),
                             holders, kept_by)
+        if steady:  # memory grew: compare what each holder holds now with the baseline
+            report.grew = self._grown_holders(max(self.tolerance_bytes // 4, growth // 20, 1))
         report.message = _message(report, steady)
         return report
+
+    def _grown_holders(self, min_bytes: int, top: int = 3) -> list[Growth]:
+        """The TOP holders that hold MIN_BYTES more than at the baseline, named (the slow path)."""
+        objects: dict[int, Any] = {}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # attributes read while naming: some lazy proxies warn
+                now = holdings(self._on_device, own={id(self._holdings), id(objects)}, objects=objects)
+                frames = user_frames(self._frame if self._frame is not None else sys._getframe(2))
+                out = []
+                for key, growth, added in grown(self._holdings, now, min_bytes)[:top]:
+                    name, where = name_holder(objects[key], frames, {id(objects), id(now), id(frames)})
+                    out.append(Growth(name, where, str(self.device), growth, added, now[key].tensors, now[key].nbytes))
+                frames.clear()
+                return out
+        finally:
+            objects.clear()
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
+
+
+def _mallinfo2() -> Any:
+    try:
+        fn = ctypes.CDLL(None).mallinfo2  # glibc 2.33 and later
+    except (AttributeError, OSError):
+        return None
+    fn.restype = _MallInfo2
+    fn.argtypes = []
+    return fn
+
+
+_MALLINFO2 = _mallinfo2()
+
+
+def _heap_in_use() -> int | None:
+    """Bytes the C heap has handed out and not taken back (glibc's mallinfo2, under a
+    microsecond): unlike the resident set, it grows even while freed memory is being reused."""
+    if _MALLINFO2 is None:
+        return None
+    info = _MALLINFO2()
+    return int(info.uordblks + info.hblkhd)
 
 
 def _describe_holders(new: list[torch.Tensor], *own_lists: list[torch.Tensor]) -> tuple[list[TensorInfo], list[str]]:
@@ -167,7 +230,8 @@ def _describe_holders(new: list[torch.Tensor], *own_lists: list[torch.Tensor]) -
 
 def _message(r: LeakReport, steady: bool) -> str:
     parts = []
-    what = "bytes allocated by tensors" if r.device.startswith("cuda") else "the process's resident memory"
+    what = "bytes allocated by tensors" if r.device.startswith("cuda") else (
+        "bytes in use on the C heap" if _MALLINFO2 is not None else "the process's resident memory")
     if steady:
         parts.append(f"Memory on {r.device} ({what}) grew by {_fmt(r.growth_bytes)} over {r.steps} steps "
                      f"(about {_fmt(r.growth_bytes // r.steps)} per step, from {_fmt(r.samples[0])} to "
@@ -180,9 +244,15 @@ def _message(r: LeakReport, steady: bool) -> str:
         parts.append(f"{r.new_graph_holders} more live tensor(s) hold autograd graphs than at the start: {listed}.")
         parts.append("Fix: keep loss.item() or loss.detach() instead of the tensor, and run evaluation "
                      "under torch.no_grad() or torch.inference_mode().")
-    else:
-        parts.append("No new tensor holds an autograd graph; look for tensors kept in lists or caches, "
-                     "or memory outside torch (torchplace.memory_report() lists the largest live tensors).")
+    if r.grew:
+        parts.append("Holders of tensors that grew: " + "; ".join(g.describe() for g in r.grew) + ".")
+        if not r.new_graph_holders:
+            parts.append("Fix: bound what they keep (drop old entries, collections.deque(maxlen=...), an LRU "
+                         "cache), or keep what you need from each tensor (.item(), a summary) instead of the tensor.")
+    elif not r.new_graph_holders:
+        parts.append("No new tensor holds an autograd graph, and no list, dict or attribute holds more tensor "
+                     "memory than at the start: look for tensors kept by local variables, or memory outside "
+                     "torch (torchplace.memory_report() lists the largest live tensors).")
     return " ".join(parts)
 
 
