@@ -84,7 +84,7 @@ def test_values_torch_cannot_take_are_our_error(group, change, match):
     assert not torch.distributed.is_initialized()
 
 
-@pytest.mark.parametrize("reply", [b"", b"HTTP/1.0 400 Bad Request\r\n\r\n" * 4])
+@pytest.mark.parametrize("reply", [b"", b"HTTP/1.0 400 Bad Request\r\n\r\n" * 4, None])
 def test_a_service_that_is_not_a_store_at_the_master_address_is_named(group, reply):
     """A plain TCP server (closes at once, or answers garbage) where the rendezvous store should be."""
     server = socket.socket()
@@ -92,12 +92,16 @@ def test_a_service_that_is_not_a_store_at_the_master_address_is_named(group, rep
     server.listen(8)
     server.settimeout(0.2)
     stop = threading.Event()
+    held: list[socket.socket] = []
 
     def serve() -> None:
         while not stop.is_set():
             try:
                 conn, _ = server.accept()
             except OSError:
+                continue
+            if reply is None:  # accepts and stays silent: torch's client would wait forever
+                held.append(conn)
                 continue
             with conn:
                 if reply:
@@ -109,10 +113,12 @@ def test_a_service_that_is_not_a_store_at_the_master_address_is_named(group, rep
            "MASTER_PORT": str(server.getsockname()[1])}
     try:
         with pytest.raises(DistributedError, match=r"is not a torch.distributed rendezvous store.*Fix: set MASTER_PORT"):
-            tdist.init(env=env, join_timeout=2)
+            tdist.init(env=env, join_timeout=1 if reply is None else 2)
     finally:
         stop.set()
         thread.join(5)
+        for conn in held:
+            conn.close()
         server.close()
     assert not torch.distributed.is_initialized()
 

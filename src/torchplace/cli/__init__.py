@@ -45,7 +45,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors that name the help to read."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: error: {message}. See `{self.prog} --help`.")
+        raise UsageError(f"{self.prog}: error: {message.rstrip('.')}. See `{self.prog} --help`.")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -80,7 +80,8 @@ def count_or_auto(text: str) -> int | str:
     try:
         return whole_number(1, 4096)(text)
     except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(f"{exc} It is a number of GPUs (1 or more) or 'auto'.") from None
+        raise argparse.ArgumentTypeError(f"{str(exc).replace('; write e.g. 1.', '')}: give a number of GPUs "
+                                         "(1 or more) or 'auto'.") from None
 
 
 def size(text: str) -> int:
@@ -90,7 +91,7 @@ def size(text: str) -> int:
     try:
         value = parse_size(text)
     except (ValueError, OverflowError) as exc:
-        raise argparse.ArgumentTypeError(f"{exc}{_ascii_hint(text)}") from None
+        raise argparse.ArgumentTypeError(f"{str(exc).rstrip('.')}{_ascii_hint(text)}") from None
     if value > _BYTES_MAX:
         raise _fail(text, "is more memory than any machine has (at most 1 EiB).")
     return value
@@ -103,7 +104,7 @@ def duration(text: str) -> float:
     try:
         value = parse_duration(text)
     except (ValueError, OverflowError) as exc:
-        raise argparse.ArgumentTypeError(f"{exc}{_ascii_hint(text)}") from None
+        raise argparse.ArgumentTypeError(f"{str(exc).rstrip('.')}{_ascii_hint(text)}") from None
     if not math.isfinite(value) or value > _SECONDS_MAX:
         raise _fail(text, "is too long (at most 10 years); write e.g. 10m or 2h.")
     return value
@@ -117,7 +118,7 @@ def gpus(text: str) -> str:
     try:
         GpuRequest.parse(text)
     except TorchplaceError as exc:
-        raise argparse.ArgumentTypeError(f"{exc}{_ascii_hint(text)}") from None
+        raise argparse.ArgumentTypeError(f"{str(exc).rstrip('.')}{_ascii_hint(text)}") from None
     return text
 
 
@@ -182,7 +183,7 @@ def sizes(text: str) -> str:
     try:
         values = parse_sizes(text)
     except (ValueError, OverflowError) as exc:
-        raise argparse.ArgumentTypeError(f"{exc}{_ascii_hint(text)}") from None
+        raise argparse.ArgumentTypeError(f"{str(exc).rstrip('.')}{_ascii_hint(text)}") from None
     if not values or any(v < 1 for v in values):
         raise _fail(text, "has a size of zero; write e.g. 1GiB,10GiB.")
     if any(v > _BYTES_MAX for v in values):

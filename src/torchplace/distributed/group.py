@@ -90,7 +90,7 @@ def init(*, backend: str | None = None, device: str | torch.device | None = None
                              if dev.type in _ACCELERATOR_BACKENDS else "gloo")
         join_s = seconds(join_timeout, 300.0)
         with explained(launch):
-            store = dist.HashStore() if single else make_store(launch, rank, world, join_s)
+            store = dist.HashStore() if single else _connect_store(launch, rank, world, join_s)
         own = dist.PrefixStore(f"torchplace/{launch.restart_count}/", store)
         if not single:
             join(own, launch, rank, world, dev, chosen, join_s)
@@ -116,6 +116,34 @@ def init(*, backend: str | None = None, device: str | torch.device | None = None
             atexit.register(teardown)
             STATE.atexit_registered = True
         return STATE.info
+
+
+def _connect_store(launch: LaunchEnv, rank: int, world: int, join_s: float) -> Any:
+    """`make_store` with a deadline. torch's store client, once its TCP connection is accepted,
+    waits for the server's answer with no time limit, so a program at MASTER_ADDR:MASTER_PORT
+    that accepts and stays silent would hang init forever; here it is named after join_s + 2 s.
+    (The waiting thread is left behind, blocked; it holds no lock of ours.)"""
+    box: dict[str, Any] = {}
+
+    def connect() -> None:
+        try:
+            box["store"] = make_store(launch, rank, world, join_s)
+        except BaseException as exc:  # handed to the caller's thread below
+            box["error"] = exc
+
+    thread = threading.Thread(target=connect, name="torchplace-store-connect", daemon=True)
+    thread.start()
+    thread.join(join_s + 2.0)
+    if thread.is_alive():
+        raise DistributedError(
+            f"rank {rank} (RANK={launch.rank}, WORLD_SIZE={world}) connected to MASTER_ADDR={launch.master_addr!r} "
+            f"MASTER_PORT={launch.master_port}, but nothing answered there within {join_s + 2.0:.0f} s: what "
+            "listens on that port is not a torch.distributed rendezvous store, or it is stuck. Fix: set "
+            "MASTER_PORT to a port only this job uses, or launch with `torchplace run` / `torchrun --standalone`, "
+            "which choose a free port.")
+    if "error" in box:
+        raise box["error"]
+    return box["store"]
 
 
 def _adopt(device: str | torch.device | None, environ: Mapping[str, str]) -> DistInfo:
