@@ -107,8 +107,8 @@ def _write_weights(src: Path, dst: Path, tool: str, state: dict[str, Any], prefi
     left = sorted(k for k in state if k != "model")
     if left:
         notes.append(f"weights only: left out {', '.join(left)}")
-    notes.append("module versions (_metadata) cannot be stored in a plain safetensors file; modules load it as "
-                 "the current version")
+    notes.append("module versions (_metadata) cannot be stored in a plain safetensors file: load_state_dict "
+                 "passes none to the modules (a quantization observer then resets its eps)")
     write_bytes(dst, to_bytes(tensors, metadata={"format": "pt"}))
     return Converted(dst, tool, prefix, len(tensors), notes, weights_only=True)
 

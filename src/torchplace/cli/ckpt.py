@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_inspect)
 
     p = cmds.add_parser("convert", help="rewrite a torch.save / Lightning / accelerate checkpoint as a torchplace one "
-                                        "(on the CPU, wrapper prefixes stripped)")
+                                        "(on the CPU, torch.compile's _orig_mod. removed)")
     p.add_argument("src", metavar="IN", help="the checkpoint to read")
     p.add_argument("dst", metavar="OUT", help="the torchplace checkpoint to write")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
