@@ -13,10 +13,11 @@ from torchplace.checks.mismatch import misplaced_state
 PAIR = "cpu-meta"
 MISTAKES = corpus.for_pair(PAIR, "mistake")
 LEGAL = corpus.for_pair(PAIR, "legal")
-# mistakes made outside the model's forward (in a loss, metric or scheduler call, or the training
-# loop): explain(model, *inputs) names the culprit but cannot know the line that will use it
-EXPLAIN_NO_LINE = {"criterions_in_list", "loss_weight_not_moved", "pos_weight_not_moved", "metric_not_moved",
-                   "scheduler_sigmas", "head_replaced_after_to", "input_not_moved"}
+# mistakes whose line is the user's call of a loss, metric or the model itself, in a step function
+# explain() is not given: it names the culprit but cannot know that line (docs/strict-mode.md).
+# Lines it can read (a method of the model's or the companion's own class) are asserted below.
+EXPLAIN_NO_LINE = {"loss_weight_not_moved", "pos_weight_not_moved", "metric_not_moved",
+                   "head_replaced_after_to", "input_not_moved"}
 EXPLAIN_BLIND = {"stack_zero_dim_loss", "labels_not_moved", "targets_not_moved"}  # made in the user's loop
 
 
@@ -64,6 +65,20 @@ def test_modules_in_plain_lists_suggest_module_list():
     assert "inside module model.heads[0] (Linear)" in out.text and "make it nn.ModuleList(...)" in out.text
     out = diagnose.score(next(c for c in MISTAKES if c.name == "branches_in_dict"), PAIR, "explain", corpus)
     assert "model.branches = nn.ModuleDict(...)" in out.text
+
+
+def test_explain_reads_the_line_from_the_class_that_uses_the_culprit():
+    """A module in a plain list used by another method of the model, a scheduler's tensor used by
+    its own step(): the line comes from the class's source; a torch loss has no user line to give."""
+    by_name = {c.name: c for c in MISTAKES}
+    out = diagnose.score(by_name["criterions_in_list"], PAIR, "explain", corpus)
+    assert f"used at tests/checks/{by_name['criterions_in_list'].at} in validation_step()" in out.text
+    out = diagnose.score(by_name["scheduler_sigmas"], PAIR, "explain", corpus)
+    assert f"its own code uses scheduler.sigmas at tests/checks/{by_name['scheduler_sigmas'].at} in step()" in out.text
+    out = diagnose.score(by_name["metric_not_moved"], PAIR, "explain", corpus)
+    assert "its own code uses metric.total at tests/checks/corpus.py:" in out.text and "in forward()" in out.text
+    out = diagnose.score(by_name["loss_weight_not_moved"], PAIR, "explain", corpus)
+    assert "its own code uses" not in out.text  # CrossEntropyLoss is torch's: no user line in it
 
 
 def test_zero_dim_cpu_tensors_refused_by_stack_are_blamed():

@@ -43,6 +43,13 @@ def test_explain_names_the_culprit(pair, case):
     assert out.named, f"missing {out.missing} in:\n{out.text}"
 
 
+@pytest.mark.parametrize("pair, case", [p for p in MISTAKES if p.values[1].name in ("criterions_in_list",
+                                                                                    "scheduler_sigmas")])
+def test_explain_reads_the_line_from_the_class_that_uses_the_culprit(pair, case):
+    out = diagnose.score(case, pair, "explain", corpus)
+    assert out.full, f"missing {out.missing} in:\n{out.text}"
+
+
 @pytest.mark.parametrize("tool", diagnose.TOOLS)
 @pytest.mark.parametrize("pair, case", LEGAL)
 def test_legal_patterns_raise_no_alarm(pair, case, tool):

@@ -164,10 +164,13 @@ def _check_companions(companions: list[tuple[int, Any]], devices: list[str],
         away = [(path, t) for path, t in tensors if str(t.device) not in devices and t.dim() > 0]
         if away:
             shown = ", ".join(f"{path} on {t.device}" for path, t in away[:4])
+            used = [f"{label}.{key} at {at}" for key in dict.fromkeys(path.split(".")[1] for path, _ in away[:4])
+                    if (at := _used_at(type(value), key))]
             _problem(problems, "companion-device", label, "error",
                      f"{label} ({type(value).__name__}) keeps {shown}, while the model is on {', '.join(devices)}; it "
-                     f"is not part of the model, so model.to() does not move it. Fix: {label}.to({devices[0]!r}) "
-                     f"(or make it a submodule of the model).")
+                     f"is not part of the model, so model.to() does not move it"
+                     + (f" (its own code uses {'; '.join(used)})" if used else "")
+                     + f". Fix: {label}.to({devices[0]!r}) (or make it a submodule of the model).")
 
 
 def _check_unregistered(model: torch.nn.Module, devices: list[str], problems: list[dict[str, str]]) -> None:
@@ -186,11 +189,44 @@ def _check_unregistered(model: torch.nn.Module, devices: list[str], problems: li
             away = [(f"{path}.{n}", t.device) for path, m in held
                     for n, t in [*m.named_parameters(), *m.named_buffers()] if devices and str(t.device) not in devices]
             where = "; ".join(f"{path} on {d}" for path, d in away[:4])
+            used = _used_at(type(module), key)
             _problem(problems, "unregistered-module", f"{prefix}.{key}", "error" if away else "warning",
                      f"{prefix}.{key} is a plain Python {kind} holding {len(held)} module(s) "
                      f"({', '.join(p for p, _ in held[:4])}); model.to(), model.parameters() and the state_dict do "
                      f"not see them" + (f", and they are elsewhere: {where}" if away else "") +
-                     f". Fix: {prefix}.{key} = {wrapper}(...).")
+                     (f"; used at {used}" if used else "") + f". Fix: {prefix}.{key} = {wrapper}(...).")
+
+
+def _used_at(cls: type, attr: str) -> str | None:
+    """Where the user's class CLS first reads `self.ATTR` outside __init__ ('corpus.py:322 in
+    validation_step()'), from its source; None for library classes or when no method uses it."""
+    import ast
+    import inspect
+
+    from .frames import TORCH_DIR, _SITE_DIRS, short_path
+
+    for klass in cls.__mro__:
+        try:
+            filename = inspect.getsourcefile(klass) or ""
+            lines, first = inspect.getsourcelines(klass)
+        except (OSError, TypeError):
+            continue
+        if not filename or filename.startswith((TORCH_DIR, *_SITE_DIRS)):
+            continue
+        try:
+            tree = ast.parse(inspect.cleandoc("\n" + "".join(lines)) if lines[0][:1].isspace() else "".join(lines))
+        except SyntaxError:
+            continue
+        found = [node.lineno for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and fn.name != "__init__" for node in ast.walk(fn)
+                 if isinstance(node, ast.Attribute) and node.attr == attr
+                 and isinstance(node.value, ast.Name) and node.value.id == "self"]
+        if found:
+            lineno = first + min(found) - 1
+            method = next(fn.name for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                          and fn.lineno <= min(found) <= (fn.end_lineno or fn.lineno))
+            return f"{short_path(filename)}:{lineno} in {method}()"
+    return None
 
 
 def describe(tensor: torch.Tensor) -> dict[str, Any]:
