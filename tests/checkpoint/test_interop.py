@@ -420,3 +420,19 @@ def test_dcp_folder_both_ways(tmp_path: Path) -> None:
     dest = net(1).state_dict()
     dcp.load(dest, checkpoint_id=str(tmp_path / "dcp2"))
     assert all(torch.equal(dest[k], v) for k, v in net(0).state_dict().items())
+
+
+def test_timm_model_ema_v2(tmp_path: Path) -> None:
+    """The real ModelEmaV2 where timm is installed (the GPU machine); `Ema` above stands in elsewhere."""
+    timm_utils = pytest.importorskip("timm.utils")
+    ema = timm_utils.ModelEmaV2(net(0), decay=0.9)
+    torch.save(ema.state_dict(), tmp_path / "ema.pt")
+    again = timm_utils.ModelEmaV2(net(1), decay=0.9)
+    assert torchplace.load(tmp_path / "ema.pt", model=again).stripped_prefix == ""
+    bare = net(1)
+    assert torchplace.load(tmp_path / "ema.pt", model=bare).stripped_prefix == "module."
+    assert same(ema.module, again.module) and same(ema.module, bare)
+    path = torchplace.save(tmp_path / "ours.safetensors", model=bare, rng_state=False)
+    back = timm_utils.ModelEmaV2(net(2), decay=0.9)
+    torchplace.load(path, model=back)
+    assert same(ema.module, back.module)
