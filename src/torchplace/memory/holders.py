@@ -24,6 +24,7 @@ import inspect
 import linecache
 import os
 import re
+import sysconfig
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,7 +37,8 @@ from .report import _fmt, _key_text
 _CONTAINERS = (dict, list, set, frozenset, tuple, collections.deque)
 _SKIP = (types.FrameType, types.FunctionType, types.CodeType, types.ModuleType, type)
 _LIBRARIES = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep,
-              os.path.dirname(os.__file__) + os.sep)
+              os.path.dirname(os.__file__) + os.sep,
+              *{sysconfig.get_paths()[k] + os.sep for k in ("purelib", "platlib")})  # installed packages
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,8 @@ def grown(before: dict[int, Holding], after: dict[int, Holding], min_bytes: int)
 
 
 def user_frames(frame: types.FrameType | None) -> list[types.FrameType]:
-    """FRAME and its callers, without the frames of torch, torchplace and the standard library."""
+    """FRAME and its callers, without the frames of torch, torchplace, the standard library and
+    installed packages (a test runner's, a trainer library's)."""
     out = []
     while frame is not None:
         if not frame.f_code.co_filename.startswith(_LIBRARIES):
