@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,8 @@ import pytest
 import torch
 
 import torchplace
-from torchplace.checkpoint import atomic, fileio
+from torchplace.checkpoint import atomic, convert, fileio
+from torchplace.errors import CheckpointError
 
 
 class FullDisk:
@@ -109,3 +111,23 @@ def test_write_out_starts_through_the_real_sync_file_range_and_never_raises(tmp_
     finally:
         os.close(fd)
     assert path.read_bytes() == b"\0" * 10 + b"abc" * 1000
+
+
+def test_a_special_file_is_never_replaced_by_a_save(tmp_path):
+    """Saving onto a FIFO (or /dev/null, as root) would rename the checkpoint over it: refused, nothing written."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(CheckpointError, match="FIFO.*not a regular file.*new file name"):
+        torchplace.save(fifo, model=torch.nn.Linear(2, 2))
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+def test_convert_onto_its_own_input_is_refused(tmp_path):
+    src = tmp_path / "a.safetensors"
+    torchplace.save(src, model=torch.nn.Linear(2, 2))
+    before = src.read_bytes()
+    (tmp_path / "link.safetensors").symlink_to(src)
+    for dst in (src, tmp_path / "link.safetensors"):
+        with pytest.raises(CheckpointError, match="same file.*new name"):
+            convert(src, dst)
+    assert src.read_bytes() == before

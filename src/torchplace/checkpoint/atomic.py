@@ -15,12 +15,14 @@ import errno
 import os
 import secrets
 import socket
+import stat
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import CheckpointError
 from ..hardware.host import pid_exists
+from ..safeio import kind_of
 
 _TMP_MARK = ".tmp-"
 
@@ -163,6 +165,13 @@ def atomic_write(target: str | os.PathLike[str], write: Callable[[FileSink], Non
     if target.is_dir():
         raise CheckpointError(f"could not save {target}: it is a directory. Fix: give a file path "
                               f"inside it, e.g. {target / 'step-000100.safetensors'}.")
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        mode = None  # a new name: the usual case
+    if mode is not None and not stat.S_ISREG(mode):  # renaming over it would replace /dev/null, a FIFO, ...
+        raise CheckpointError(f"could not save {target}: it is {kind_of(mode)}, not a regular file, and saving "
+                              "would replace it. Fix: give a new file name.")
     sweep_stale(target.parent)
     tmp = temp_name(target)
     doing = "creating a temporary file"

@@ -49,6 +49,10 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, trust_p
     """Convert the checkpoint at SRC into a torchplace checkpoint at DST (written atomically); with
     WEIGHTS_ONLY, into a plain safetensors state dict of the model's weights."""
     src, dst = Path(src), Path(dst)
+    if dst.exists() and src.exists() and os.path.samefile(src, dst):
+        raise CheckpointError(f"IN and OUT are the same file ({src} and {dst}); converting in place would "
+                              "overwrite the input. Fix: write to a new name, check it with `torchplace ckpt "
+                              "inspect`, then move it.")
     tool, state, meta, notes = read_any(src, dev=torch.device("cpu"), model=None, optimizer=None,
                                      trust_pickle=trust_pickle)
     notes = list(notes)

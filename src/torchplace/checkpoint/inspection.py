@@ -60,8 +60,11 @@ class CheckpointInfo:
 
 
 def _size(path: Path) -> int:
+    """Bytes of a checkpoint file, or of the regular files directly in a checkpoint folder (the
+    layouts torchplace reads are flat: never walk a tree, which for `/` would be the whole disk)."""
     if path.is_dir():
-        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        with os.scandir(path) as entries:
+            return sum(e.stat(follow_symlinks=False).st_size for e in entries if e.is_file(follow_symlinks=False))
     return path.stat().st_size
 
 
@@ -198,7 +201,8 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
             info.contents[name] = f"{len(sub.tensors)} tensors; {parts}"
     else:
         raise CheckpointError(f"{path} is not a checkpoint torchplace recognises (not torchplace/safetensors, "
-                              "torch.save, Lightning, accelerate or DCP).")
+                              "torch.save, Lightning, accelerate or DCP). Fix: give a checkpoint file or a "
+                              "checkpoint folder (DCP, accelerate's save_state).")
     return info
 
 

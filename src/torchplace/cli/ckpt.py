@@ -100,34 +100,9 @@ def _render_info(info: Any, *, show_all: bool) -> None:
         console.print(f"[yellow]note:[/] {escape(note)}")
 
 
-def _check_destination(src: str, dst: str) -> None:
-    """Refuse an OUT that is IN itself (the input would be lost) or a special file (root would replace it)."""
-    import os
-    import stat
-
-    from ..errors import CheckpointError
-
-    try:
-        st = os.stat(dst)
-    except OSError:
-        return  # a new name: the usual case
-    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
-        raise CheckpointError(f"OUT {dst!r} is not a regular file (a device, FIFO or socket); writing the "
-                              "checkpoint there would replace it. Fix: give a new file name for OUT.")
-    try:
-        same = os.path.samefile(src, dst)
-    except OSError:
-        same = False
-    if same:
-        raise CheckpointError(f"IN and OUT are the same file ({src!r} and {dst!r}); converting in place "
-                              "would overwrite the input. Fix: write to a new name, check it with "
-                              "`torchplace ckpt inspect`, then move it.")
-
-
 def _convert(args: argparse.Namespace) -> int:
     from ..checkpoint import convert
 
-    _check_destination(args.src, args.dst)
     result = convert(args.src, args.dst, trust_pickle=args.trust_pickle, weights_only=args.weights_only)
     if args.json:
         print(json.dumps({"path": str(result.path), "source_tool": result.source_tool,
