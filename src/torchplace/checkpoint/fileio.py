@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import __version__
+from .._version import __version__
 from ..errors import CheckpointError
 from . import codec
 from .atomic import FileSink, atomic_write

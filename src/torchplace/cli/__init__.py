@@ -50,7 +50,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser; with `command`, only that subcommand is imported (keeps `pick` under 100 ms)."""
-    from .. import __version__
+    from .._version import __version__
 
     parser = _Parser(prog="torchplace", description="Know where every tensor lives.")
     parser.add_argument("--version", action="version", version=f"torchplace {__version__}")

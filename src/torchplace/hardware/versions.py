@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .._version import __version__
+
 
 @dataclass
 class Versions:
@@ -75,8 +77,6 @@ def _torch_version_file() -> dict[str, Any]:
 
 def read_versions() -> Versions:
     """Versions of Python, torch and its CUDA libraries as installed; never raises."""
-    from .. import __version__
-
     vfile = _torch_version_file()
     return Versions(
         python=platform.python_version(),
