@@ -339,6 +339,21 @@ def test_results_table_is_up_to_date():
     assert done.returncode == 0, done.stderr
 
 
+def test_links_between_pages_resolve():
+    """Every relative link, and every path into docs/results, in README.md and docs/ names a file that exists."""
+    link = re.compile(r"\]\(([^)\s]+)\)|((?:docs/)?results/[\w./-]+\.(?:txt|json|md))")
+    broken = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        for linked, mentioned in link.findall(page.read_text()):
+            target = (linked or mentioned).split("#")[0]
+            if not target or re.match(r"^[a-z]+:", target):
+                continue
+            base = ROOT if target.startswith("docs/") else page.parent
+            if not (base / target).exists() and not (ROOT / "docs" / target).exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken
+
+
 if __name__ == "__main__":  # print every block's output of the pages given (default: all)
     chosen = [Path(a).resolve() for a in sys.argv[1:]] or _runnable_pages()
     r = Runner(spawn=os.environ.get("TORCHPLACE_DOCS_SPAWN") == "1" or sys.platform != "linux")

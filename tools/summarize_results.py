@@ -1,16 +1,15 @@
-"""Summarize every benchmark ratio in docs/results/*.json as one Markdown table.
+"""Index the benchmark runs kept in docs/results/*.json as one Markdown table, one row per run.
 
-    python tools/summarize_results.py            # print the table
-    python tools/summarize_results.py --write    # also replace the table in docs/results/README.md
-    python tools/summarize_results.py --check    # exit 1 if docs/results/README.md is out of date
+    python tools/summarize_results.py            # print the index
+    python tools/summarize_results.py --write    # also replace the index in docs/results/README.md
+    python tools/summarize_results.py --check    # exit 1 if the README is out of date or a run is superseded
 
 Reads the JSON files that `torchplace bench NAME --out DIR` writes (name, rows with variant /
-value / unit / ratio, optional baseline, targets, machine). One row per measured variant: its
-value, its ratio against the run's baseline (the `baseline` variant, else the nearest row above
-it with ratio 1.00; every ratio reads "higher is better"), and the targets checked on it. A
-target is attached to the row whose ratio, inverse ratio or value it measured; a target that
-compares two rows (or counts something) gets a row of its own. Only the standard library is
-used, so it runs anywhere.
+value / unit / ratio, targets, machine), kept as `bench-NAME[-CONFIG]-<machine>-<date>[-runN].json`.
+docs/results keeps one run per benchmark and machine (older runs stay in git history), so two files
+with the same NAME[-CONFIG] and machine are an error that names the older one. The headline of a
+run is its first target (the goal from the feature's issue), or its best ratio when it has none.
+Only the standard library is used, so it runs anywhere.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
 README = RESULTS / "README.md"
 START, END = "<!-- results-table:start -->", "<!-- results-table:end -->"
+FILE_NAME = re.compile(r"^bench-(?P<bench>.+)-(?P<machine>[^-]+)-(?P<date>\d{4}-\d{2}-\d{2})(?:-(?P<run>.+))?$")
 
 
 def _num(x: float) -> str:
@@ -38,10 +39,6 @@ def _num(x: float) -> str:
     return f"{x:.4g}"
 
 
-def _same(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=1e-6, abs_tol=0.0)
-
-
 def _machine(m: dict) -> str:
     gpus = m.get("gpus") or []
     if gpus:
@@ -52,75 +49,73 @@ def _machine(m: dict) -> str:
     return f"{label}, {m.get('cpus', '?')} CPUs"
 
 
-def _short(name: str, context: str, sep: str = " ") -> str:
-    """NAME without the leading words (ending in SEP) it shares with CONTEXT.
-
-    ("ResNet-50 (...): bare", "ResNet-50 (...): watch", ": ") -> "bare".
-    """
-    cut, i = 0, 0
-    while True:
-        j = name.find(sep, i)
-        if j < 0 or not (context == name[:j] or context.startswith(name[:j] + sep)):
-            break
-        cut = i = j + len(sep)
-    return name[cut:].strip() or name
+def _parts(path: Path) -> tuple[str, str]:
+    """(benchmark with its configuration, machine tag) from a result file's name."""
+    found = FILE_NAME.match(path.stem)
+    if not found:
+        raise SystemExit(f"{path.name}: expected bench-NAME[-CONFIG]-<machine>-<date>[-runN].json")
+    return found["bench"], found["machine"]
 
 
-def _target(t: dict, context: str | None = None) -> str:
-    """'NAME: MEASURED OP LIMIT, met' (NAME shortened against CONTEXT; left out when CONTEXT is None)."""
-    verdict = "met" if t["met"] else "**missed**"
-    check = f"{_num(float(t['measured']))} {t['op']} {_num(t['limit'])}, {verdict}"
-    return check if context is None else f"{_short(t['name'], context)}: {check}"
+def _headline(data: dict) -> str:
+    """The run's first target as 'NAME: MEASURED OP LIMIT', else its best ratio against the baseline."""
+    targets = data.get("targets") or []
+    if targets:
+        t = targets[0]
+        return f"{t['name']}: {_num(float(t['measured']))} {t['op']} {_num(t['limit'])}"
+    rows = [r for r in data.get("rows") or [] if r.get("ratio")]
+    if not rows:
+        return ""
+    best = max(rows, key=lambda r: float(r["ratio"]))
+    return f"{best['variant']}: {float(best['ratio']):.2f}x vs {data.get('baseline') or 'baseline'}"
 
 
-def summarize(path: Path) -> list[list[str]]:
-    """Table rows for one result file."""
+def _verdicts(data: dict) -> str:
+    """'N/N met', or how many of them were missed."""
+    targets = data.get("targets") or []
+    missed = sum(1 for t in targets if not t["met"])
+    if not targets:
+        return "none"
+    return f"{len(targets)}/{len(targets)} met" if not missed else f"**{missed} of {len(targets)} missed**"
+
+
+def index_row(path: Path) -> list[str]:
+    """One index row for one result file: file, benchmark, machine, date, headline, targets."""
     data = json.loads(path.read_text())
     machine = data.get("machine") or {}
-    where = _machine(machine)
-    date = str(machine.get("date", "?"))[:10]
-    link = f"[{data['name']}]({path.with_suffix('.txt').name if path.with_suffix('.txt').exists() else path.name})"
-    rows = data.get("rows") or []
-    targets = list(data.get("targets") or [])
-    attached: dict[int, list[dict]] = {}
-    for t in list(targets):  # attach each target to the row whose number it checked
-        measured = float(t["measured"])
-        for i, row in enumerate(rows):
-            ratio, value = float(row.get("ratio") or 0), float(row.get("value") or 0)
-            if ratio == 1.0:  # a baseline row: its ratio 1 would match every "1 = yes" target
-                continue
-            if _same(measured, ratio) or (ratio and _same(measured, 1 / ratio)) or _same(measured, value):
-                attached.setdefault(i, []).append(t)
-                targets.remove(t)
-                break
-    out = []
-    baseline = None
-    by_name = {r["variant"]: r for r in rows}
-    for i, row in enumerate(rows):
-        ratio = float(row.get("ratio") or 0)
-        if data.get("baseline") in by_name:
-            baseline = data["baseline"]
-        elif ratio == 1.0:
-            baseline = row["variant"]
-        vs = "baseline" if row["variant"] == baseline else _short(baseline or "", row["variant"], ": ")
-        checks = "; ".join(_target(t, row["variant"]) for t in attached.get(i, []))
-        out.append([link, row["variant"], f"{_num(float(row['value']))} {row.get('unit', '')}".strip(),
-                    f"{ratio:.2f}x", vs, checks, where, date])
-    for t in targets:  # targets that compare two rows or count something
-        out.append([link, f"target: {t['name']}", "", "", "", _target(t), where, date])
-    return out
+    bench, _ = _parts(path)
+    shown = path.with_suffix(".txt") if path.with_suffix(".txt").exists() else path
+    config = bench.removeprefix(data["name"]).strip("-")
+    label = f"{data['name']} ({config})" if config else data["name"]
+    return [f"[{path.stem}]({shown.name})", label, _machine(machine), str(machine.get("date", "?"))[:10],
+            _headline(data), _verdicts(data)]
+
+
+def superseded(results: Path = RESULTS) -> list[str]:
+    """One line per result file that a newer run of the same benchmark on the same machine replaces."""
+    newest: dict[tuple[str, str], tuple[str, Path]] = {}
+    lines = []
+    for path in sorted(results.glob("*.json")):
+        when = str((json.loads(path.read_text()).get("machine") or {}).get("date", ""))
+        key = _parts(path)
+        if key in newest:
+            other_when, other = newest[key]
+            old, new = (path, other) if when < other_when else (other, path)
+            lines.append(f"{old.name} is superseded by {new.name}: delete it (git keeps it).")
+            if new is path:
+                newest[key] = (when, path)
+        else:
+            newest[key] = (when, path)
+    return lines
 
 
 def table(results: Path = RESULTS) -> str:
-    files = sorted(results.glob("*.json"))
-    header = ["benchmark", "variant", "value", "ratio", "vs", "target", "machine", "date"]
+    header = ["file", "benchmark", "machine", "date", "headline", "targets"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for path in files:
-        for row in summarize(path):
-            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
-    sources = ", ".join(f"`{p.name}`" for p in files)
+    for path in sorted(results.glob("*.json")):
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in index_row(path)) + " |")
     lines.append("")
-    lines.append(f"Generated by `python tools/summarize_results.py --write` from {sources}.")
+    lines.append("Generated by `python tools/summarize_results.py --write`.")
     return "\n".join(lines)
 
 
@@ -134,16 +129,17 @@ def replaced(text: str, new_table: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="replace the table in docs/results/README.md")
-    parser.add_argument("--check", action="store_true", help="exit 1 if docs/results/README.md is out of date")
+    parser.add_argument("--write", action="store_true", help="replace the index in docs/results/README.md")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if docs/results/README.md is out of date or a run is superseded")
     args = parser.parse_args(argv)
     new = table()
     if args.check:
-        current = README.read_text()
-        if replaced(current, new) != current:
-            print(f"{README} is out of date: run python tools/summarize_results.py --write", file=sys.stderr)
-            return 1
-        return 0
+        problems = superseded()
+        if replaced(README.read_text(), new) != README.read_text():
+            problems.append(f"{README} is out of date: run python tools/summarize_results.py --write")
+        print("\n".join(problems), file=sys.stderr)
+        return 1 if problems else 0
     if args.write:
         README.write_text(replaced(README.read_text(), new))
     print(new)
