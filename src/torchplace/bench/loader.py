@@ -166,7 +166,7 @@ def _reserved_per_epoch_mib(loader: Any, step: Callable[[Any], Any], epochs: int
     this bench's pageable batch takes most of a step, so that came late and at random: at epoch
     2, 4, 12 or 19 in the H200 runs where reserved memory grew by one batch, the allocator's
     trace showing the loader's third buffer taken while the other two were in use
-    (tools/exp/loader_mem_trace.py, 2026-11-29). So the warm-up epoch waits after each step until
+    (docs/results/experiments/, round 6). So the warm-up epoch waits after each step until
     the worker had time to get there; from then on the pool has its working set, and growth
     would be a leak.
     """

@@ -170,7 +170,7 @@ class Stager:
         packed into one pinned buffer on the host, which they need anyway to be copied
         asynchronously; pinned ones are copied straight into views of one device buffer, with no
         host memcpy. For 64 pinned tensors of 64 KiB on an H200 machine, the second took 262 µs,
-        packing alone 508 µs (tools/exp/loader_v3.py, 2026-11-29).
+        packing alone 508 µs (docs/results/experiments/, round 3).
         """
         leaves: list[Any] = []
         small: list[int] = []
