@@ -39,7 +39,7 @@ from ..hardware.launch_env import LaunchEnv, check, read_launch_env
 from .failures import explain, explained
 from .health import HealthReport, StragglerReport, health_check, stragglers
 from .join import join, make_store
-from .state import LOCK, STATE, DistInfo, seconds
+from .group_state import LOCK, STATE, DistInfo, seconds
 
 __all__ = ["DistInfo", "HealthReport", "StragglerReport", "init", "health_check", "stragglers",
            "teardown", "session", "explain", "explained", "info"]

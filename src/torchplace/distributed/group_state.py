@@ -1,4 +1,5 @@
-"""The process-wide record of the group torchplace.dist made (one per process, like torch's own)."""
+"""The process-wide record of the group torchplace.dist made (one per process, like torch's own):
+`DistInfo`, the lock and state `init` and `teardown` share, and `require()`."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ..errors import DistributedError
 from .failures import explain
-from .state import STATE, require, seconds
+from .group_state import STATE, require, seconds
 
 
 @dataclass(frozen=True)
