@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "DistributedError": "torchplace.errors",
     "LeaseError": "torchplace.errors",
     "SnapshotError": "torchplace.errors",
+    "TorchplaceWarning": "torchplace.errors",
     # facts
     "Facts": "torchplace.hardware.facts",
     "read_facts": "torchplace.hardware.facts",
@@ -115,6 +116,6 @@ _strict_from_env()
 
 if TYPE_CHECKING:  # static checkers see the real objects
     from .errors import (CheckpointError, DeviceError, DeviceLeakError, DeviceMismatchError,  # noqa: F401
-                         DistributedError, LeaseError, SnapshotError, TorchplaceError)
+                         DistributedError, LeaseError, SnapshotError, TorchplaceError, TorchplaceWarning)
     from .placement.resolve import device  # noqa: F401
     from .placement.scope import guard, on  # noqa: F401

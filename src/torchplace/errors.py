@@ -1,6 +1,7 @@
-"""One exception hierarchy for torchplace.
+"""One exception hierarchy and one warning hierarchy for torchplace.
 
-Every message says what was asked, what exists, and how to fix it.
+Every message says what was asked, what exists, and how to fix it. Each class lives here; the
+modules that raise them re-export theirs (`torchplace.memory.MemoryLeakError`, ...).
 
     TorchplaceError
     ├── DeviceError (ValueError)            a device spec that cannot be satisfied here
@@ -9,7 +10,17 @@ Every message says what was asked, what exists, and how to fix it.
     ├── CheckpointError (RuntimeError)      a checkpoint that is torn, corrupt or unsafe to open
     ├── DistributedError (RuntimeError)     a launch environment or process group that cannot work
     ├── LeaseError (RuntimeError)           GPUs that could not be picked or leased in time
-    └── SnapshotError (ValueError)          a topology snapshot that cannot be read
+    ├── SnapshotError (ValueError)          a topology snapshot that cannot be read
+    ├── PrecisionError (RuntimeError)       a precision the device cannot run, or autocast that did nothing
+    └── MemoryLeakError (RuntimeError)      memory that grew across steps (track_memory under strict mode)
+
+    TorchplaceWarning (UserWarning)
+    ├── StrictWarning                       a device mistake strict mode reports as a warning
+    ├── DeviceLeakWarning                   a changed current device that torchplace restored
+    ├── PrecisionWarning                    a precision that works but wastes speed or falls back
+    └── MemoryLeakWarning                   a probable leak found by track_memory
+
+`warnings.filterwarnings("error", category=TorchplaceWarning)` turns every one into an error.
 """
 
 from __future__ import annotations
@@ -45,3 +56,31 @@ class LeaseError(TorchplaceError, RuntimeError):
 
 class SnapshotError(TorchplaceError, ValueError):
     """A topology snapshot file is missing, unreadable or of an unknown schema."""
+
+
+class PrecisionError(TorchplaceError, RuntimeError):
+    """A precision was requested that the device cannot run natively, or autocast did nothing."""
+
+
+class MemoryLeakError(TorchplaceError, RuntimeError):
+    """Memory grew across steps beyond the tolerance, or graph-holding tensors piled up."""
+
+
+class TorchplaceWarning(UserWarning):
+    """Root of every warning torchplace issues."""
+
+
+class StrictWarning(TorchplaceWarning):
+    """A device mistake that torchplace.strict() reports as a warning (action="warn")."""
+
+
+class DeviceLeakWarning(TorchplaceWarning):
+    """Code changed the current device and did not restore it (torchplace restored it)."""
+
+
+class PrecisionWarning(TorchplaceWarning):
+    """A precision choice that works but wastes speed or silently falls back to float32."""
+
+
+class MemoryLeakWarning(TorchplaceWarning):
+    """A probable leak found by `track_memory` (raised as MemoryLeakError under strict mode)."""

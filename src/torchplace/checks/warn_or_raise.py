@@ -5,9 +5,7 @@ from __future__ import annotations
 import warnings
 from types import FrameType
 
-
-class StrictWarning(UserWarning):
-    """A device mistake that torchplace.strict() reports as a warning (action="warn")."""
+from ..errors import StrictWarning
 
 
 def report(action: str, message: str, error: type[Exception], frame: FrameType | None = None,

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ..errors import TorchplaceError
+from ..errors import MemoryLeakError, MemoryLeakWarning
 from ..policy import strict_enabled
 from .holders import Growth, Holding, grown, holdings, name_holder, user_frames
 from .report import TensorInfo, _fmt, containers_of, cuda_origins, graph_holders, live_tensors, tensor_info
@@ -37,14 +37,6 @@ from .report import TensorInfo, _fmt, containers_of, cuda_origins, graph_holders
 CPU_TOLERANCE = 16 * 2**20  # heap noise (glibc arenas, thread caches); the resident set is noisier still
 CUDA_TOLERANCE = 2**20  # the caching allocator's counter is exact
 _DESCRIBED = 20
-
-
-class MemoryLeakError(TorchplaceError, RuntimeError):
-    """Memory grew across steps beyond the tolerance, or graph-holding tensors piled up."""
-
-
-class MemoryLeakWarning(UserWarning):
-    """A probable leak found by `track_memory` (raised as MemoryLeakError under strict mode)."""
 
 
 @dataclass

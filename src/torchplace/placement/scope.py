@@ -18,13 +18,9 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-from ..errors import DeviceLeakError
+from ..errors import DeviceLeakError, DeviceLeakWarning
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class DeviceLeakWarning(UserWarning):
-    """Code changed the current device and did not restore it (torchplace restored it)."""
 
 
 def _backend(device_type: str) -> Any:

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
-from ..errors import DeviceError, DeviceMismatchError, TorchplaceError
+from ..errors import DeviceError, DeviceMismatchError, PrecisionError, PrecisionWarning
 from . import strict_enabled
 
 if TYPE_CHECKING:
@@ -50,14 +50,6 @@ _ALIASES = {
     "bf16-mixed": "bfloat16",
     "fp32": "float32", "float32": "float32", "float": "float32", "32": "float32",
 }
-
-class PrecisionError(TorchplaceError, RuntimeError):
-    """A precision was requested that the device cannot run natively, or autocast did nothing."""
-
-
-class PrecisionWarning(UserWarning):
-    """A precision choice that works but wastes speed or silently falls back to float32."""
-
 
 @dataclass(frozen=True)
 class Decision:
