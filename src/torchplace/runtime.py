@@ -7,13 +7,27 @@ and returns a `Runtime` whose helpers are bound to those choices.
 
 from __future__ import annotations
 
+import os
 import sys
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Literal, TypeVar
 
 import torch
 
 from .hardware.launch_env import read_launch_env
+
+if TYPE_CHECKING:
+    from .checkpoint.api import Checkpoint
+    from .checks.explain import Explanation
+    from .distributed.group_state import DistInfo
+    from .placement.loader import DeviceLoader
+    from .placement.resolve import DeviceSpec
+    from .policy.precision import PrecisionPolicy
+    from .policy.threads import ThreadPlan
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -21,11 +35,11 @@ class Runtime:
     """What setup() decided, with helpers bound to it."""
 
     device: torch.device
-    precision: Any  # PrecisionPolicy
-    threads: Any = None  # ThreadPlan or None
-    dist: Any = None  # DistInfo or None (single process)
+    precision: PrecisionPolicy
+    threads: ThreadPlan | None = None  # None: torch's thread defaults were left alone
+    dist: DistInfo | None = None  # None: a single process, no process group
     seed: int | None = None
-    strict: str | None = None
+    strict: Literal["warn", "error"] | None = None
     decisions: list[str] = field(default_factory=list)
 
     @property
@@ -40,40 +54,41 @@ class Runtime:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def to(self, obj: Any, **kwargs: Any) -> Any:
+    def to(self, obj: T, **kwargs: Any) -> T:
         """Move any nested batch to this runtime's device (`torchplace.to_device`)."""
         from .placement.transfer import to_device
 
         return to_device(obj, self.device, **kwargs)
 
-    def loader(self, loader: Any, **kwargs: Any) -> Any:
+    def loader(self, loader: Iterable[T], **kwargs: Any) -> DeviceLoader[T]:
         """Wrap a DataLoader so batches arrive on the device, copies overlapped with compute."""
         from .placement.loader import DeviceLoader
 
         return DeviceLoader(loader, self.device, **kwargs)
 
-    def autocast(self, **kwargs: Any) -> Any:
+    def autocast(self, **kwargs: Any) -> AbstractContextManager[None]:
         """Autocast for the chosen precision (a no-op context for fp32), checked on the first step."""
         return self.precision.autocast(**kwargs)
 
-    def grad_scaler(self, **kwargs: Any) -> Any:
+    def grad_scaler(self, **kwargs: Any) -> torch.amp.GradScaler:
         """A GradScaler, enabled only when the precision needs one (fp16)."""
         return self.precision.make_grad_scaler(**kwargs)
 
-    def save(self, path: Any, **state: Any) -> Any:
+    def save(self, path: str | os.PathLike[str], **state: Any) -> Path:
         """`torchplace.save` (atomic; only rank 0 writes under torchrun)."""
         from .checkpoint.api import save
 
         return save(path, **state)
 
-    def load(self, path: Any, **kwargs: Any) -> Any:
+    def load(self, path: str | os.PathLike[str], **kwargs: Any) -> Checkpoint:
         """`torchplace.load` onto this runtime's device."""
         from .checkpoint.api import load
 
         kwargs.setdefault("device", self.device)
         return load(path, **kwargs)
 
-    def explain(self, model: Any, *inputs: Any, **kwargs: Any) -> Any:
+    def explain(self, model: torch.nn.Module, *inputs: Any, **kwargs: Any) -> Explanation:
+        """`torchplace.explain`: which tensor or module sits on the wrong device, and where."""
         from .checks.explain import explain
 
         return explain(model, *inputs, **kwargs)
@@ -100,8 +115,10 @@ def _describe_device(dev: torch.device) -> str:
     return f"device {visible.describe()}" if visible else f"device {dev}"
 
 
-def setup(device: Any = "auto", precision: Any = "auto", threads: Any = "auto", strict: Any = False,
-          seed: int | None = None, *, distributed: Any = "auto", verbose: bool = True) -> Runtime:
+def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "auto",
+          threads: int | Literal["auto"] | None = "auto", strict: bool | Literal["error", "warn"] = False,
+          seed: int | None = None, *, distributed: bool | Literal["auto"] = "auto",
+          verbose: bool = True) -> Runtime:
     """Decide device, precision, threads, strictness and seeds once; return the Runtime.
 
     device: any `torchplace.device` spec; under torchrun (or SLURM) "auto" is this rank's GPU and
@@ -151,7 +168,7 @@ def setup(device: Any = "auto", precision: Any = "auto", threads: Any = "auto", 
         seed_everything(seed)
         decisions.append(f"seed: {seed} (python, numpy, torch, every device)")
 
-    mode = None
+    mode: Literal["warn", "error"] | None = None
     if strict:
         from .checks.strict import enable, make_config
 
