@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import torchplace
 from torchplace.checkpoint import inspect
 from torchplace.errors import CheckpointError, SnapshotError
-from torchplace.doctor.report import diagnose
+from torchplace.doctor.diagnose import diagnose
 from torchplace.hardware.facts import read_facts
 
 from . import crafting

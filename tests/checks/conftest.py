@@ -11,27 +11,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(autouse=True)
-def _strict_leaves_nothing_behind():
-    """Every test must leave torch as it found it: no patches, hooks or default device left over."""
-    import torch
-
-    from torchplace.checks import checkpoint, state
-
-    yield
-    leftovers = []
-    if "to" in vars(torch.Tensor) or "cuda" in vars(torch.Tensor):
-        leftovers.append("torch.Tensor.to/cuda still wrapped")
-    if torch.nn.Module.__call__ is not torch.nn.Module._wrapped_call_impl:
-        leftovers.append("nn.Module.__call__ still wrapped")
-    if checkpoint.pending() or torch.nn.modules.module._global_forward_pre_hooks:
-        leftovers.append("a module hook is still registered")
-    if state.active() is not None:
-        leftovers.append("strict mode still active")
-    if torch.get_default_device() != torch.device("cpu"):
-        torch.set_default_device(None)
-        leftovers.append("the default device was left changed")
-    if leftovers:
-        pytest.fail("; ".join(leftovers))
+def _strict_leaves_nothing_behind(strict_leaves_nothing_behind):
+    """Every test here must leave torch as it found it (the check is in tests/conftest.py)."""
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -8,7 +8,7 @@ import torch
 
 import corpus
 from torchplace.bench import diagnose
-from torchplace.checks.mismatch import misplaced_state
+from torchplace.checks.culprits import misplaced_state
 
 PAIR = "cpu-meta"
 MISTAKES = corpus.for_pair(PAIR, "mistake")

@@ -14,7 +14,7 @@ import torchplace as tp
 from checks_programs import (Toy, amp_forward, at, batch_on, clean_inference, clean_training, cuda_without_index,
                              forward_loss, init_on_meta, line_of, mask_without_device, module_cuda,
                              restoring_helper, scoped_helper, to_cuda_device, to_cuda_string, zeros_on_cuda)
-from torchplace.checks import StrictWarning, checkpoint, state
+from torchplace.checks import StrictWarning, deferred, strict_config
 from torchplace.checks.placement import implicit_device
 from torchplace.checks.strict import config_from_env, disable, enable_from_env, make_config
 from torchplace.placement.scope import DeviceLeakWarning
@@ -218,13 +218,13 @@ def test_autocast_blocks_without_modules_do_not_pile_up():
         for _ in range(50):
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 torch.ones(2) * 2
-        assert checkpoint.pending() == 1
+        assert deferred.pending() == 1
         Toy()(torch.ones(1, 8))  # the pending check sees autocast is over and goes
-        assert checkpoint.pending() == 0
+        assert deferred.pending() == 0
         with torch.autocast("cpu", dtype=torch.bfloat16):
             torch.ones(2) * 2
-        assert checkpoint.pending() == 1
-    assert checkpoint.pending() == 0  # strict mode is over: nothing left to run at module calls
+        assert deferred.pending() == 1
+    assert deferred.pending() == 0  # strict mode is over: nothing left to run at module calls
 
 
 # device mismatches
@@ -259,16 +259,16 @@ def test_off_means_torchs_own_functions():
     with tp.strict():
         assert "to" in vars(torch.Tensor) and torch.nn.Module.to is not originals[0]
     assert (torch.nn.Module.to, torch.nn.Module.cuda, torch.autocast.__enter__) == originals
-    assert "to" not in vars(torch.Tensor) and state.active() is None
+    assert "to" not in vars(torch.Tensor) and strict_config.active() is None
 
 
 def test_strict_is_per_thread():
     seen = {}
     with tp.strict():
-        worker = threading.Thread(target=lambda: seen.setdefault("worker", state.active()))
+        worker = threading.Thread(target=lambda: seen.setdefault("worker", strict_config.active()))
         worker.start()
         worker.join()
-        seen["main"] = state.active()
+        seen["main"] = strict_config.active()
     assert seen["worker"] is None and seen["main"] is not None
 
 
@@ -332,8 +332,8 @@ def test_env_switch_covers_code_outside_any_block():
             model(torch.ones(1, 8, device="meta"))
     finally:
         disable()
-    assert state.active() is None and torch.nn.Module.__call__ is torch.nn.Module._wrapped_call_impl
+    assert strict_config.active() is None and torch.nn.Module.__call__ is torch.nn.Module._wrapped_call_impl
 
 
 def test_env_switch_unset_does_nothing():
-    assert enable_from_env({}) is None and state.active() is None
+    assert enable_from_env({}) is None and strict_config.active() is None

@@ -21,7 +21,7 @@ def run_py(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 def test_reading_every_fact_never_initializes_cuda():
-    code = ("import torch, torchplace as tp; from torchplace.doctor.report import diagnose; "
+    code = ("import torch, torchplace as tp; from torchplace.doctor.diagnose import diagnose; "
             "r = diagnose(check_driver=True); tp.device('auto'); tp.device('cuda:0'); "
             "tp.visible_devices(); print(len(r.facts.topology.gpus), torch.cuda.is_initialized())")
     out = run_py(code)

@@ -27,7 +27,7 @@ def _wall(cmd: list[str], repeat: int) -> tuple[float, int]:
 
 
 def _cuda_initialized_after_doctor() -> bool:
-    code = ("import torch; from torchplace.doctor.report import diagnose; diagnose(check_driver=False); "
+    code = ("import torch; from torchplace.doctor.diagnose import diagnose; diagnose(check_driver=False); "
             "print(torch.cuda.is_initialized())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     return out.stdout.strip().endswith("True")

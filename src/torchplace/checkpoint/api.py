@@ -35,7 +35,7 @@ from .format import read_header
 from .reading import Read, place_optimizer_state, read_any
 from .rotation import POINTER, check_name, check_pointer_slot, complete_checkpoints, is_pointer, next_sequence, rotate
 from . import keymap
-from .state import clean_state, module_device, saved_versions, state_of, unwrap, versions_of
+from .state_dicts import clean_state, module_device, saved_versions, state_of, unwrap, versions_of
 
 RESERVED = ("model", "optimizer", "scheduler", "scaler", "extra", "rng")
 

@@ -29,7 +29,7 @@ from . import keymap
 from .atomic import write_bytes
 from .fileio import write_file
 from .reading import read_any
-from .state import saved_versions, versions_of
+from .state_dicts import saved_versions, versions_of
 
 
 @dataclass

@@ -40,7 +40,7 @@ from torch import nn
 from ..errors import CheckpointError
 from .atomic import fsync_dir
 from .codec import PICKLE_FIX, TensorRef
-from .state import unwrap
+from .state_dicts import unwrap
 
 T = TypeVar("T")
 SIDE_FILE = "torchplace.safetensors"

@@ -23,7 +23,7 @@ import torch
 from .. import safeio
 from ..errors import CheckpointError
 from .codec import PICKLE_FIX
-from .state import layout_problem
+from .state_dicts import layout_problem
 
 MODEL_KEYS = ("model", "model_state_dict", "state_dict", "model_state", "net", "module")
 OPTIMIZER_KEYS = ("optimizer", "optimizer_state_dict", "optim", "optimizer_state")

@@ -351,7 +351,7 @@ def _meta_problem(meta: dict[str, Any], keys: set[str]) -> str | None:
     """What is wrong with the metadata fields readers use (None when nothing): their JSON types, and
     the state tree (see `codec.check`). The checksum says a file is intact, not that it is well-formed."""
     from .codec import skeleton
-    from .state import layout_problem
+    from .state_dicts import layout_problem
 
     devices = meta.get("devices", {})
     if not isinstance(devices, dict) or not isinstance(devices.get("default"), (str, type(None))) \

@@ -20,7 +20,7 @@ from . import codec, foreign
 from .fileio import FileState, read_file
 from .format import read_header
 from .keymap import match
-from .state import module_device, module_devices, optimizer_devices, unwrap
+from .state_dicts import module_device, module_devices, optimizer_devices, unwrap
 
 Read = tuple[str, dict[str, Any], dict[str, Any], list[str]]
 

@@ -9,6 +9,6 @@ mode on every op: see each module's docstring for what it costs.
 
 from __future__ import annotations
 
-from .report import StrictWarning
+from ..errors import StrictWarning
 
 __all__ = ["StrictWarning"]

@@ -1,7 +1,7 @@
 """Autocast whose device type matches none of the tensors it wraps.
 
 `torch.autocast("cuda")` around a model on the CPU changes nothing: its ops run in fp32 and
-no one says a word. Entering autocast under strict mode asks for a checkpoint (checkpoint.py):
+no one says a word. Entering autocast under strict mode asks for a deferred check (deferred.py):
 at the first module call inside the block, the module's inputs and parameters are compared
 with the autocast's device type, once per block. A steady step pays one hook call per block.
 """
@@ -14,11 +14,11 @@ from typing import Any, Callable
 import torch
 
 from ..errors import DeviceMismatchError
-from . import checkpoint
+from . import deferred
 from . import frames as fr
 from .layout import iter_tensors
-from .report import report
-from .state import active
+from .strict_config import active
+from .warn_or_raise import warn_or_raise
 
 
 def patches() -> list[tuple[Any, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
@@ -34,7 +34,7 @@ def _wrap_enter(original: Callable[..., Any]) -> Callable[..., Any]:
             frame = fr.caller_frame()
             where = (frame, frame.f_lineno, frame.f_lasti) if frame is not None else None
             check = _Check(self.device, str(self.fast_dtype).removeprefix("torch."), config.autocast, where)
-            checkpoint.request(check, key=("autocast", self.device))
+            deferred.request(check, key=("autocast", self.device))
         return result
 
     return __enter__
@@ -68,7 +68,7 @@ class _Check:
                    f"model runs on: torch.autocast(device_type=x.device.type, ...), or move the model and batch "
                    f"to {self.device_type}.")
         frame, lineno = (self.where[0], self.where[1]) if self.where else (None, None)
-        report(self.action, message, DeviceMismatchError, frame, lineno)
+        warn_or_raise(self.action, message, DeviceMismatchError, frame, lineno)
 
 
 def _tensors(args: tuple[Any, ...]) -> list[torch.Tensor]:

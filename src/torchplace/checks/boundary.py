@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 
 from .mismatch import is_device_mismatch, to_error
-from .state import active
+from .strict_config import active
 
 
 def patches() -> list[tuple[Any, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:

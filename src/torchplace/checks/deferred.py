@@ -2,7 +2,7 @@
 
 Some checks can only judge later: an autocast block is entered before the tensors it wraps
 exist; a helper that called `set_device` has to return before its change can be said to leak.
-They ask for a checkpoint; a global forward pre-hook is registered only while one is pending,
+They ask for a deferred check; a global forward pre-hook is registered only while one is pending,
 so a steady training step (nothing pending) runs without any hook.
 """
 

@@ -21,7 +21,7 @@ from torch.overrides import TorchFunctionMode
 from ..errors import DeviceError
 from . import frames as fr
 from .placement import implicit_device, report_implicit, user_called
-from .report import report
+from .warn_or_raise import warn_or_raise
 
 _NAMES = ("tensor", "as_tensor", "asarray", "empty", "zeros", "ones", "full", "rand", "randn", "randint",
           "randperm", "arange", "linspace", "logspace", "eye", "empty_strided", "scalar_tensor")
@@ -64,4 +64,4 @@ def _report_omitted(action: str, name: str) -> None:
     message = (f"{code}{f' at {site}' if site else ''} omits the device, so the tensor is made on the CPU "
                f"(the default device) whatever the model uses; a `with torch.cuda.device(n)` block does not "
                f"change that. Fix: pass device= explicitly, e.g. device=x.device or a torchplace.device(...).")
-    report(action, message, DeviceError, frame)
+    warn_or_raise(action, message, DeviceError, frame)

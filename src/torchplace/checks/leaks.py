@@ -4,7 +4,7 @@ Two kinds of "current device" decide where implicit placement lands, both per th
 backend's current device (`torch.cuda.set_device`, `torch.accelerator.set_device_index`) and
 torch's default device for factories (`torch.set_default_device`). While strict mode watches
 leaks, the functions that change them record who called (the frame, file and line). A change is
-judged at the next module call (a checkpoint, see checkpoint.py) and when the strict block
+judged at the next module call (a deferred check, see deferred.py) and when the strict block
 ends: if the function that made it has returned and the device was not put back, the change
 leaked; the previous device is restored and the leak reported (DeviceLeakError or a warning),
 naming the function, file and line. Left alone, as deliberate: a change made by a function
@@ -29,10 +29,10 @@ import torch
 from ..errors import DeviceLeakError
 from ..placement import scope
 from ..placement.scope import DeviceLeakWarning, current_index, leak_message
-from . import checkpoint
+from . import deferred
 from . import frames as fr
-from .report import report
-from .state import active
+from .strict_config import active
+from .warn_or_raise import warn_or_raise
 
 DEFAULT = "default"  # the kind name of torch's default (factory) device
 _SCOPE_FILE = scope.__file__
@@ -49,7 +49,7 @@ class Change:
     lineno: int
     action: str
     seq: int = 0
-    deliberate: bool = False  # its function was still running at a checkpoint: kept only to name it later
+    deliberate: bool = False  # its function was still running at a deferred check: kept only to name it later
 
     @property
     def site(self) -> str:
@@ -93,7 +93,7 @@ def snapshot() -> dict[str, Any]:
 
 
 def check_returned() -> None:
-    """Judge this thread's changes whose function has returned (a checkpoint)."""
+    """Judge this thread's changes whose function has returned (a deferred check)."""
     changes = _changes()
     live = _stack_ids()
     for change in [c for c in changes if not c.deliberate]:
@@ -115,7 +115,7 @@ def check_block(entry: dict[str, Any], since: int, action: str) -> None:
     for change in made:
         changes.remove(change)
     if all(c.deliberate for c in changes):
-        checkpoint.cancel(_at_module_call)
+        deferred.cancel(_at_module_call)
     live = _stack_ids()
     first: BaseException | None = None
     for kind, before in entry.items():
@@ -207,12 +207,12 @@ def _record(kind: str, before: Any, after: Any, action: str) -> None:
                 changes.remove(change)  # it put the device back itself
             else:
                 change.deliberate = False  # judge it again
-                checkpoint.request(_at_module_call, key="leaks")
+                deferred.request(_at_module_call, key="leaks")
             return
     seq = _local.__dict__.get("seq", 0)
     _local.seq = seq + 1
     changes.append(Change(kind, before, after, frame, frame.f_lineno if frame is not None else 0, action, seq))
-    checkpoint.request(_at_module_call, key="leaks")
+    deferred.request(_at_module_call, key="leaks")
 
 
 def _at_module_call(module: torch.nn.Module, args: tuple[Any, ...]) -> bool:
@@ -264,4 +264,4 @@ def _report(change: Change, what: str) -> None:
     else:
         message = leak_message(what, change.before, change.after, [change.site] if change.frame else [],
                                change.kind)
-    report(change.action, message, DeviceLeakError, change.frame, change.lineno, category=DeviceLeakWarning)
+    warn_or_raise(change.action, message, DeviceLeakError, change.frame, change.lineno, category=DeviceLeakWarning)

@@ -20,8 +20,8 @@ import torch
 from ..errors import DeviceError
 from ..placement.scope import current_index
 from . import frames as fr
-from .report import report
-from .state import active
+from .strict_config import active
+from .warn_or_raise import warn_or_raise
 
 INDEX_FREE = frozenset({"cpu", "meta", "mps"})  # one device of the type: no index to get wrong
 
@@ -88,4 +88,4 @@ def report_implicit(action: str, device: torch.device, call: str) -> None:
                f"in this thread{now}, and any torch.{device.type}.set_device() elsewhere changes that silently. "
                f"torchplace.strict() asks for named devices. Fix: name the device, e.g. "
                f"dev = torchplace.device('{device.type}:0') once, then .to(dev) or device=dev.")
-    report(action, message, DeviceError, frame)
+    warn_or_raise(action, message, DeviceError, frame)

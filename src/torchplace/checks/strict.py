@@ -33,13 +33,13 @@ import torch
 
 from ..errors import TorchplaceError
 from . import autocast as autocast_check
-from . import boundary, checkpoint, state
+from . import boundary, deferred, strict_config
 from . import leaks as leak_check
 from . import placement as placement_check
 from .factories import FactoryCheck
 from .mismatch import is_device_mismatch, to_error
 from .patches import PatchSet
-from .state import ACTIONS, Action, StrictConfig
+from .strict_config import ACTIONS, Action, StrictConfig
 
 ENV = "TORCHPLACE_STRICT"
 Check = Union[bool, str, None]
@@ -62,7 +62,7 @@ class Strict(ContextDecorator):
         return Strict(self.config)
 
     def __enter__(self) -> "Strict":
-        state.push(self.config)
+        strict_config.push(self.config)
         _PATCHES.acquire()
         if self.config.leaks:
             self._entry, self._seq = leak_check.snapshot(), leak_check.next_seq()
@@ -82,10 +82,10 @@ class Strict(ContextDecorator):
             if self.config.leaks:  # while an error is already propagating, a leak is only a warning
                 leak_check.check_block(self._entry, self._seq, self.config.leaks if exc is None else "warn")
         finally:
-            state.pop(self.config)
+            strict_config.pop(self.config)
             _PATCHES.release()
-            if state.active() is None:
-                checkpoint.cancel_all()  # an autocast block that never reached a module: no one to check now
+            if strict_config.active() is None:
+                deferred.cancel_all()  # an autocast block that never reached a module: no one to check now
         if exc is not None and is_device_mismatch(exc):
             raise to_error(exc, self.config.model) from exc
         return False
@@ -159,9 +159,9 @@ def enable_from_env(environ: Mapping[str, str] | None = None) -> StrictConfig | 
 
 def enable(config: StrictConfig) -> None:
     """Strict mode for every thread without a strict() block of its own, until disable()."""
-    if state._process is not None:
+    if strict_config._process is not None:
         disable()
-    state.set_process(config)
+    strict_config.set_process(config)
     _PATCHES.acquire()
     _BOUNDARY.acquire()
     _set_sync_mode(config.syncs)
@@ -169,10 +169,10 @@ def enable(config: StrictConfig) -> None:
 
 def disable() -> None:
     """Undo enable()."""
-    config = state._process
+    config = strict_config._process
     if config is None:
         return
-    state.set_process(None)
+    strict_config.set_process(None)
     if config.syncs and torch.cuda.is_available():
         torch.cuda.set_sync_debug_mode(0)
     _BOUNDARY.release()
@@ -181,7 +181,7 @@ def disable() -> None:
 
 def is_enabled() -> bool:
     """True when strict mode is on for this thread (a block or the environment switch)."""
-    return state.active() is not None
+    return strict_config.active() is not None
 
 
 def _set_sync_mode(action: str | None) -> int | None:

@@ -53,3 +53,15 @@ def pop(config: StrictConfig) -> None:
 def set_process(config: StrictConfig | None) -> None:
     global _process
     _process = config
+
+
+def should_raise(explicit: bool | None = None) -> bool:
+    """Should a problem found outside a strict check (a precision policy, a memory leak) raise?
+
+    An explicit answer wins; else strict mode decides (`torchplace.strict`, `setup(strict=...)` or
+    TORCHPLACE_STRICT): raise when its action is "error", warn otherwise.
+    """
+    if explicit is not None:
+        return explicit
+    config = active()
+    return config is not None and config.autocast == "error"

@@ -8,7 +8,7 @@ from types import FrameType
 from ..errors import StrictWarning
 
 
-def report(action: str, message: str, error: type[Exception], frame: FrameType | None = None,
+def warn_or_raise(action: str, message: str, error: type[Exception], frame: FrameType | None = None,
            lineno: int | None = None, category: type[Warning] = StrictWarning) -> None:
     """Raise `error(message)` when action is "error", else warn as if from `frame`'s line."""
     if action == "error":

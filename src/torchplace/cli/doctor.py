@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..doctor.report import diagnose
+    from ..doctor.diagnose import diagnose
 
     report = diagnose(args.snapshot, check_driver=args.check_driver)
     if args.json:

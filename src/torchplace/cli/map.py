@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..doctor.report import driver_check
+    from ..doctor.diagnose import driver_check
     from ..hardware.facts import read_facts
 
     facts = read_facts(args.snapshot)

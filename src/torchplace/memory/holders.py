@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .report import _fmt, _key_text
+from .usage import _fmt, _key_text
 
 _CONTAINERS = (dict, list, set, frozenset, tuple, collections.deque)
 _SKIP = (types.FrameType, types.FunctionType, types.CodeType, types.ModuleType, type)

@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from ..errors import MemoryLeakError, MemoryLeakWarning
-from ..policy import strict_enabled
+from ..checks.strict_config import should_raise
 from .holders import Growth, Holding, grown, holdings, name_holder, user_frames
-from .report import TensorInfo, _fmt, containers_of, cuda_origins, graph_holders, live_tensors, tensor_info
+from .usage import LiveTensor, _fmt, containers_of, cuda_origins, graph_holders, live_tensors, tensor_info
 
 CPU_TOLERANCE = 16 * 2**20  # heap noise (glibc arenas, thread caches); the resident set is noisier still
 CUDA_TOLERANCE = 2**20  # the caching allocator's counter is exact
@@ -49,7 +49,7 @@ class LeakReport:
     tolerance_bytes: int
     samples: list[int]
     new_graph_holders: int
-    holders: list[TensorInfo] = field(default_factory=list)
+    holders: list[LiveTensor] = field(default_factory=list)
     kept_by: list[str] = field(default_factory=list)  # "28 x float32 [] made by MeanBackward0 in ..."
     grew: list[Growth] = field(default_factory=list)  # holders holding more tensor memory than at the start
     message: str = ""
@@ -91,7 +91,7 @@ class MemoryTracker:
             if self.record_origins:
                 torch.cuda.memory._record_memory_history(enabled=None)
         if self.report is not None:
-            if strict_enabled(self.strict):
+            if should_raise(self.strict):
                 raise MemoryLeakError(self.report.message)
             warnings.warn(self.report.message, MemoryLeakWarning, stacklevel=2)
 
@@ -197,12 +197,12 @@ def _heap_in_use() -> int | None:
     return int(info.uordblks + info.hblkhd)
 
 
-def _describe_holders(new: list[torch.Tensor], *own_lists: list[torch.Tensor]) -> tuple[list[TensorInfo], list[str]]:
+def _describe_holders(new: list[torch.Tensor], *own_lists: list[torch.Tensor]) -> tuple[list[LiveTensor], list[str]]:
     """Describe the new graph holders, those kept in Python containers first (the culprits), and
     count them per container; the rest are referenced by local variables, or only by those
     graphs (saved activations)."""
     origins = cuda_origins(new[:_DESCRIBED])
-    described: list[TensorInfo] = []
+    described: list[LiveTensor] = []
     kept_by: list[str] = []
     seen: set[int] = set()
     for where, hits in containers_of(new, *own_lists):

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import TorchplaceError
-from .report import MemoryReport, _fmt, device_memory, describe_tensors, graph_holders, live_tensors
+from .usage import MemoryReport, _fmt, device_memory, describe_tensors, graph_holders, live_tensors
 
 RESERVE_BYTES = 32 * 2**20
 _CPU_OOM = "DefaultCPUAllocator: can't allocate memory"

@@ -29,7 +29,7 @@ _MAX_GRAPH_NODES = 20_000
 
 
 @dataclass
-class TensorInfo:
+class LiveTensor:
     """One live tensor (by storage), described without keeping it alive."""
 
     shape: tuple[int, ...]
@@ -83,8 +83,8 @@ class MemoryReport:
     """Memory per device plus the largest live tensors and the tensors that hold autograd graphs."""
 
     devices: list[DeviceMemory]
-    largest: list[TensorInfo]
-    graph_holders: list[TensorInfo] = field(default_factory=list)
+    largest: list[LiveTensor]
+    graph_holders: list[LiveTensor] = field(default_factory=list)
 
     def text(self) -> str:
         lines = [d.describe() for d in self.devices]
@@ -100,7 +100,7 @@ class MemoryReport:
         return asdict(self)
 
 
-def _grouped(infos: list[TensorInfo]) -> list[str]:
+def _grouped(infos: list[LiveTensor]) -> list[str]:
     """One line per distinct description, with a count when it repeats."""
     counts: dict[str, int] = {}
     for info in infos:
@@ -235,8 +235,8 @@ def graph_saved_bytes(t: torch.Tensor) -> int:
     return total
 
 
-def describe_tensors(chosen: list[torch.Tensor], *own_lists: list[torch.Tensor]) -> list[TensorInfo]:
-    """TensorInfo for CHOSEN; OWN_LISTS (the caller's scan lists) are not reported as holders."""
+def describe_tensors(chosen: list[torch.Tensor], *own_lists: list[torch.Tensor]) -> list[LiveTensor]:
+    """LiveTensor for CHOSEN; OWN_LISTS (the caller's scan lists) are not reported as holders."""
     origins = _cuda_origins({t.device for t in chosen if t.device.type == "cuda"})
     own = {id(chosen), *map(id, own_lists)}
     grads = {id(p.grad): p for pool in own_lists for p in pool
@@ -254,9 +254,9 @@ def _holder_or_grad(t: torch.Tensor, own: set[int], grads: dict[int, torch.Tenso
     return found
 
 
-def tensor_info(t: torch.Tensor, held_by: str | None = None, origins: dict[int, str] | None = None) -> TensorInfo:
+def tensor_info(t: torch.Tensor, held_by: str | None = None, origins: dict[int, str] | None = None) -> LiveTensor:
     """Describe one tensor without keeping a reference to it."""
-    info = TensorInfo(tuple(t.shape), str(t.dtype).removeprefix("torch."), str(t.device), _storage_bytes(t),
+    info = LiveTensor(tuple(t.shape), str(t.dtype).removeprefix("torch."), str(t.device), _storage_bytes(t),
                       t.requires_grad, type(t.grad_fn).__name__ if t.grad_fn is not None else None, held_by=held_by)
     if t.grad_fn is not None:
         info.graph_bytes = graph_saved_bytes(t)

@@ -21,7 +21,7 @@ def strict_enabled(explicit: bool | None = None) -> bool:
     """
     if explicit is not None:
         return explicit
-    from ..checks.state import active
+    from ..checks.strict_config import active
 
     config = active()
     return config is not None and config.autocast == "error"

@@ -1,0 +1,268 @@
+"""Naming the culprits of a device mismatch: each tensor of the failing op with where it came from
+(parameter, buffer, plain attribute, batch key, local and the line that made it), the module path
+the user wrote, and optimizer state left on another device. Runs only after an error.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, Iterator
+
+import torch
+
+from . import frames as fr
+from .layout import iter_tensors, own_tensors, plain_attributes
+from .mismatch_text import device_named_in
+
+
+@dataclass
+class Operand:
+    """One tensor taking part in the failing op."""
+
+    label: str
+    device: str
+    dtype: str
+    shape: tuple[int, ...]
+    kind: str = "value"  # parameter | buffer | attribute | batch | local | value
+    origin: str | None = None  # e.g. "model.fc.weight", "batch['x'] in step()"
+    scalar: bool = False  # a 0-dim CPU tensor, which PyTorch lets elementwise ops use
+    made: str | None = None  # "`h0 = torch.zeros(...)` at file:line", where a local was assigned
+    factory: str | None = None  # the torch factory of that line, when it gives no device
+    refused_scalar: bool = False  # a 0-dim CPU tensor this op does not accept (torch.stack, torch.cat)
+
+    @property
+    def source(self) -> str:
+        """Where the tensor came from, in words."""
+        if self.kind in ("parameter", "buffer"):
+            return f"{self.kind} {self.origin}"
+        if self.kind == "attribute":
+            return f"plain attribute {self.origin}, not moved by .to()"
+        return self.origin or self.label
+
+    def describe(self) -> str:
+        shape = "[" + ", ".join(map(str, self.shape)) + "]"
+        text = f"{self.label}: {self.device} {self.dtype} {shape}"
+        if self.source != self.label:
+            text += f" ({self.source})"
+        if self.made:
+            text += f", made by {self.made}"
+            if self.factory:
+                text += f": {self.factory}"
+        if self.refused_scalar:
+            text += " - a 0-dim CPU tensor, which elementwise ops accept on any device but this op does not"
+        return text + (" - a CPU scalar, allowed" if self.scalar else "")
+
+
+def module_path(chain: list[torch.nn.Module], root: torch.nn.Module | None, root_label: str) -> str:
+    """`model.encoder.layers.3.attn`: the innermost called module, named from the root."""
+    target = chain[-1]
+    if root is not None:
+        for name, module in root.named_modules(remove_duplicate=False):
+            if module is target:
+                return f"{root_label}.{name}" if name else root_label
+    parts = [root_label if chain[0] is root else type(chain[0]).__name__]
+    for parent, child in zip(chain, chain[1:]):
+        name = next((n for n, m in parent.named_modules(remove_duplicate=False) if m is child and n), None)
+        parts.append(name or type(child).__name__)
+    return ".".join(parts)
+
+
+def root_of(model: torch.nn.Module | None, chain: list[torch.nn.Module]) -> tuple[torch.nn.Module | None, str]:
+    """The module paths' root: the given model ("model"), else the outermost running module (its class)."""
+    if model is not None:
+        return model, "model"
+    if chain:
+        return chain[0], type(chain[0]).__name__
+    return None, "model"
+
+
+class ModuleNames:
+    """Names modules the way the user wrote them: `model.encoder.layers.0`, `model.heads[1]` (a module in a
+    plain list or dict), `criterion` (a local of the user's code). Runs only after an error."""
+
+    def __init__(self, root: torch.nn.Module | None, root_label: str, user_frames: list[FrameType]) -> None:
+        self.root, self.root_label, self.user_frames = root, root_label, user_frames
+
+    def path(self, target: torch.nn.Module) -> str | None:
+        if self.root is not None:
+            found = _find_module(self.root, self.root_label, target)
+            if found:
+                return found
+        for frame in reversed(self.user_frames):  # innermost first
+            for name, value in frame.f_locals.items():
+                if name == "self" and value is not self.root:
+                    continue
+                if isinstance(value, torch.nn.Module) or value is target:
+                    label = self.root_label if value is self.root else name
+                    found = _find_module(value, label, target) if isinstance(value, torch.nn.Module) else None
+                    if found:
+                        return found
+        return None
+
+
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
+
+
+def _find_module(root: torch.nn.Module, label: str, target: torch.nn.Module) -> str | None:
+    """The path of `target` under `root`, through registered submodules or plain lists, tuples and dicts."""
+    for name, module in root.named_modules(remove_duplicate=False):
+        prefix = f"{label}.{name}" if name else label
+        if module is target:
+            return prefix
+    for name, module in root.named_modules():
+        prefix = f"{label}.{name}" if name else label
+        for key, value in vars(module).items():
+            if key in _MODULE_INTERNALS or not isinstance(value, (list, tuple, dict)):
+                continue
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for index, item in list(items)[:256]:
+                if isinstance(item, torch.nn.Module):
+                    for sub, m in item.named_modules(remove_duplicate=False):
+                        if m is target:
+                            return f"{prefix}.{key}[{index!r}]" + (f".{sub}" if sub else "")
+    return None
+
+
+def origins_of(root: torch.nn.Module | None, root_label: str, chain: list[torch.nn.Module],
+             user_frames: list[FrameType], names: ModuleNames | None = None) -> dict[int, tuple[str, str]]:
+    """id(tensor) -> (kind, where it came from); the model's own tensors first, then the batch."""
+    out: dict[int, tuple[str, str]] = {}
+    modules = [(root_label, root)] if root is not None else []
+    modules += [((names.path(m) if names else None) or type(m).__name__, m) for m in chain
+                if root is None or not contains(root, m)]
+    for label, module in modules:
+        for name, sub in module.named_modules():
+            prefix = f"{label}.{name}" if name else label
+            for kind, key, tensor in own_tensors(sub):
+                out.setdefault(id(tensor), (kind, f"{prefix}.{key}"))
+        for path, tensor in plain_attributes(module, label):
+            out.setdefault(id(tensor), ("attribute", path))
+    # batch keys first (`batch['x']` says more than `x`), each from the innermost frame that holds it
+    for want_container in (True, False):
+        for frame in reversed(user_frames):
+            where = _where(frame)
+            for name, value in frame.f_locals.items():
+                if name == "self" or isinstance(value, torch.Tensor) == want_container:
+                    continue
+                for path, tensor in _flatten(value, name):
+                    out.setdefault(id(tensor), ("batch" if want_container else "local", f"{path} {where}"))
+    return out
+
+
+def trace_assignment(info: Operand, op_frame: FrameType, user: tuple[FrameType, int, int] | None) -> None:
+    """Where a local culprit was assigned (`h0 = torch.zeros(...)` at file:line), and whether that is a
+    torch factory call without a device. Reads the function's source; runs only after an error."""
+    candidates: list[tuple[str, FrameType]] = []
+    if info.origin and " at " in info.origin and user is not None:
+        candidates.append((info.origin.split(" at ", 1)[0], user[0]))
+    candidates.append((info.label, op_frame))
+    for name, frame in candidates:
+        if not name.isidentifier() or fr.is_library(frame.f_code.co_filename):
+            continue
+        found = fr.assignment_of(name, frame)
+        if found is not None:
+            line, text, factory = found
+            info.made = f"`{text}` at {fr.short_path(frame.f_code.co_filename)}:{line}"
+            info.factory = factory
+            return
+
+
+def stepping_optimizer_state(entries: list[tuple[FrameType, int, int]], root: torch.nn.Module | None,
+                     root_label: str) -> list[str]:
+    """State tensors of an optimizer that is stepping, on another device than their parameter."""
+    optimizer = next((e[0].f_locals.get("self") for e in entries
+                      if isinstance(e[0].f_locals.get("self"), torch.optim.Optimizer)), None)
+    if optimizer is None:
+        return []
+    return misplaced_state(optimizer, root, root_label)
+
+
+def misplaced_state(optimizer: torch.optim.Optimizer, root: torch.nn.Module | None,
+                    root_label: str = "model") -> list[str]:
+    """`model.fc.weight['exp_avg'] on cpu (parameter on cuda:0)` for each state tensor elsewhere than its
+    parameter (0-dim CPU counters such as Adam's 'step' are where torch keeps them)."""
+    names = {id(p): f"{root_label}.{n}" for n, p in root.named_parameters(remove_duplicate=False)} if root else {}
+    out = []
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            for key, value in optimizer.state.get(param, {}).items():
+                if not isinstance(value, torch.Tensor) or value.device == param.device:
+                    continue
+                if value.device.type == "cpu" and value.dim() == 0:
+                    continue
+                out.append(f"{names.get(id(param), 'a parameter')}[{key!r}] on {value.device} "
+                           f"(parameter on {param.device})")
+    return out
+
+
+def _where(frame: FrameType) -> str:
+    owner = frame.f_locals.get("self")
+    name = frame.f_code.co_name
+    if name == "<module>":
+        return f"in {fr.short_path(frame.f_code.co_filename)}"
+    return f"in {type(owner).__name__}.{name}()" if isinstance(owner, torch.nn.Module) else f"in {name}()"
+
+
+def contains(root: torch.nn.Module, module: torch.nn.Module) -> bool:
+    return any(m is module for m in root.modules())
+
+
+def _flatten(value: Any, path: str, depth: int = 4) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensors in nested containers, leaving out parameters (those are named by the model)."""
+    return ((p, t) for p, t in iter_tensors(value, path, depth) if not isinstance(t, torch.nn.Parameter))
+
+
+def operands(op_frame: FrameType, expression: str | None, user: tuple[FrameType, int, int] | None,
+             origins: dict[int, tuple[str, str]]) -> list[Operand]:
+    found: dict[int, Operand] = {}
+    named = fr.named_values(expression, op_frame)
+    if not named:  # no expression to read: every tensor the frame holds
+        named = [(k, v) for k, v in op_frame.f_locals.items() if isinstance(v, (torch.Tensor, list, tuple))]
+    for label, value in named:
+        if isinstance(value, torch.Generator) and id(value) not in found:
+            found[id(value)] = Operand(label=label, device=str(value.device), dtype="generator", shape=(),
+                                          kind="generator", origin=f"generator {label}")
+            continue
+        pairs = [(label, value)] if isinstance(value, torch.nn.Parameter) else _flatten(value, label, 1)
+        for path, tensor in pairs:
+            if id(tensor) not in found:
+                found[id(tensor)] = _info(path, tensor, origins)
+    if user is not None and user[0] is not op_frame:  # the user's names for the same tensors
+        for label, value in fr.named_values(fr.expression_at(*user), user[0]):
+            if isinstance(value, torch.Tensor) and id(value) in found:
+                info = found[id(value)]
+                if info.origin is None or info.kind == "local":
+                    info.origin = f"{label} at {fr.short_path(user[0].f_code.co_filename)}:{user[1]}"
+    return list(found.values())
+
+
+def _info(label: str, tensor: torch.Tensor, origins: dict[int, tuple[str, str]]) -> Operand:
+    kind, origin = origins.get(id(tensor)) or origins.get(id(tensor._base), ("value", None))
+    if isinstance(tensor, torch.nn.Parameter) and kind == "value":
+        kind = "parameter"
+    return Operand(label=label, device=str(tensor.device), dtype=str(tensor.dtype).removeprefix("torch."),
+                      shape=tuple(tensor.shape), kind=kind, origin=origin,
+                      scalar=tensor.device.type == "cpu" and tensor.dim() == 0)
+
+
+def expected_device(tensors: list[Operand], root: torch.nn.Module | None, text: str) -> str | None:
+    """Where the op should have run: where most of the model is, else where PyTorch expected it."""
+    present = {t.device for t in tensors if not t.scalar}
+    if root is not None:
+        weight: Counter[str] = Counter()
+        for _, _, tensor in (item for m in root.modules() for item in own_tensors(m)):
+            weight[str(tensor.device)] += tensor.numel() * tensor.element_size()
+        if weight:
+            device = weight.most_common(1)[0][0]
+            if device in present:
+                return device
+    said = device_named_in(text)
+    if said in present:
+        return said
+    counts = Counter(t.device for t in tensors if not t.scalar)
+    if len(counts) < 2:
+        return None
+    (first, n1), (_, n2) = counts.most_common(2)
+    return first if n1 > n2 else None
