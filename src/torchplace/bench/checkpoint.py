@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import tempfile
 import time
 from typing import Any, Callable
 
+from ..units import parse_size, size_label
 from .common import BenchResult, Row, Target, median
 
-_UNITS = {"": 2**30, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 TENSOR_BYTES = 64 * 2**20
 
 
@@ -42,18 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_sizes(text: str) -> list[int]:
-    """Bytes for each comma-separated size ('1GiB,10GiB', '512MiB', '2' = 2 GiB)."""
-    sizes = []
-    for part in text.split(","):
-        m = _SIZE.match(part)
-        if not m or m.group(2).lower() not in _UNITS:
-            raise ValueError(f"size {part!r} is not understood; write e.g. 1GiB, 512MiB or a number of GiB.")
-        sizes.append(int(float(m.group(1)) * _UNITS[m.group(2).lower()]))
-    return sizes
-
-
-def _label(n: int) -> str:
-    return f"{n / 2**30:g}GiB" if n >= 2**30 else f"{n / 2**20:g}MiB"
+    """Bytes for each comma-separated size ('1GiB,10GiB', '512MiB'); a bare number is GiB here ('2' = 2 GiB)."""
+    return [parse_size(part, bare="GiB") for part in text.split(",")]
 
 
 def _local_dir() -> str:
@@ -134,7 +122,7 @@ def _measure(size: int, dev: Any, root: str, repeats: int) -> dict[str, float]:
     state = _state(size, dev)
     sync()
     host = {"raw": _host_bytes(state, size)}  # a dict, so it can be freed before the loads
-    paths = {k: os.path.join(root, f"{k}-{_label(size)}") for k in ("plain", "torch", "tp")}
+    paths = {k: os.path.join(root, f"{k}-{size_label(size)}") for k in ("plain", "torch", "tp")}
 
     def plain_write(nbytes: int = size) -> None:
         view = memoryview(host["raw"].numpy())
@@ -195,7 +183,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     try:
         for size in sizes:
             repeats = args.repeats or (1 if args.quick else 2 if size > 2 * 2**30 else 3)
-            label = _label(size)
+            label = size_label(size)
             gbs = _measure(size, dev, root, repeats)
             extra = {"bytes": size, "repeats": repeats}
             rows += [
@@ -214,5 +202,5 @@ def run(args: argparse.Namespace) -> BenchResult:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return BenchResult("checkpoint", rows, baseline=None, lower_is_better=False, targets=targets, notes=notes,
-                       params={"sizes": [_label(s) for s in sizes], "device": str(dev), "dir": root,
+                       params={"sizes": [size_label(s) for s in sizes], "device": str(dev), "dir": root,
                                "tensor_bytes": TENSOR_BYTES})

@@ -7,12 +7,7 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
-
-def size(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
+from ..units import format_bytes
 
 
 def render(data: dict[str, Any]) -> Group:
@@ -23,7 +18,7 @@ def render(data: dict[str, Any]) -> Group:
         table.add_column(column, justify="right" if column in ("parameters", "buffers", "size") else "left")
     for g in data["modules"]:
         name = g["module"] + (" (own tensors)" if g["own"] else "")
-        table.add_row(name, g["type"], g["device"], str(g["parameters"]), str(g["buffers"]), size(g["bytes"]))
+        table.add_row(name, g["type"], g["device"], str(g["parameters"]), str(g["buffers"]), format_bytes(g["bytes"]))
     parts.append(table)
     if data["plain_attributes"]:
         parts.append(_rows("plain tensor attributes (not moved by .to())", data["plain_attributes"],

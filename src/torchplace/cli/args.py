@@ -85,8 +85,8 @@ def count_or_auto(text: str) -> int | str:
 
 
 def size(text: str) -> int:
-    """Bytes from '20GiB', '500MB', '1.5G' (distributed.units.parse_size), at most 1 EiB."""
-    from ..distributed.units import parse_size
+    """Bytes from '20GiB', '500MB', '1.5G' or a bare number of bytes (units.parse_size), at most 1 EiB."""
+    from ..units import parse_size
 
     try:
         value = parse_size(text)
@@ -98,8 +98,8 @@ def size(text: str) -> int:
 
 
 def duration(text: str) -> float:
-    """Seconds from '90', '30s', '10m', '1h' (distributed.units.parse_duration), at most 10 years."""
-    from ..distributed.units import parse_duration
+    """Seconds from '90', '30s', '10m', '1h' (units.parse_duration), at most 10 years."""
+    from ..units import parse_duration
 
     try:
         value = parse_duration(text)

@@ -10,6 +10,8 @@ import argparse
 import json
 from typing import Any
 
+from ..units import format_bytes
+
 _TENSORS_SHOWN = 40
 
 
@@ -48,13 +50,6 @@ def _no_command(parser: argparse.ArgumentParser) -> int:
                      "See `torchplace ckpt --help`.")
 
 
-def _bytes(n: int) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
 def _inspect(args: argparse.Namespace) -> int:
     from ..checkpoint import inspect
 
@@ -73,7 +68,7 @@ def _render_info(info: Any, *, show_all: bool) -> None:
     from .render import console
 
     console.print(f"[bold]{escape(info.path)}[/]  made by [cyan]{escape(info.tool)}[/]  "
-                  f"{_bytes(info.size_bytes)} on disk, {len(info.tensors)} tensors ({_bytes(info.tensor_bytes)})")
+                  f"{format_bytes(info.size_bytes)} on disk, {len(info.tensors)} tensors ({format_bytes(info.tensor_bytes)})")
     for key, value in info.metadata.items():
         console.print(f"  {key}: {escape(str(value))}")
     if info.contents:
@@ -90,7 +85,7 @@ def _render_info(info: Any, *, show_all: bool) -> None:
             table.add_column(col, justify="right" if col == "size" else "left")
         for t in shown:
             shape = "x".join(map(str, t.shape)) or "scalar"
-            table.add_row(escape(t.key), t.dtype, shape, _bytes(t.nbytes), t.saved_on or "?")
+            table.add_row(escape(t.key), t.dtype, shape, format_bytes(t.nbytes), t.saved_on or "?")
         console.print(table)
         if len(shown) < len(info.tensors):
             console.print(f"[dim]... {len(info.tensors) - len(shown)} more (--all lists them)[/]")

@@ -10,6 +10,8 @@ import argparse
 import json
 import sys
 
+from ..units import format_bytes
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("pick", help="choose free GPUs (NVML facts only; CUDA never starts)",
@@ -39,14 +41,10 @@ def run(args: argparse.Namespace) -> int:
         print(picked.cuda_visible_devices)
     if args.explain:
         for gpu in picked.gpus:
-            print(f"picked GPU {gpu.physical_index} ({gpu.uuid}): {_gib(gpu.memory_free)} free, "
+            print(f"picked GPU {gpu.physical_index} ({gpu.uuid}): {format_bytes(gpu.memory_free, 'GiB')} free, "
                   f"{gpu.utilization if gpu.utilization is not None else '?'}% utilization, "
                   f"{gpu.other_users_processes if gpu.other_users_processes is not None else '?'} "
                   "processes of other users", file=sys.stderr)
         for rejection in picked.rejected:
             print(f"skipped {rejection.describe()}", file=sys.stderr)
     return 0
-
-
-def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.1f} GiB"

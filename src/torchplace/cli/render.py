@@ -7,11 +7,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ..units import format_bytes
+
 console = Console()
-
-
-def gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.1f} GiB"
 
 
 def bench_table(result: Any) -> None:
@@ -47,7 +45,7 @@ def _gpu_table(facts: Any, title: str) -> Table:
             procs += " (" + ", ".join(f"{p.pid}{'/' + p.user if p.user else ''}" for p in gpu.processes[:3]) + ")"
         table.add_row(str(gpu.index), f"cuda:{logical}" if logical is not None else "[dim]hidden[/]",
                       gpu.name or "?", gpu.uuid, gpu.pci_bus_id or "?",
-                      f"{gib(gpu.memory_used)} / {gib(gpu.memory_total)}",
+                      f"{format_bytes(gpu.memory_used, 'GiB')} / {format_bytes(gpu.memory_total, 'GiB')}",
                       "?" if gpu.utilization is None else f"{gpu.utilization}%", procs)
     return table
 
@@ -93,8 +91,8 @@ def render_report(report: Any) -> None:
     console.print(f"python {v.python}  torch {v.torch or 'not installed'}  built with CUDA {v.torch_cuda or 'none'}"
                   f"  cuDNN {v.cudnn or '?'}  NCCL {v.nccl or '?'}")
     console.print(f"driver {topo.driver_version or 'none'}  (CUDA {topo.cuda_driver_version or '?'})  "
-                  f"CPUs usable {host.usable_cpus} of {host.cpu_count}  memory {gib(host.memory_total)}  "
-                  f"/dev/shm {gib(host.shm_total)}")
+                  f"CPUs usable {host.usable_cpus} of {host.cpu_count}  memory {format_bytes(host.memory_total, 'GiB')}  "
+                  f"/dev/shm {format_bytes(host.shm_total, 'GiB')}")
     console.print(_env_line(facts))
     if topo.gpus:
         console.print(_gpu_table(facts, "GPUs"))

@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 from ..errors import LeaseError
 from ..hardware.topology import GpuRecord, Topology
 from .lease import Holder, Lease, LeaseDir
-from .units import format_bytes, parse_duration, parse_size
+from ..units import format_bytes, parse_duration, parse_size
 
 FREE_MEMORY_STEP = 4 * 2**30  # free memory within one step counts as equal
 UTILIZATION_STEP = 10  # percent
@@ -215,7 +215,7 @@ def _reject_reason(gpu: GpuRecord, min_free: int | None, max_util: int | None) -
         if gpu.memory_free is None:
             return f"free memory is unknown ({gpu.unknown.get('memory', 'NVML gave no reading')})"
         if gpu.memory_free < min_free:
-            return f"{format_bytes(gpu.memory_free)} free < {format_bytes(min_free)} required"
+            return f"{format_bytes(gpu.memory_free, 'GiB')} free < {format_bytes(min_free, 'GiB')} required"
     if max_util is not None:
         if gpu.utilization is None:
             return f"utilization is unknown ({gpu.unknown.get('utilization', 'NVML gave no reading')})"
@@ -286,7 +286,7 @@ def _describe_request(count: int | str, min_free: int | None, max_util: int | No
                                                     f"{count} GPU{'s' if count != 1 else ''}")
     conditions = []
     if min_free is not None:
-        conditions.append(f">= {format_bytes(min_free)} free")
+        conditions.append(f">= {format_bytes(min_free, 'GiB')} free")
     if max_util is not None:
         conditions.append(f"<= {max_util}% utilization")
     return what + (f" with {' and '.join(conditions)}" if conditions else "")

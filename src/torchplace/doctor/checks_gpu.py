@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import os
 
+from ..units import format_bytes
 from .registry import Finding, check
-
-
-def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.1f} GiB"
 
 
 @check
@@ -95,11 +92,11 @@ def check_busy(facts) -> list[Finding]:
         busy_util = gpu.utilization is not None and gpu.utilization >= 50
         if not others and not busy_util:
             continue
-        who = ", ".join(f"pid {p.pid}{f' ({p.user})' if p.user else ''} {_gib(p.used_memory)}" for p in others[:5])
+        who = ", ".join(f"pid {p.pid}{f' ({p.user})' if p.user else ''} {format_bytes(p.used_memory, 'GiB')}" for p in others[:5])
         out.append(Finding("gpu.busy", "warning", f"cuda:{dev.logical} (physical {gpu.index}) is in use",
                            f"{len(others)} other process(es){': ' + who if who else ''}; utilization "
                            f"{gpu.utilization if gpu.utilization is not None else '?'}%, memory "
-                           f"{_gib(gpu.memory_used)} of {_gib(gpu.memory_total)} used.",
+                           f"{format_bytes(gpu.memory_used, 'GiB')} of {format_bytes(gpu.memory_total, 'GiB')} used.",
                            "Pick idle GPUs with `torchplace pick` or run through `torchplace run --gpus N`."))
     return out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..units import format_bytes
 from .registry import Finding, check
 
 SHM_MIN = 1 << 30  # DataLoader workers pass each batch through /dev/shm
@@ -14,7 +15,7 @@ def check_shm(facts) -> list[Finding]:
     if total is None or total >= SHM_MIN:
         return []
     return [Finding("host.shm_small", "warning", "/dev/shm is too small for DataLoader workers",
-                    f"/dev/shm holds {total / 2**20:.0f} MiB; workers put every batch there, and a full /dev/shm "
+                    f"/dev/shm holds {format_bytes(total, 'MiB', digits=0)}; workers put every batch there, and a full /dev/shm "
                     "kills them with 'bus error' or 'unable to write to file </torch_...>'.",
                     "Docker: --shm-size=16g or --ipc=host; Kubernetes: mount an emptyDir with medium: Memory; "
                     "or DataLoader(num_workers=0).")]
@@ -26,7 +27,7 @@ def check_memlock(facts) -> list[Finding]:
     if soft is None or soft >= MEMLOCK_MIN or not facts.topology.gpus:
         return []
     return [Finding("host.memlock_low", "warning", "Locked-memory limit is low",
-                    f"RLIMIT_MEMLOCK is {soft / 2**20:.0f} MiB. Host memory registered for the GPU (cudaHostRegister, "
+                    f"RLIMIT_MEMLOCK is {format_bytes(soft, 'MiB', digits=0)}. Host memory registered for the GPU (cudaHostRegister, "
                     "NCCL over InfiniBand/GPUDirect RDMA) must be locked; a low limit makes registration fail or "
                     "NCCL fall back to slower paths.",
                     "ulimit -l unlimited (docker: --ulimit memlock=-1; systemd: LimitMEMLOCK=infinity).")]
