@@ -17,7 +17,7 @@ import torchplace as tp
 from torchplace.placement import _hostcopy, _pack
 from torchplace.placement._stage import Staged
 from torchplace.placement.loader import _BackgroundIter, image_transform
-from torchplace.placement.transfer import map_tensors
+from torchplace.placement.traverse import map_tensors
 
 BACKGROUND = [pytest.param(False, id="inline"), pytest.param(True, id="background")]
 

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 import torchplace as tp
 from torchplace.errors import DeviceError
-from torchplace.placement.transfer import _dense, _Mover, map_tensors, target_device
+from torchplace.placement.transfer import _dense, _Mover, target_device
+from torchplace.placement.traverse import map_tensors
 
 
 class Pair(NamedTuple):

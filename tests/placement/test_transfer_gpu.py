@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import torchplace as tp
-from torchplace.placement.transfer import map_tensors, pin, pin_tensor, record_stream
+from torchplace.placement.transfer import pin, pin_tensor, record_stream
+from torchplace.placement.traverse import map_tensors
 
 pytestmark = pytest.mark.gpu
 

@@ -383,7 +383,7 @@ def _gbps(nbytes: int, ms: float) -> float:
 
 
 def _tensors(batch: Any) -> list:
-    from ..placement.transfer import map_tensors
+    from ..placement.traverse import map_tensors
 
     found: list = []
     map_tensors(batch, lambda t: found.append(t) or t)

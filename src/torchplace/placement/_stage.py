@@ -24,7 +24,8 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from . import _hostcopy, _pack
-from .transfer import _Mover, _other_to, _walk, pin_tensor
+from .transfer import _Mover, _other_to, pin_tensor
+from .traverse import _walk
 
 _Tensor = torch.Tensor
 _strided = torch.strided

@@ -21,7 +21,8 @@ import torch
 
 from ._stage import Staged, Stager
 from .resolve import DeviceSpec
-from .transfer import map_tensors, target_device, to_device
+from .transfer import target_device, to_device
+from .traverse import map_tensors
 
 T = TypeVar("T")
 _STREAMED = ("cuda", "xpu")  # device types with streams, events and record_stream

@@ -17,7 +17,8 @@ from torch import nn
 
 from ..errors import DeviceError
 from .resolve import DeviceSpec
-from .transfer import map_tensors, target_device, to_device
+from .transfer import target_device, to_device
+from .traverse import map_tensors
 
 
 @dataclass

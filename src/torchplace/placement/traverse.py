@@ -1,0 +1,187 @@
+"""`map_tensors`: the one traversal of nested batches, for moving, pinning and `record_stream`.
+
+One function serves every caller, so a container kind or a keyword is never handled in one of
+them and forgotten in another (torchtnt's recursive helper forgot to forward `stream`, and its
+nested tensors never got `record_stream`). It never changes its input: every container that
+holds a changed tensor is rebuilt as a new object.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+from collections import OrderedDict, UserDict, defaultdict
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import torch
+
+# types that never hold a tensor: returned as they are without any further check
+_ATOMIC = frozenset({str, bytes, bytearray, int, float, bool, complex, type(None), type(...),
+                     torch.device, torch.dtype, torch.layout, torch.memory_format})
+_Tensor = torch.Tensor
+
+
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any],
+                other: Callable[[Any], Any] | None = None) -> Any:
+    """Rebuild OBJ with `fn(t)` for each tensor and `other(x)` for each object with its own `.to()`.
+
+    Handles dict, OrderedDict, defaultdict (factory kept), other mappings, list, tuple,
+    namedtuple and other tuple subclasses, dataclasses (frozen ones and init=False fields
+    included); anything else is returned as it is. With OTHER, an object that defines `.to()`
+    is handed to OTHER whole, even when it is also a mapping, tuple or dataclass (a
+    PackedSequence is a namedtuple whose `batch_sizes` must stay on the CPU); without OTHER,
+    such containers are walked into, so a traversal for side effects (`record_stream`) still
+    reaches their tensors.
+
+    The input is never changed: a container with a changed item is rebuilt as a new object (see
+    `_rebuild_mapping`, `_rebuild_sequence`, `_rebuild_dataclass`). A container whose items all
+    come back unchanged is returned itself, like `Tensor.to` returns self, so a traversal for
+    side effects allocates nothing. Like a loop of `.to()` calls, a tensor that appears twice is
+    visited twice (a memo cost more per tensor than accelerate's whole per-tensor overhead).
+
+    The recursion is a module-level function, not a closure that calls itself: such a closure
+    is a reference cycle that keeps FN, OTHER and whatever they hold (a whole batch of device
+    tensors, for DeviceLoader) alive until the garbage collector happens to run.
+    """
+    return _walk(obj, fn, other)
+
+
+def _walk(x: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any] | None) -> Any:
+    if isinstance(x, _Tensor):
+        return fn(x)
+    cls = type(x)
+    if cls in _ATOMIC:
+        return x
+    if cls is dict:  # the common containers first, each tensor item without a call to _walk
+        new = {k: fn(v) if isinstance(v, _Tensor) else _walk(v, fn, other) for k, v in x.items()}
+        return x if _unchanged(x.values(), new.values()) else new
+    if cls is list or cls is tuple:
+        items = [fn(v) if isinstance(v, _Tensor) else _walk(v, fn, other) for v in x]
+        return x if _unchanged(x, items) else cls(items)
+    if other is not None and _has_to(x):
+        return other(x)
+    if isinstance(x, Mapping):
+        return _rebuild_mapping(x, {k: _walk(v, fn, other) for k, v in x.items()})
+    if isinstance(x, (list, tuple)):
+        items = [_walk(v, fn, other) for v in x]
+        return x if _unchanged(x, items) else _rebuild_sequence(x, items)
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return _rebuild_dataclass(x, fn, other)
+    return x
+
+
+def _has_to(x: Any) -> bool:
+    """True for an object (not a class) with a callable `.to`: it is moved by that method."""
+    return callable(getattr(x, "to", None)) and not isinstance(x, type)
+
+
+def _unchanged(old: Any, new: Any) -> bool:
+    return all(a is b for a, b in zip(old, new))
+
+
+def _rebuild_mapping(x: Mapping, new: dict) -> Any:
+    """A new mapping like X holding NEW's items; X itself is never written to.
+
+    A dict subclass is copied (a copy has its own item storage; type and attributes are kept)
+    and the copy updated; a UserDict's copy copies its inner dict, so it is treated the same.
+    Any other mapping (a custom MutableMapping may share its inner dict with a shallow copy) is
+    made by its constructor from a dict. What cannot be rebuilt either way (a dict subclass that
+    refuses item assignment, a constructor that wants other arguments) becomes the constructor's
+    result when that holds exactly the new items, else a plain dict.
+    """
+    if _unchanged(x.values(), new.values()):
+        return x
+    cls = type(x)
+    if cls is OrderedDict:
+        return OrderedDict(new)
+    if cls is defaultdict:
+        return defaultdict(x.default_factory, new)  # type: ignore[attr-defined]
+    if isinstance(x, (dict, UserDict)):
+        try:
+            out = copy.copy(x)
+            for key, value in new.items():
+                out[key] = value
+            return out
+        except Exception:  # noqa: BLE001 - the items are moved already; try the constructor
+            pass
+    try:
+        out = cls(new)  # type: ignore[call-arg]
+    except Exception:  # noqa: BLE001 - a constructor with other arguments: a plain dict below
+        return new
+    if type(out) is cls and len(out) == len(new) and all(out[k] is v for k, v in new.items()):
+        return out
+    return new
+
+
+def _rebuild_sequence(x: list | tuple, items: list) -> Any:
+    """A new sequence like X holding ITEMS; X itself is never written to.
+
+    A namedtuple is rebuilt with `_make` (which bypasses a custom `__new__`); another tuple
+    subclass with `cls(items)` (torch.Size, torch.return_types.*) or, when that does not give
+    back exactly ITEMS, `cls(*items)` (a constructor taking separate arguments); failing both,
+    a plain tuple. A list subclass is copied (type and attributes kept) and the copy filled.
+    """
+    cls = type(x)
+    if isinstance(x, tuple):
+        if hasattr(cls, "_fields") and hasattr(cls, "_make"):
+            try:
+                return cls._make(items)  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001 - a namedtuple-like class with its own _make
+                pass
+        for args in ((items,), items):
+            try:
+                out = cls(*args)
+            except Exception:  # noqa: BLE001 - the other form, then a plain tuple
+                continue
+            if type(out) is cls and len(out) == len(items) and _unchanged(out, items):
+                return out
+        return tuple(items)
+    try:
+        out = copy.copy(x)
+        out[:] = items
+        return out
+    except Exception:  # noqa: BLE001 - a list subclass that refuses to change
+        return list(items)
+
+
+def _rebuild_dataclass(x: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any] | None) -> Any:
+    """Copy X with its moved fields set directly: no __init__ or __post_init__ runs again.
+
+    Values that `functools.cached_property` stored on X were computed from the old fields (on
+    the old device): the copy drops them, so they are computed again from the moved fields.
+    """
+    changed = {}
+    for f in dataclasses.fields(x):
+        try:
+            value = getattr(x, f.name)
+        except AttributeError:  # an init=False field that was never set
+            continue
+        moved = _walk(value, fn, other)
+        if moved is not value:
+            changed[f.name] = moved
+    if not changed:
+        return x
+    out = copy.copy(x)
+    for name, value in changed.items():
+        object.__setattr__(out, name, value)  # works on frozen dataclasses too
+    cached = _cached_properties(type(x))
+    if cached:
+        state = getattr(out, "__dict__", None)  # copy.copy gave the copy its own
+        for name in cached if state is not None else ():
+            state.pop(name, None)
+    return out
+
+
+_cached: dict[type, tuple[str, ...]] = {}
+
+
+def _cached_properties(cls: type) -> tuple[str, ...]:
+    """The attribute names under which CLS's cached_property values are stored (per class, once)."""
+    names = _cached.get(cls)
+    if names is None:
+        names = _cached[cls] = tuple(
+            value.attrname or name for klass in cls.__mro__ for name, value in vars(klass).items()
+            if isinstance(value, functools.cached_property))
+    return names
