@@ -1,4 +1,4 @@
-"""GPU twin of test_bench_ddp: the full `torchplace bench ddp` on two GPUs (about 1-2 minutes).
+"""GPU twin of test_ddp.py: the full `torchplace bench ddp` on two GPUs (about 1-2 minutes).
 Checks that every variant ran and the issue's targets were recorded; whether they were met is
 the benchmark's result, not a test assertion."""
 

@@ -1,5 +1,5 @@
 """`torchplace bench transfer` and `bench loader`: which variants run, how rounds are ordered, and
-what the memory check reports. CPU runs (`--quick`); the GPU run is in test_bench_moving_data_gpu.py."""
+what the memory check reports. CPU runs (`--quick`); the GPU run is in test_moving_data_gpu.py."""
 
 from __future__ import annotations
 

@@ -6,7 +6,11 @@ import argparse
 import subprocess
 import sys
 
+import pytest
+
 from torchplace.bench import strict as bench
+
+pytestmark = pytest.mark.usefixtures("strict_leaves_nothing_behind")
 
 
 def test_importing_the_bench_module_does_not_import_torch():

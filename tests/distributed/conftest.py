@@ -1,13 +1,10 @@
-"""Fixtures for the distributed tests: topologies from the real H200 snapshots, a private lease
-directory, and a helper that runs the CLI in a subprocess with a chosen environment."""
+"""Fixtures for the distributed tests: topologies from the real H200 snapshots and the worker
+scripts (a private lease directory and the CLI in a subprocess are in tests/conftest.py)."""
 
 from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -80,45 +77,6 @@ def h200x8_file(tmp_path, h200x8_dict) -> Path:
     path = tmp_path / "h200x8-derived.json"
     path.write_text(json.dumps(h200x8_dict))
     return path
-
-
-@pytest.fixture
-def lease_dir(tmp_path, monkeypatch) -> Path:
-    """A private lease directory for this test, also set as $TORCHPLACE_LEASE_DIR."""
-    path = tmp_path / "leases"
-    monkeypatch.setenv("TORCHPLACE_LEASE_DIR", str(path))
-    yield path
-    from torchplace.distributed.lease import release_all
-
-    release_all()
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    """os.environ for a subprocess, without launcher or GPU variables from outside, plus `extra`."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                        "MASTER_PORT", "CUDA_VISIBLE_DEVICES") and not k.startswith(("TORCHELASTIC_", "SLURM_"))}
-    env.update(extra)
-    return env
-
-
-def run_cli(args: list[str], env: dict[str, str] | None = None, timeout: float = 120,
-            **kwargs) -> subprocess.CompletedProcess:
-    """`python -m torchplace ARGS` in a subprocess; `timeout` only guards against a hang."""
-    return subprocess.run([sys.executable, "-m", "torchplace", *args], capture_output=True, text=True,
-                          env=env if env is not None else child_env(), timeout=timeout, **kwargs)
-
-
-@pytest.fixture(name="child_env")
-def _child_env_fixture():
-    """The `child_env` helper, for tests (conftest functions are not importable by name)."""
-    return child_env
-
-
-@pytest.fixture(name="run_cli")
-def _run_cli_fixture():
-    """The `run_cli` helper."""
-    return run_cli
 
 
 @pytest.fixture(name="scripts")

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -99,9 +100,9 @@ def test_outputs_kept_without_no_grad_grow_memory():
 
 
 def line_of(text: str) -> str:
-    """'test_memory.py:N' of the first line of this file containing TEXT."""
-    lines = open(__file__).read().splitlines()
-    return f"test_memory.py:{next(i for i, line in enumerate(lines, 1) if text in line)}"
+    """'FILE.py:N' of the first line of this file containing TEXT."""
+    lines = Path(__file__).read_text().splitlines()
+    return f"{Path(__file__).name}:{next(i for i, line in enumerate(lines, 1) if text in line)}"
 
 
 def test_clean_adamw_loop_stays_silent():

@@ -4,6 +4,7 @@ the batch-size search under torch.cuda.set_per_process_memory_fraction."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from torchplace.memory import MemoryLeakWarning, OutOfMemoryDiagnosis
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda", 0)
 MiB = 2**20
+THIS_FILE = Path(__file__).name  # where the leak detector points
 
 
 def test_report_numbers_and_largest_tensor():
@@ -50,7 +52,7 @@ def test_leak_detector_on_the_gpu():
     with pytest.warns(MemoryLeakWarning, match="MeanBackward0"):
         tracker = train(leaky, keep_graph=True, record_origins=True)
     assert "in a list of 16 items" in tracker.report.kept_by[0]
-    assert any(h.origin and "test_memory_gpu.py" in h.origin for h in tracker.report.holders)
+    assert any(h.origin and THIS_FILE in h.origin for h in tracker.report.holders)
 
 
 def test_kept_activations_grow_allocated_bytes():
@@ -76,8 +78,8 @@ def test_growing_cache_of_plain_tensors_is_named_on_the_gpu():
                 tracker.step()
     top = tracker.report.grew[0]
     assert (top.name, top.growth_bytes, top.added_tensors, top.device) == ("dict `seen`", 28 * 8 * MiB, 28, "cuda:0")
-    assert top.where.startswith("test_memory_gpu.py:")
-    assert "dict `seen` (test_memory_gpu.py:" in str(caught[0].message)
+    assert top.where.startswith(f"{THIS_FILE}:")
+    assert f"dict `seen` ({THIS_FILE}:" in str(caught[0].message)
     assert "grew by 224.0 MiB: 28 tensor(s) of 8.0 MiB added (cuda:0)" in str(caught[0].message)
     seen.clear()
 
