@@ -68,7 +68,8 @@ def _render_info(info: Any, *, show_all: bool) -> None:
     from .render import console
 
     console.print(f"[bold]{escape(info.path)}[/]  made by [cyan]{escape(info.tool)}[/]  "
-                  f"{format_bytes(info.size_bytes)} on disk, {len(info.tensors)} tensors ({format_bytes(info.tensor_bytes)})")
+                  f"{format_bytes(info.size_bytes)} on disk, {len(info.tensors)} tensors "
+                  f"({format_bytes(info.tensor_bytes)})")
     for key, value in info.metadata.items():
         console.print(f"  {key}: {escape(str(value))}")
     if info.contents:

@@ -91,7 +91,8 @@ def render_report(report: Any) -> None:
     console.print(f"python {v.python}  torch {v.torch or 'not installed'}  built with CUDA {v.torch_cuda or 'none'}"
                   f"  cuDNN {v.cudnn or '?'}  NCCL {v.nccl or '?'}")
     console.print(f"driver {topo.driver_version or 'none'}  (CUDA {topo.cuda_driver_version or '?'})  "
-                  f"CPUs usable {host.usable_cpus} of {host.cpu_count}  memory {format_bytes(host.memory_total, 'GiB')}  "
+                  f"CPUs usable {host.usable_cpus} of {host.cpu_count}  "
+                  f"memory {format_bytes(host.memory_total, 'GiB')}  "
                   f"/dev/shm {format_bytes(host.shm_total, 'GiB')}")
     console.print(_env_line(facts))
     if topo.gpus:

@@ -92,7 +92,8 @@ def check_busy(facts) -> list[Finding]:
         busy_util = gpu.utilization is not None and gpu.utilization >= 50
         if not others and not busy_util:
             continue
-        who = ", ".join(f"pid {p.pid}{f' ({p.user})' if p.user else ''} {format_bytes(p.used_memory, 'GiB')}" for p in others[:5])
+        who = ", ".join(f"pid {p.pid}{f' ({p.user})' if p.user else ''} {format_bytes(p.used_memory, 'GiB')}"
+                        for p in others[:5])
         out.append(Finding("gpu.busy", "warning", f"cuda:{dev.logical} (physical {gpu.index}) is in use",
                            f"{len(others)} other process(es){': ' + who if who else ''}; utilization "
                            f"{gpu.utilization if gpu.utilization is not None else '?'}%, memory "

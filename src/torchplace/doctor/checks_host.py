@@ -15,8 +15,8 @@ def check_shm(facts) -> list[Finding]:
     if total is None or total >= SHM_MIN:
         return []
     return [Finding("host.shm_small", "warning", "/dev/shm is too small for DataLoader workers",
-                    f"/dev/shm holds {format_bytes(total, 'MiB', digits=0)}; workers put every batch there, and a full /dev/shm "
-                    "kills them with 'bus error' or 'unable to write to file </torch_...>'.",
+                    f"/dev/shm holds {format_bytes(total, 'MiB', digits=0)}; workers put every batch there, "
+                    "and a full /dev/shm kills them with 'bus error' or 'unable to write to file </torch_...>'.",
                     "Docker: --shm-size=16g or --ipc=host; Kubernetes: mount an emptyDir with medium: Memory; "
                     "or DataLoader(num_workers=0).")]
 
@@ -27,9 +27,9 @@ def check_memlock(facts) -> list[Finding]:
     if soft is None or soft >= MEMLOCK_MIN or not facts.topology.gpus:
         return []
     return [Finding("host.memlock_low", "warning", "Locked-memory limit is low",
-                    f"RLIMIT_MEMLOCK is {format_bytes(soft, 'MiB', digits=0)}. Host memory registered for the GPU (cudaHostRegister, "
-                    "NCCL over InfiniBand/GPUDirect RDMA) must be locked; a low limit makes registration fail or "
-                    "NCCL fall back to slower paths.",
+                    f"RLIMIT_MEMLOCK is {format_bytes(soft, 'MiB', digits=0)}. Host memory registered for the GPU "
+                    "(cudaHostRegister, NCCL over InfiniBand/GPUDirect RDMA) must be locked; a low limit makes "
+                    "registration fail or NCCL fall back to slower paths.",
                     "ulimit -l unlimited (docker: --ulimit memlock=-1; systemd: LimitMEMLOCK=infinity).")]
 
 

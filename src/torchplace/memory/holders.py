@@ -32,7 +32,8 @@ from typing import Any
 
 import torch
 
-from .usage import _fmt, _key_text
+from ..units import format_bytes
+from .usage import _key_text
 
 _CONTAINERS = (dict, list, set, frozenset, tuple, collections.deque)
 _SKIP = (types.FrameType, types.FunctionType, types.CodeType, types.ModuleType, type)
@@ -67,11 +68,11 @@ class Growth:
         where = f" ({self.where})" if self.where else ""
         if self.added_tensors > 0:
             each = self.growth_bytes // self.added_tensors
-            what = f"{self.added_tensors} tensor(s) of {_fmt(each)} added" if each else \
+            what = f"{self.added_tensors} tensor(s) of {format_bytes(each)} added" if each else \
                 f"{self.added_tensors} tensor(s) added"
         else:
-            what = f"its {self.tensors} tensor(s) grew to {_fmt(self.nbytes)}"
-        return f"{self.name}{where} grew by {_fmt(self.growth_bytes)}: {what} ({self.device})"
+            what = f"its {self.tensors} tensor(s) grew to {format_bytes(self.nbytes)}"
+        return f"{self.name}{where} grew by {format_bytes(self.growth_bytes)}: {what} ({self.device})"
 
 
 def holdings(keep: Callable[[torch.Tensor], bool], own: set[int] = frozenset(),  # type: ignore[assignment]

@@ -31,8 +31,9 @@ import torch
 
 from ..errors import MemoryLeakError, MemoryLeakWarning
 from ..checks.strict_config import should_raise
+from ..units import format_bytes
 from .holders import Growth, Holding, grown, holdings, name_holder, user_frames
-from .usage import LiveTensor, _fmt, containers_of, cuda_origins, graph_holders, live_tensors, tensor_info
+from .usage import LiveTensor, containers_of, cuda_origins, graph_holders, live_tensors, tensor_info
 
 CPU_TOLERANCE = 16 * 2**20  # heap noise (glibc arenas, thread caches); the resident set is noisier still
 CUDA_TOLERANCE = 2**20  # the caching allocator's counter is exact
@@ -225,12 +226,13 @@ def _message(r: LeakReport, steady: bool) -> str:
     what = "bytes allocated by tensors" if r.device.startswith("cuda") else (
         "bytes in use on the C heap" if _MALLINFO2 is not None else "the process's resident memory")
     if steady:
-        parts.append(f"Memory on {r.device} ({what}) grew by {_fmt(r.growth_bytes)} over {r.steps} steps "
-                     f"(about {_fmt(r.growth_bytes // r.steps)} per step, from {_fmt(r.samples[0])} to "
-                     f"{_fmt(r.samples[-1])}), beyond the tolerance of {_fmt(r.tolerance_bytes)}.")
+        parts.append(f"Memory on {r.device} ({what}) grew by {format_bytes(r.growth_bytes)} over {r.steps} steps "
+                     f"(about {format_bytes(r.growth_bytes // r.steps)} per step, from {format_bytes(r.samples[0])} to "
+                     f"{format_bytes(r.samples[-1])}), beyond the tolerance of {format_bytes(r.tolerance_bytes)}.")
     else:
-        parts.append(f"Memory on {r.device} grew by {_fmt(r.growth_bytes)} over {r.steps} steps, within the "
-                     f"tolerance of {_fmt(r.tolerance_bytes)}, but live tensors holding autograd graphs piled up.")
+        parts.append(f"Memory on {r.device} grew by {format_bytes(r.growth_bytes)} over {r.steps} steps, within the "
+                     f"tolerance of {format_bytes(r.tolerance_bytes)}, but live tensors holding autograd graphs "
+                     "piled up.")
     if r.new_graph_holders:
         listed = "; ".join(r.kept_by[:5]) or "none is kept in a list, dict or attribute (look at local variables)"
         parts.append(f"{r.new_graph_holders} more live tensor(s) hold autograd graphs than at the start: {listed}.")

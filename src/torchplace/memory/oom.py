@@ -23,11 +23,11 @@ from typing import Any, Callable
 import torch
 
 from ..errors import TorchplaceError
-from .usage import MemoryReport, _fmt, device_memory, describe_tensors, graph_holders, live_tensors
+from ..units import format_bytes, parse_size
+from .usage import MemoryReport, device_memory, describe_tensors, graph_holders, live_tensors
 
 RESERVE_BYTES = 32 * 2**20
 _CPU_OOM = "DefaultCPUAllocator: can't allocate memory"
-_SIZES = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -41,7 +41,7 @@ def requested_bytes(message: str) -> int | None:
     """The size of the failed allocation, from torch's CUDA or CPU message."""
     match = re.search(r"[Tt]ried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)", message)
     if match:
-        return int(float(match.group(1)) * _SIZES[match.group(2)])
+        return parse_size(match.group(1) + match.group(2))
     match = re.search(r"you tried to allocate (\d+) bytes", message)
     return int(match.group(1)) if match else None
 
@@ -70,7 +70,7 @@ class OomReport:
     suggestions: list[str] = field(default_factory=list)
 
     def text(self) -> str:
-        asked = f" allocating {_fmt(self.requested_bytes)}" if self.requested_bytes else ""
+        asked = f" allocating {format_bytes(self.requested_bytes)}" if self.requested_bytes else ""
         lines = [f"Out of memory on {self.device or 'an unknown device'}{asked}: {self.original}"]
         if self.memory is not None:
             lines.append(self.memory.text())
@@ -118,8 +118,8 @@ def _suggestions(r: OomReport, dev: torch.device | None) -> list[str]:
     if mem and mem.reserved_bytes and mem.allocated_bytes is not None and dev is not None and dev.type == "cuda":
         slack = mem.reserved_bytes - mem.allocated_bytes
         if r.requested_bytes and slack >= r.requested_bytes:
-            out.append(f"{_fmt(slack)} is reserved by the caching allocator but unallocated, more than the "
-                       f"{_fmt(r.requested_bytes)} asked for: fragmentation. Set "
+            out.append(f"{format_bytes(slack)} is reserved by the caching allocator but unallocated, more than the "
+                       f"{format_bytes(r.requested_bytes)} asked for: fragmentation. Set "
                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before the process starts.")
     if r.memory and any(t.held_by for t in r.memory.graph_holders):  # the failing step's own are expected
         out.append("tensors kept in variables or containers hold autograd graphs (listed above): keep "
@@ -129,7 +129,7 @@ def _suggestions(r: OomReport, dev: torch.device | None) -> list[str]:
         out.append("other processes use this GPU (listed above): pick a free one with torchplace.pick(), "
                    "or stop them.")
     if mem and mem.limit_bytes is not None and dev is not None and dev.type == "cpu":
-        out.append(f"this process is limited to {_fmt(mem.limit_bytes)} ({mem.limit_kind}): raise the limit, "
+        out.append(f"this process is limited to {format_bytes(mem.limit_bytes)} ({mem.limit_kind}): raise the limit, "
                    "or use less memory as below.")
     out.append("use a smaller batch: torchplace.find_batch_size(fn, start) finds the largest that fits.")
     if dev is not None and dev.type == "cuda":
@@ -153,7 +153,7 @@ def _other_processes(dev: torch.device) -> list[str]:
         return []
     if gpu is None or not gpu.processes:
         return []
-    return [f"pid {p.pid} ({p.name or '?'}, user {p.user or '?'}) uses {_fmt(p.used_memory)}"
+    return [f"pid {p.pid} ({p.name or '?'}, user {p.user or '?'}) uses {format_bytes(p.used_memory)}"
             for p in gpu.processes if p.pid != os.getpid()]
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..hardware import host
+from ..units import format_bytes
 
 _MAX_GRAPH_NODES = 20_000
 
@@ -43,9 +44,10 @@ class LiveTensor:
     origin: str | None = None  # "file:line in function" where it was allocated (CUDA with history)
 
     def describe(self) -> str:
-        parts = [f"{_fmt(self.nbytes)} {self.dtype} {list(self.shape)} on {self.device}"]
+        parts = [f"{format_bytes(self.nbytes)} {self.dtype} {list(self.shape)} on {self.device}"]
         if self.grad_fn:
-            graph = f" holding a graph with {_fmt(self.graph_bytes)} of saved tensors" if self.graph_bytes else ""
+            graph = (f" holding a graph with {format_bytes(self.graph_bytes)} of saved tensors"
+                     if self.graph_bytes else "")
             parts.append(f"made by {self.grad_fn}{graph}")
         if self.held_by:
             parts.append(f"held by {self.held_by}")
@@ -69,12 +71,12 @@ class DeviceMemory:
     notes: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
-        items = [f"allocated {_fmt(self.allocated_bytes)}", f"reserved {_fmt(self.reserved_bytes)}",
-                 f"free {_fmt(self.free_bytes)}", f"total {_fmt(self.total_bytes)}"]
+        items = [f"allocated {format_bytes(self.allocated_bytes)}", f"reserved {format_bytes(self.reserved_bytes)}",
+                 f"free {format_bytes(self.free_bytes)}", f"total {format_bytes(self.total_bytes)}"]
         if self.peak_allocated_bytes is not None:
-            items.append(f"peak {_fmt(self.peak_allocated_bytes)}")
+            items.append(f"peak {format_bytes(self.peak_allocated_bytes)}")
         if self.limit_bytes is not None:
-            items.append(f"limit {_fmt(self.limit_bytes)} ({self.limit_kind})")
+            items.append(f"limit {format_bytes(self.limit_bytes)} ({self.limit_kind})")
         return f"{self.device}: " + ", ".join(items)
 
 
@@ -382,14 +384,3 @@ def _cuda_origins(devices: set[torch.device]) -> dict[int, str]:
             if user and block.get("state") == "active_allocated":
                 out[int(block["address"])] = f"{user.get('filename')}:{user.get('line')} in {user.get('name')}"
     return out
-
-
-def _fmt(n: int | None) -> str:
-    if n is None:
-        return "?"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
