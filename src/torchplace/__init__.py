@@ -48,7 +48,7 @@ _EXPORTS: dict[str, str] = {
     # many GPUs (issue 6)
     "pick": "torchplace.distributed.pick",
     # policies (issue 7)
-    "precision_for": "torchplace.policy.precision",
+    "precision_for": "torchplace.amp",
     "configure_threads": "torchplace.policy.threads",
     "seed_everything": "torchplace.policy.determinism",
     "deterministic": "torchplace.policy.determinism",

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .distributed.group_state import DistInfo
     from .placement.loader import DeviceLoader
     from .placement.resolve import DeviceSpec
-    from .policy.precision import PrecisionPolicy
+    from .amp import PrecisionPolicy
     from .policy.threads import ThreadPlan
 
 T = TypeVar("T")
@@ -130,7 +130,7 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
     seed: seeds Python, NumPy, torch and every device (`torchplace.seed_everything`).
     """
     from .placement.resolve import device as resolve_device
-    from .policy.precision import precision_for
+    from .amp import precision_for
 
     decisions: list[str] = []
     launch = read_launch_env()

@@ -11,11 +11,11 @@ import torch
 import torch._dynamo  # noqa: F401 - the first dispatch mode imports it, and it writes TORCHINDUCTOR_CACHE_DIR
 
 from torchplace import precision_for
-from torchplace.errors import DeviceError, DeviceMismatchError
+from torchplace.amp import cpu_features
+from torchplace.checks.autocast import FirstStepCheck
+from torchplace.errors import DeviceError, DeviceMismatchError, PrecisionError, PrecisionWarning
 from torchplace.hardware.topology import Topology
-from torchplace.policy.autocast_check import FirstStepCheck
-from torchplace.policy.precision import (PrecisionError, PrecisionWarning, cpu_features, decide_cpu,
-                                         decide_cuda, normalize_dtype)
+from torchplace.policy.precision import decide_cpu, decide_cuda, normalize_dtype
 
 from snapshots import load_snapshot_dict
 

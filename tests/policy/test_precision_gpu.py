@@ -10,8 +10,7 @@ import torch
 import torch._dynamo  # noqa: F401 - the first dispatch mode imports it, and it writes TORCHINDUCTOR_CACHE_DIR
 
 from torchplace import precision_for
-from torchplace.errors import DeviceMismatchError
-from torchplace.policy.precision import PrecisionWarning
+from torchplace.errors import DeviceMismatchError, PrecisionWarning
 
 pytestmark = pytest.mark.gpu
 

@@ -6,7 +6,8 @@ doctor says and what `precision_for` / `configure_threads` decide cannot drift a
 
 from __future__ import annotations
 
-from ..policy.precision import PrecisionError, bf16_native, normalize_dtype
+from ..errors import PrecisionError
+from ..policy.precision import bf16_native, normalize_dtype
 from ..policy.threads import cpu_span, env_local_world_size, oversubscription
 from .registry import Finding, check
 

@@ -1,0 +1,208 @@
+"""Automatic mixed precision, acted on: `precision_for(device)` and the `PrecisionPolicy` it returns.
+
+`precision_for` reads the live device (its compute capability, the CPU's bf16/fp16 instructions,
+torch's answer on ROCm), takes the decision from `policy.precision` (pure, torch-free), and warns
+(`PrecisionWarning`) or, under strict mode, raises (`PrecisionError`) when an explicit request
+cannot run well here. The policy enters `torch.autocast` for the right device type, makes the
+GradScaler and sets TF32. On its first entry only, `autocast()` runs the first-step check of
+checks/autocast.py, which counts the ops that ran by dtype and flags tensors on another device
+type (CPU tensors under CUDA autocast run in fp32 without a word). Later entries are plain
+`torch.autocast`: zero steady-state cost.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator
+
+from .checks.strict_config import should_raise
+from .errors import DeviceError, PrecisionError, PrecisionWarning
+from .policy.precision import (PRECISION_ENV, PrecisionPlan, capability_label, decide_cpu, decide_cuda, decide_other,
+                               decide_rocm, normalize_dtype)
+
+if TYPE_CHECKING:
+    import torch
+
+    from .checks.autocast import AutocastCheck
+
+
+def cpu_features() -> tuple[bool, bool, str]:
+    """(native bf16, native fp16, a label) for this CPU, from torch's own CPU capability queries."""
+    import platform
+
+    import torch
+
+    cpu = getattr(torch, "cpu", None)
+
+    def query(name: str) -> bool:
+        fn = getattr(cpu, name, None)
+        try:
+            return bool(fn()) if fn is not None else False
+        except Exception:  # a query torch cannot answer here is a "no"
+            return False
+
+    isa = torch.backends.cpu.get_cpu_capability()
+    bf16, fp16, names = False, False, []
+    if query("_is_amx_tile_supported"):
+        bf16, names = True, [*names, "AMX"]
+    if query("_is_avx512_bf16_supported"):
+        bf16, names = True, [*names, "AVX512-BF16"]
+    if query("_is_amx_fp16_supported"):
+        fp16, names = True, [*names, "AMX-FP16"]
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        try:  # on Arm, oneDNN's check reads the BF16 instruction flag (on x86 it counts emulation)
+            arm_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):
+            arm_bf16 = False
+        if arm_bf16:
+            bf16, names = True, [*names, "Arm BF16"]
+    label = f"this CPU ({isa}{', ' + ', '.join(names) if names else ''})"
+    return bf16, fp16, label
+
+
+def _cuda_plan(dev: "torch.device", requested: str | None, name: str | None,
+               tf32: bool | None) -> tuple[PrecisionPlan, tuple[int, int] | None]:
+    """Plan for a live CUDA (or ROCm) device; returns the plan and the capability used."""
+    import torch
+
+    name = name or torch.cuda.get_device_name(dev)
+    if torch.version.hip:  # ROCm's "capabilities" are gfx numbers: ask torch about native bf16 instead
+        with torch.cuda.device(dev):
+            native = torch.cuda.is_bf16_supported(including_emulation=False)
+        return decide_rocm(native, name, requested, tf32), None
+    major, minor = torch.cuda.get_device_capability(dev)
+    return decide_cuda((major, minor), requested, name, tf32), (major, minor)
+
+
+@dataclass
+class PrecisionPolicy:
+    """The precision to use on one device. Build it with `precision_for`.
+
+    `dtype` is what autocast computes in, `grad_scaler` whether fp16's gradients need scaling,
+    `tf32` whether fp32 matmuls may use TF32. `last_check` holds the first autocast step's check.
+    """
+
+    device: "torch.device"
+    dtype: "torch.dtype"
+    grad_scaler: bool
+    tf32: bool
+    reason: str
+    capability: tuple[int, int] | None = None
+    requested: str | None = None
+    problem: str | None = None
+    strict: bool | None = None
+    last_check: AutocastCheck | None = field(default=None, compare=False)
+    _checked: bool = field(default=False, repr=False, compare=False)
+
+    @property
+    def autocast_enabled(self) -> bool:
+        import torch
+
+        return self.dtype != torch.float32
+
+    def make_grad_scaler(self, **kwargs: Any) -> "torch.amp.GradScaler":
+        """A `torch.amp.GradScaler` for this device, enabled only when the policy needs one."""
+        import torch
+
+        return torch.amp.GradScaler(self.device.type, enabled=self.grad_scaler, **kwargs)
+
+    def apply_tf32(self) -> str:
+        """Set torch's float32 matmul precision from the policy ('high' = TF32, 'highest' = off).
+
+        Uses `torch.set_float32_matmul_precision`, which torch 2.9+ maps onto its new
+        fp32_precision settings; mixing the legacy `allow_tf32` flags with those makes torch
+        raise, so torchplace never touches the legacy flags. Returns the previous setting.
+        """
+        import torch
+
+        previous = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("high" if self.tf32 else "highest")
+        return previous
+
+    @contextmanager
+    def autocast(self, *, check: bool = True, strict: bool | None = None) -> Iterator[None]:
+        """Enter `torch.autocast` for this policy; check the first step's ops (see module docstring).
+
+        A problem found on the first step warns (`PrecisionWarning`), or raises under strict mode
+        (`strict=True`, the policy's own `strict`, or TORCHPLACE_STRICT=1): `DeviceMismatchError`
+        for tensors on another device type, `PrecisionError` when no op ran in low precision.
+        """
+        import torch
+
+        self._ensure_available()
+        ctx = torch.autocast(self.device.type, dtype=self.dtype, enabled=self.autocast_enabled)
+        if not check or self._checked:
+            with ctx:
+                yield
+            return
+        self._checked = True
+        from .checks.autocast import FirstStepCheck, report_first_step
+
+        mode = FirstStepCheck(self.device.type, str(self.dtype).removeprefix("torch."),
+                              self.autocast_enabled)
+        with ctx, mode:
+            yield
+        self.last_check = mode.result()
+        report_first_step(self.last_check, should_raise(strict if strict is not None else self.strict), stacklevel=3)
+
+    def _ensure_available(self) -> None:
+        import torch
+
+        kind = self.device.type
+        if kind == "cpu":
+            return
+        if kind == "cuda":
+            available = torch.cuda.is_available()
+        else:
+            accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+            available = accelerator is not None and accelerator.type == kind
+        if not available:
+            made = f" (computed from compute capability {capability_label(self.capability)})" if self.capability else ""
+            raise DeviceError(f"The precision policy for {self.device}{made} cannot enter autocast: this "
+                              f"process has no {kind} device. "
+                              "Fix: run on a machine with that device, or use precision_for('cpu').")
+
+
+def precision_for(device: Any, dtype: Any = None, *, capability: tuple[int, int] | list[int] | None = None,
+                  name: str | None = None, tf32: bool | None = None, strict: bool | None = None) -> PrecisionPolicy:
+    """The precision policy for DEVICE from its real capability; DTYPE forces a choice.
+
+    `capability=(major, minor)` plans for a CUDA device without touching it (from a snapshot's
+    `GpuRecord.compute_capability`); otherwise the device is resolved and queried. An explicit
+    DTYPE (or, without one, TORCHPLACE_PRECISION=bf16/fp16/fp32 in the environment) is
+    respected; when it cannot run natively here the policy says so with a `PrecisionWarning`
+    (a `PrecisionError` under strict mode).
+    """
+    import torch
+
+    requested = normalize_dtype(dtype if dtype is not None else os.environ.get(PRECISION_ENV) or None)
+    if capability is not None:
+        dev = torch.device(device)
+        if dev.type != "cuda":
+            raise DeviceError(f"capability={tuple(capability)} was given for {dev}, but compute capabilities "
+                              "describe CUDA devices. Fix: pass a 'cuda' device, or drop capability=.")
+        cc: tuple[int, int] | None = (int(capability[0]), int(capability[1]))
+        plan = decide_cuda(cc, requested, name, tf32)
+    else:
+        from .placement.resolve import device as resolve_device
+
+        dev = resolve_device(device)
+        cc = None
+        if dev.type == "cuda":
+            plan, cc = _cuda_plan(dev, requested, name, tf32)
+        elif dev.type == "cpu":
+            bf16, fp16, isa = cpu_features()
+            plan = decide_cpu(bf16, fp16, isa, requested)
+        else:
+            plan = decide_other(str(dev), requested, torch.amp.is_autocast_available(dev.type))
+    policy = PrecisionPolicy(device=dev, dtype=getattr(torch, plan.dtype), grad_scaler=plan.grad_scaler,
+                             tf32=plan.tf32, reason=plan.reason, capability=cc, requested=requested,
+                             problem=plan.problem, strict=strict)
+    if plan.problem:
+        if should_raise(strict):
+            raise PrecisionError(plan.problem)
+        warnings.warn(plan.problem, PrecisionWarning, stacklevel=2)
+    return policy
