@@ -9,7 +9,7 @@ import pytest
 
 from torchplace.bench import loader as bench_loader
 from torchplace.bench import transfer as bench_transfer
-from torchplace.bench.transfer import Env, Variant, measure
+from torchplace.bench.steps import Env, Variant, measure, paired_ratio
 
 
 def _args(module, *argv: str) -> argparse.Namespace:
@@ -80,7 +80,7 @@ def test_paired_ratio_alternates_which_call_goes_first():
     def b(item):
         calls.append(f"b{item}")
 
-    ratio = bench_transfer.paired_ratio(a, b, [0, 1, 2, 3], 2, lambda: None)
+    ratio = paired_ratio(a, b, [0, 1, 2, 3], 2, lambda: None)
     assert calls[:8] == ["a0", "b0", "b1", "a1", "a2", "b2", "b3", "a3"]
     assert len(calls) == 3 * 8  # one untimed round, then two
     assert ratio > 0

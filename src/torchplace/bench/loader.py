@@ -13,7 +13,7 @@ import argparse
 from typing import Any, Callable, Iterator
 
 from .common import BenchResult, Row, Target
-from .transfer import Compute, Env, Variant, _accelerate_send, _gbps, measure, plot
+from .steps import Compute, Env, Variant, accelerate_send, add_loop_arguments, gbps, measure, plot
 
 _NAIVE = "naive .to(), pageable"
 _LOADER_PAGEABLE = "torchplace DeviceLoader, pageable"
@@ -28,8 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size-mib", type=int, default=None, help="host batch size in MiB (default 256)")
     parser.add_argument("--compute-ms", type=float, default=None,
                         help="device work per step, in ms of matmuls (default 9.65, as measured on an H200)")
-    parser.add_argument("--steps", type=int, default=None, help="steps per variant and round (default 40)")
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds; the median is kept (default 5)")
+    add_loop_arguments(parser, steps=40, rounds=5)
     parser.add_argument("--batches", type=int, default=4, help="distinct host batches, cycled (default 4)")
     parser.add_argument("--epochs", type=int, default=None, help="epochs of the memory check (default 20)")
     parser.add_argument("--prefetch", type=int, default=2, help="DeviceLoader's prefetch depth (default 2)")
@@ -76,7 +75,7 @@ def run(args: argparse.Namespace) -> BenchResult:
         Variant("pinned + non_blocking, one stream",
                 mapped(pinned, lambda b: {k: v.to(dev, non_blocking=True) for k, v in b.items()}), step=step),
     ]
-    send = _accelerate_send()
+    send = accelerate_send()
     if send is not None:
         variants.append(Variant("accelerate send_to_device, pinned",
                                 mapped(pinned, lambda b: send(b, dev, non_blocking=True)), step=step))
@@ -98,10 +97,10 @@ def run(args: argparse.Namespace) -> BenchResult:
     ideal = max(ms[_COMPUTE], ms[_RAW_COPY])
     rows = [Row(v.name, ms[v.name], "ms/step", extra={"vs ideal": ms[v.name] / ideal}) for v in variants]
     rows.append(Row("ideal max(compute, copy)", ideal, "ms/step"))
-    raw_gbps, loader_gbps = _gbps(nbytes, ms[_RAW_COPY]), _gbps(nbytes, ms[_LOADER_COPY])
+    raw_gbps, loader_gbps = gbps(nbytes, ms[_RAW_COPY]), gbps(nbytes, ms[_LOADER_COPY])
     for row in rows:
         if row.variant in (_RAW_COPY, _LOADER_COPY):
-            row.extra["GB/s"] = _gbps(nbytes, row.value)
+            row.extra["GB/s"] = gbps(nbytes, row.value)
     result = BenchResult(
         name="loader", rows=rows, baseline=_NAIVE, notes=notes,
         params={"device": str(dev), "batch_mib": size_mib, "batch_bytes": nbytes, "compute_ms": compute.ms,

@@ -6,18 +6,17 @@ pinned + non_blocking on one stream, accelerate's `send_to_device` (as users cal
 with compute (what a loader is for), against the ideal max(compute, copy), where the copy is
 the same bytes pre-packed in one pinned buffer and copied once. Bulk bandwidth is measured too.
 
-The step-loop helpers here (`Variant`, `measure`, `plot`) also serve `bench loader`.
+The step loop (`Variant`, `measure`, `plot`) is in `steps.py`, shared with `bench loader`.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from .common import BenchResult, Row, Target
+from .common import BenchResult, Row, Target, time_host
+from .steps import Compute, Env, Variant, accelerate_send, add_loop_arguments, gbps, measure, paired_ratio, plot
 
 _ACCELERATE = "accelerate send_to_device, pinned"
 _TO_DEVICE = "torchplace to_device, pinned"
@@ -30,8 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="where to move batches (default: the GPU if any, else cpu)")
     parser.add_argument("--tensors", type=int, default=64, help="tensors in the nested batch")
     parser.add_argument("--shape", default="256x64", help="shape of each fp32 tensor, e.g. 256x64 (64 KiB)")
-    parser.add_argument("--steps", type=int, default=None, help="steps per variant and round (default 200)")
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds; the median is kept (default 9)")
+    add_loop_arguments(parser, steps=200, rounds=9)
     parser.add_argument("--compute-ms", type=float, default=None,
                         help="device work per step (default 1, a small model's step; 0: copies only)")
     parser.add_argument("--bulk-mib", type=int, default=None,
@@ -77,7 +75,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     unpacked = DeviceLoader([pinned[i % len(pinned)] for i in range(steps)], dev, pack=False)
     packed_src = torch.cat([t.reshape(-1).view(torch.uint8) for t in _tensors(pinned[0])])
     packed_src = packed_src.pin_memory() if env.can_pin else packed_src
-    send = _accelerate_send()
+    send = accelerate_send()
     if send is None:
         notes.append("accelerate is not installed: its variants were skipped (pip install 'torchplace[bench]')")
     # Copies only: the host cost of each way of moving the batch, nothing to hide it behind.
@@ -99,7 +97,7 @@ def run(args: argparse.Namespace) -> BenchResult:
                    ("compute only, batch on device", cycle([to_device(pinned[0], dev)]))]
         variants += [Variant(name + with_compute, batches, step=compute) for name, batches in stepped]
     ms = measure(variants, rounds, env.sync, title=f"transfer to {dev}")
-    rows = [Row(v.name, ms[v.name] * 1e3, "µs/step", extra={"GB/s": _gbps(nbytes, ms[v.name])}) for v in variants]
+    rows = [Row(v.name, ms[v.name] * 1e3, "µs/step", extra={"GB/s": gbps(nbytes, ms[v.name])}) for v in variants]
     if compute.ms:
         ideal_ms = max(ms[_PACKED], ms[variants[-1].name])
         rows.append(Row(f"ideal max(compute, copy){with_compute}", ideal_ms * 1e3, "µs/step"))
@@ -136,219 +134,6 @@ def run(args: argparse.Namespace) -> BenchResult:
     return result
 
 
-# ------------------------------------------------------------------------------------------------
-# shared with bench loader
-
-
-@dataclass
-class Env:
-    """What the device offers the benchmark: synchronizing, pinning, streams."""
-
-    device: Any
-    can_pin: bool
-    streams: bool
-
-    @classmethod
-    def for_device(cls, dev: Any) -> "Env":
-        import torch
-
-        accel = dev.type not in ("cpu", "meta")
-        streams = dev.type in ("cuda", "xpu")
-        return cls(dev, accel and torch.accelerator.is_available(), streams)
-
-    def sync(self) -> None:
-        import torch
-
-        if self.device.type not in ("cpu", "meta"):
-            torch.get_device_module(self.device.type).synchronize(self.device)
-
-
-@dataclass
-class Compute:
-    """Fixed device work per step (matmuls), calibrated to last about `ms` milliseconds."""
-
-    ms: float
-    what: str
-    fn: Callable[[], Any] | None = None
-
-    @classmethod
-    def calibrated(cls, dev: Any, target_ms: float, env: Env) -> "Compute":
-        import torch
-
-        if not target_ms:
-            return cls(0.0, "none")
-        n = 4096 if dev.type != "cpu" else 256
-        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-        a = torch.randn(n, n, device=dev, dtype=dtype)
-        b = torch.randn(n, n, device=dev, dtype=dtype)
-        one = statistics.median(_timed(lambda: a @ b, env.sync, 10))
-        reps = max(1, round(target_ms / max(one, 1e-6)))
-
-        def fn() -> Any:
-            for _ in range(reps):
-                out = a @ b
-            return out
-
-        def sustained() -> float:  # ms per step over steps run back to back, as the benchmarks run them
-            fn()
-            env.sync()
-            start = time.perf_counter()
-            for _ in range(10):
-                fn()
-            env.sync()
-            return (time.perf_counter() - start) * 100
-
-        # One matmul timed alone includes a launch and a sync, and a matmul's time is not constant
-        # (asked for 9.65 ms, an H200 gave 8.2 ms from the first count and 10.9 ms after one
-        # correction timed in short runs): so the count is corrected, up to twice, from steps run
-        # back to back, as the benchmarks run them.
-        measured = sustained()
-        for _ in range(2):
-            better = max(1, round(reps * target_ms / measured))
-            if better == reps:
-                break
-            reps = better
-            measured = sustained()
-        return cls(measured, f"{reps} x {n}x{n} {str(dtype).split('.')[-1]} matmul", fn)
-
-    def __call__(self, batch: Any) -> None:
-        if self.fn is not None:
-            touch(batch)
-            self.fn()
-
-
-def touch(batch: Any) -> Any:
-    """Read the batch's first tensor on the consumer's stream, so the step's work depends on its copy."""
-    t = _first_tensor(batch)
-    return t.sum() if t is not None else None
-
-
-def _first_tensor(x: Any) -> Any:
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        return x
-    if isinstance(x, dict):
-        x = list(x.values())
-    if isinstance(x, (list, tuple)):
-        for item in x:
-            found = _first_tensor(item)
-            if found is not None:
-                return found
-    return None
-
-
-@dataclass
-class Variant:
-    """One way of getting batches onto the device: a fresh iterator of device batches per round."""
-
-    name: str
-    batches: Callable[[], Iterator[Any]]
-    move: Callable[[Any], Any] | None = None  # applied to each item (for raw copies)
-    step: Callable[[Any], Any] = field(default=lambda batch: None)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def per_step_ms(self, sync: Callable[[], None]) -> float:
-        """Milliseconds per step in steady state: the first step (pipeline fill) is not timed."""
-        it = self.batches()
-        try:
-            first = next(it)
-        except StopIteration:
-            return float("nan")
-        self.step(self.move(first) if self.move else first)
-        del first
-        sync()
-        start, n = time.perf_counter(), 0
-        for batch in it:
-            self.step(self.move(batch) if self.move else batch)
-            n += 1
-        sync()
-        elapsed = time.perf_counter() - start
-        close = getattr(it, "close", None)
-        if close:
-            close()
-        return elapsed * 1e3 / max(n, 1)
-
-
-def measure(variants: list[Variant], rounds: int, sync: Callable[[], None], *, title: str) -> dict[str, float]:
-    """Median milliseconds per step of each variant over ROUNDS interleaved rounds, with a progress bar.
-
-    An untimed round comes first, so allocator caches, pinned pools and kernels are warm for all.
-    Each timed round starts at another variant, so none always runs after the same neighbours.
-    """
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    samples: dict[str, list[float]] = {v.name: [] for v in variants}
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task(title, total=(rounds + 1) * len(variants))
-        for r in range(rounds + 1):
-            start = (r - 1) * len(variants) // rounds if r else 0
-            for v in variants[start:] + variants[:start]:
-                what = f"round {r}/{rounds}" if r else "warm-up"
-                progress.update(task, description=f"{title}: {what}, {v.name}")
-                ms = v.per_step_ms(sync)
-                if r:
-                    samples[v.name].append(ms)
-                progress.advance(task)
-    return {name: statistics.median(values) for name, values in samples.items()}
-
-
-def paired_ratio(a: Callable[[Any], Any], b: Callable[[Any], Any], items: list, rounds: int,
-                 sync: Callable[[], None]) -> float:
-    """Median over ROUNDS (after one untimed) of A's host time / B's, called alternately on ITEMS.
-
-    Two variants measured one after the other may see different machine states (memory the
-    first one freed, a host's speed drifting); alternating call by call, and which of the two
-    goes first, gives both the same. For calls that only enqueue work.
-    """
-    clock = time.perf_counter
-    ratios = []
-    for r in range(rounds + 1):
-        spent = {a: 0.0, b: 0.0}
-        for i, item in enumerate(items):
-            first, second = (a, b) if i % 2 == 0 else (b, a)
-            t0 = clock()
-            x = first(item)
-            t1 = clock()
-            y = second(item)
-            t2 = clock()
-            del x, y  # freed outside the timed calls
-            spent[first] += t1 - t0
-            spent[second] += t2 - t1
-        sync()
-        if r:
-            ratios.append(spent[a] / spent[b])
-    return statistics.median(ratios)
-
-
-def plot(result: BenchResult, path: str) -> None:
-    """Draw step time per variant as horizontal bars into PATH; a note instead if matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        result.notes.append(f"--plot {path}: matplotlib is not installed (pip install matplotlib); no plot drawn")
-        return
-    rows = [r for r in result.rows if r.unit == result.rows[0].unit]
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.5))
-    names = [r.variant for r in rows][::-1]
-    values = [r.value for r in rows][::-1]
-    colors = ["tab:green" if n.startswith(("torchplace", "ideal")) else "tab:gray" for n in names]
-    ax.barh(names, values, color=colors)
-    for y, value in enumerate(values):
-        ax.text(value, y, f" {value:.4g}", va="center", fontsize=8)
-    ax.set_xlabel(rows[0].unit)
-    ax.set_title(f"torchplace bench {result.name} ({result.params.get('device', '')})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    result.notes.append(f"plot written to {path}")
-
-
 def bulk_bandwidth(dev: Any, mib: int, env: Env) -> dict[str, float]:
     """GB/s of one large host->device copy: pageable, pinned non_blocking, and to_device of each."""
     import torch
@@ -363,23 +148,8 @@ def bulk_bandwidth(dev: Any, mib: int, env: Env) -> dict[str, float]:
             "to_device(pageable)": lambda: to_device(src, dev),
             "to_device(pinned)": lambda: to_device(pinned, dev)}
     iters = 3 if mib >= 512 else 10
-    return {name: _gbps(nbytes, statistics.median(_timed(fn, env.sync, iters))) for name, fn in ways.items()}
-
-
-def _timed(fn: Callable[[], Any], sync: Callable[[], None], iters: int) -> list[float]:
-    fn()
-    sync()
-    out = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        fn()
-        sync()
-        out.append((time.perf_counter() - start) * 1e3)
-    return out
-
-
-def _gbps(nbytes: int, ms: float) -> float:
-    return nbytes / (ms * 1e-3) / 1e9 if ms and ms == ms else float("nan")
+    return {name: gbps(nbytes, statistics.median(time_host(fn, warmup=1, iters=iters, sync=env.sync)))
+            for name, fn in ways.items()}
 
 
 def _tensors(batch: Any) -> list:
@@ -394,11 +164,3 @@ def _dict_to(batch: dict, dev: Any, non_blocking: bool) -> dict:
     """What users write by hand: a comprehension per level of their own batch layout."""
     return {"inputs": {k: v.to(dev, non_blocking=non_blocking) for k, v in batch["inputs"].items()},
             "targets": [t.to(dev, non_blocking=non_blocking) for t in batch["targets"]], "meta": batch["meta"]}
-
-
-def _accelerate_send() -> Callable[..., Any] | None:
-    try:
-        from accelerate.utils import send_to_device
-    except ImportError:
-        return None
-    return send_to_device
