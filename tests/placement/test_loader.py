@@ -125,18 +125,27 @@ def test_a_users_own_iterator_is_not_closed_under_them():
 
 
 def test_the_worker_never_runs_more_than_prefetch_ahead():
-    pulled = []
+    """The worker pulls batch k only once the loop has asked for batch k - PREFETCH; before each
+    next() the test waits until it got that far, so every pull happens at the limit."""
+    prefetch, n, lock = 3, 12, threading.Condition()
+    asked = 0  # next() calls the loop has begun
+    asked_at_pull: list[int] = []
 
     def source():
-        for i in range(50):
-            pulled.append(i)
+        for _ in range(n):
+            with lock:
+                asked_at_pull.append(asked)
+                lock.notify_all()
             yield torch.ones(1)
 
-    it = iter(tp.DeviceLoader(source(), "meta", prefetch=3, background=True))
-    next(it)
-    time.sleep(0.3)  # let the worker run as far ahead as it may
-    assert len(pulled) <= 1 + 3
+    it = iter(tp.DeviceLoader(source(), "meta", prefetch=prefetch, background=True))
+    for _ in range(n):
+        with lock:  # the timeout only guards against a hang
+            assert lock.wait_for(lambda: len(asked_at_pull) >= min(asked + prefetch, n), timeout=60)
+            asked += 1
+        next(it)
     it.close()
+    assert [k + 1 <= seen + prefetch for k, seen in enumerate(asked_at_pull)] == [True] * n, asked_at_pull
 
 
 def test_len_of_an_unsized_loader_explains_itself():
@@ -366,12 +375,11 @@ def test_the_worker_stages_batch_i_only_after_the_device_reached_batch_i_minus_p
     log: list = []
     stager = FakeStager(log, prefetch=2)
     it = _BackgroundIter(iter(range(6)), True, stager, 2)
-    time.sleep(0.2)
-    assert stager.staged == 2  # nothing handed out yet: two ahead, no more
     out = list(it)
     assert out == [("b", i) for i in range(6)]
-    for i in range(2, 6):  # stage i comes after the worker waited for started-(i-2)
-        assert log.index(("sync", f"started-{i - 2}")) < log.index(("stage", i))
+    for i in range(2, 6):  # the loop took batch i-2, then the worker waited for it, then staged batch i
+        handed = log.index(("record", f"started-{i - 2}", stager.consumer))
+        assert handed < log.index(("sync", f"started-{i - 2}")) < log.index(("stage", i))
 
 
 # --- packing layouts and the parallel host copy -------------------------------------------------

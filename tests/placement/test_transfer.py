@@ -13,10 +13,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch_calls import RecordStreamCalls  # tests/torch_calls.py (pythonpath = tests)
 
 import torchplace as tp
 from torchplace.errors import DeviceError
-from torchplace.placement.transfer import _dense, _Mover, target_device
+from torchplace.placement.transfer import _dense, _Mover, record_stream, target_device
 from torchplace.placement.traverse import map_tensors
 
 
@@ -118,6 +119,25 @@ def test_values_round_trip_through_the_same_traversal():
         assert torch.equal(a, b) and a is not b
     mask, copied_mask = batch["frozen"].mask, copied["frozen"].mask
     assert copied_mask is not mask and torch.equal(copied_mask, mask)
+
+
+def test_record_stream_reaches_every_nested_device_tensor():
+    """Each device tensor at any depth is marked once with the stream (torchtnt's helper missed
+    nested ones), inside objects with their own .to() too; host tensors are left alone."""
+    batch = tp.to_device(nested(), "meta")  # meta: a device other than the host, on any machine
+    packed = torch.nn.utils.rnn.pack_sequence([torch.ones(3, 2), torch.ones(2, 2)])
+    batch["packed"] = torch.nn.utils.rnn.PackedSequence(packed.data.to("meta"), packed.batch_sizes)
+    batch["host"] = [torch.ones(2)]
+    stream = torch.Stream(device="cpu")
+    with RecordStreamCalls(run=False) as calls:
+        record_stream(batch, stream)
+    on_device = [t for t in leaves(batch) if t.device.type == "meta"]
+    assert len(on_device) == 13 + 1  # nested()'s tensors and the packed data; not batch_sizes or host
+    assert [id(t) for t, _ in calls.marked] == [id(t) for t in on_device]
+    assert all(s is stream for _, s in calls.marked)
+    deep = [batch["default"]["a"][0], batch["named"].image, batch["frozen"].mask, batch["slots"].x,
+            batch["tagged"]["ids"], batch["rows"][0], batch["packed"].data]
+    assert all(any(t is m for m, _ in calls.marked) for t in deep)
 
 
 def test_nothing_to_move_returns_the_very_same_object():

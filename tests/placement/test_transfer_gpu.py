@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import torch
+from torch_calls import RecordStreamCalls  # tests/torch_calls.py (pythonpath = tests)
 
 import torchplace as tp
 from torchplace.placement.transfer import pin, pin_tensor, record_stream
@@ -95,10 +96,19 @@ def test_pin_tensor_keeps_dense_layouts_and_pins():
 
 
 def test_record_stream_reaches_nested_tensors():
+    """Every nested tensor, dataclass fields (an init=False one too) and defaultdict items
+    included, is marked once with the side stream; torch's own call runs for each."""
     side = torch.cuda.Stream()
     batch = tp.to_device(nested(), "cuda:0")
-    record_stream(batch, side)  # no error on any nested tensor, including dataclass fields
+    with RecordStreamCalls() as calls:
+        record_stream(batch, side)
     torch.cuda.synchronize()
+    expected = flat(batch)
+    assert len(expected) == 8
+    assert [id(t) for t, _ in calls.marked] == [id(t) for t in expected]
+    assert all(s == side for _, s in calls.marked)
+    deep = [batch["dd"]["k"][0], batch["pair"].a, batch["frozen"].mask, batch["od"]["a"]]
+    assert all(any(t is m for m, _ in calls.marked) for t in deep)
 
 
 @pytest.mark.multigpu
