@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from .checks.strict_config import should_raise
 from .errors import DeviceError, PrecisionError, PrecisionWarning
+from .hardware.accelerator import accelerator
 from .policy.precision import (PRECISION_ENV, PrecisionPlan, capability_label, decide_cpu, decide_cuda, decide_other,
                                decide_rocm, normalize_dtype)
 
@@ -157,8 +158,7 @@ class PrecisionPolicy:
         if kind == "cuda":
             available = torch.cuda.is_available()
         else:
-            accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-            available = accelerator is not None and accelerator.type == kind
+            available = accelerator()[0] == kind
         if not available:
             made = f" (computed from compute capability {capability_label(self.capability)})" if self.capability else ""
             raise DeviceError(f"The precision policy for {self.device}{made} cannot enter autocast: this "

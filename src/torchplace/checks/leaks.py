@@ -27,6 +27,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import DeviceLeakError
+from ..hardware.accelerator import accelerator_type
 from ..placement import scope
 from ..placement.scope import DeviceLeakWarning, current_index, leak_message
 from . import deferred
@@ -75,7 +76,7 @@ def patches() -> list[tuple[Any, str, Callable[[Callable[..., Any]], Callable[..
     if hasattr(torch._C, "_cuda_setDevice"):  # below torch.cuda.set_device (which guard wraps)
         out.append((torch._C, "_cuda_setDevice", lambda f: _wrap_index(f, lambda: "cuda")))
     if hasattr(torch._C, "_accelerator_setDeviceIndex"):
-        out.append((torch._C, "_accelerator_setDeviceIndex", lambda f: _wrap_index(f, _accelerator_type)))
+        out.append((torch._C, "_accelerator_setDeviceIndex", lambda f: _wrap_index(f, accelerator_type)))
     return out
 
 
@@ -144,19 +145,10 @@ def next_seq() -> int:
 
 def _kinds() -> list[str]:
     kinds = [DEFAULT, "cuda"]
-    accel = _accelerator_type()
+    accel = accelerator_type()
     if accel and accel not in kinds:
         kinds.append(accel)
     return kinds
-
-
-def _accelerator_type() -> str | None:
-    acc = getattr(torch, "accelerator", None)
-    try:
-        found = acc.current_accelerator() if acc is not None else None
-    except Exception:
-        return None
-    return found.type if found is not None else None
 
 
 def _same(kind: str, now: Any, before: Any) -> bool:

@@ -23,9 +23,9 @@ def run(args: argparse.Namespace) -> int:
     rows = [s for s in leases.list() if args.all or s.held]
     gpus = {}
     if not args.no_gpu_names:
-        from ..distributed.pick import load_topology
+        from ..hardware.topology import load_topology
 
-        gpus = {g.uuid: g for g in load_topology(args.snapshot).gpus}
+        gpus = {g.uuid: g for g in load_topology(args.snapshot, links=False, details=False).gpus}
     records = []
     for status in rows:
         gpu = gpus.get(status.uuid)

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import DistributedError
+from ..hardware.accelerator import accelerator
 from ..hardware.launch_env import LaunchEnv, check, read_launch_env
 from .failures import explain, explained
 from .health import HealthReport, StragglerReport, health_check, stragglers
@@ -157,7 +158,7 @@ def _adopt(device: str | torch.device | None, environ: Mapping[str, str]) -> Dis
     launch = read_launch_env(environ)
     rank, world = dist.get_rank(), dist.get_world_size()
     backend = str(dist.get_backend())
-    kind, count = _accelerator()
+    kind, count = accelerator()
     if device is not None:
         dev = torch.device(device)
     elif kind is not None and count and any(name in backend for name in _ACCELERATOR_BACKENDS.values()):
@@ -180,17 +181,6 @@ def _adopt(device: str | torch.device | None, environ: Mapping[str, str]) -> Dis
     return STATE.info
 
 
-def _accelerator() -> tuple[str | None, int]:
-    """(device type, count) of this build's accelerator, or (None, 0)."""
-    acc = getattr(torch, "accelerator", None)
-    if acc is not None and acc.is_available():
-        kind = acc.current_accelerator().type
-        return kind, int(acc.device_count())
-    if torch.cuda.is_available():
-        return "cuda", torch.cuda.device_count()
-    return None, 0
-
-
 def _visible_summary(environ: Mapping[str, str]) -> str:
     try:
         from ..hardware.visible import map_visible
@@ -205,7 +195,7 @@ def _choose_device(device: str | torch.device | None, launch: LaunchEnv, local_r
     """This rank's device, checked against what is visible, and made current."""
     lrank_var = "SLURM_LOCALID" if launch.launcher == "slurm" else "LOCAL_RANK"
     if device is None:
-        kind, count = _accelerator()
+        kind, count = accelerator()
         if kind is None or count == 0:
             return torch.device("cpu")
         if local_rank is None:
@@ -224,7 +214,7 @@ def _choose_device(device: str | torch.device | None, launch: LaunchEnv, local_r
         dev = torch.device(device)
         if dev.type == "cpu":
             return torch.device("cpu")
-        kind, count = _accelerator()
+        kind, count = accelerator()
         if kind != dev.type:
             raise DistributedError(f"device={str(device)!r} was asked for, but this torch build sees "
                                    f"{'no accelerator' if kind is None else kind + ' devices'}. Fix: "

@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..errors import LeaseError
-from ..hardware.topology import GpuRecord, Topology
-from .lease import Holder, Lease, LeaseDir
+from ..hardware.topology import GpuRecord, Topology, load_topology
 from ..units import format_bytes, parse_duration, parse_size
+from .lease import Holder, Lease, LeaseDir
 
 FREE_MEMORY_STEP = 4 * 2**30  # free memory within one step counts as equal
 UTILIZATION_STEP = 10  # percent
@@ -131,17 +131,6 @@ class Picked:
 
 
 # --------------------------------------------------------------------------- facts
-
-
-def load_topology(snapshot: str | os.PathLike[str] | None = None) -> Topology:
-    """The GPUs of this machine from NVML, or of a snapshot file. Never starts CUDA."""
-    if snapshot is not None:
-        from ..hardware.topology import load_snapshot
-
-        return Topology.from_dict(load_snapshot(snapshot), source=str(snapshot))
-    from ..hardware.topology import read_topology
-
-    return read_topology(links=False, details=False)
 
 
 def _my_user() -> str | None:
@@ -333,7 +322,7 @@ def pick(count: int | str = 1, *, gpus: Sequence[int | str] | None = None,
     notify = on_wait or (lambda text: print(f"torchplace: {text}", file=sys.stderr, flush=True))
     last_reasons, delay = None, 0.05
     while True:
-        topo = topology if topology is not None else load_topology(snapshot)
+        topo = topology if topology is not None else load_topology(snapshot, links=False, details=False)
         if not topo.gpus:
             why = f" ({topo.nvml_error})" if topo.nvml_error else ""
             raise LeaseError(f"No GPUs to pick from in {topo.source}{why}. Fix: check the driver with "

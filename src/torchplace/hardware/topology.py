@@ -186,6 +186,16 @@ def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
+def load_topology(snapshot: str | os.PathLike[str] | None = None, *, links: bool = True,
+                  details: bool = True) -> Topology:
+    """The GPUs of a snapshot file, or of this machine from NVML (`links`, `details`: see read_topology).
+
+    The one way to get a topology from either source; never starts CUDA."""
+    if snapshot is not None:
+        return Topology.from_dict(load_snapshot(snapshot), source=str(snapshot))
+    return read_topology(links=links, details=details)
+
+
 # --------------------------------------------------------------------------- live reading
 
 _COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}

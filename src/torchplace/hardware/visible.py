@@ -287,9 +287,6 @@ def _hex_of(uuid: str) -> str:
 
 def visible_devices(value: Any = ENV, snapshot: str | None = None) -> VisibleMap:
     """Public helper: the visible map for this machine (or a snapshot file), never starting CUDA."""
-    topology = None
-    if snapshot is not None:
-        from .topology import load_snapshot
+    from .topology import load_topology
 
-        topology = Topology.from_dict(load_snapshot(snapshot), source=str(snapshot))
-    return map_visible(value, topology)
+    return map_visible(value, load_topology(snapshot, links=False))

@@ -16,6 +16,7 @@ import torch
 
 from ..errors import DeviceError
 from ..hardware import launch_env
+from ..hardware.accelerator import accelerator
 from ..hardware.topology import Topology
 from ..hardware.visible import VisibleMap, map_visible
 
@@ -45,12 +46,9 @@ class Machine:
         has_cuda = torch.backends.cuda.is_built() if hasattr(torch.backends, "cuda") else False
         notes: list[str] = []
         count = cuda_device_count(visible, notes) if has_cuda else 0
-        accel, accel_count = None, 0
-        acc_mod = getattr(torch, "accelerator", None)
-        if acc_mod is not None and acc_mod.is_available():
-            acc = acc_mod.current_accelerator()
-            if acc is not None and acc.type != "cuda":
-                accel, accel_count = acc.type, acc_mod.device_count()
+        accel, accel_count = accelerator()
+        if accel == "cuda":
+            accel, accel_count = None, 0
         current = torch.cuda.current_device() if count and torch.cuda.is_initialized() else None
         return cls(count, visible, has_cuda, launch_env.local_rank(), accel, accel_count, current, notes)
 
