@@ -43,8 +43,8 @@ _EXPORTS: dict[str, str] = {
     "watch": "torchplace.checks.watch",
     "explain": "torchplace.checks.explain",
     # checkpoints (issue 5)
-    "save": "torchplace.checkpoint.api",
-    "load": "torchplace.checkpoint.api",
+    "save": "torchplace.checkpoint.saving",
+    "load": "torchplace.checkpoint.loading",
     # many GPUs (issue 6)
     "pick": "torchplace.distributed.pick",
     # policies (issue 7)

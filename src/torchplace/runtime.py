@@ -19,7 +19,7 @@ import torch
 from .hardware.launch_env import read_launch_env
 
 if TYPE_CHECKING:
-    from .checkpoint.api import Checkpoint
+    from .checkpoint.loading import Checkpoint
     from .checks.explain import Explanation
     from .distributed.group_state import DistInfo
     from .placement.loader import DeviceLoader
@@ -76,13 +76,13 @@ class Runtime:
 
     def save(self, path: str | os.PathLike[str], **state: Any) -> Path:
         """`torchplace.save` (atomic; only rank 0 writes under torchrun)."""
-        from .checkpoint.api import save
+        from .checkpoint.saving import save
 
         return save(path, **state)
 
     def load(self, path: str | os.PathLike[str], **kwargs: Any) -> Checkpoint:
         """`torchplace.load` onto this runtime's device."""
-        from .checkpoint.api import load
+        from .checkpoint.loading import load
 
         kwargs.setdefault("device", self.device)
         return load(path, **kwargs)

@@ -22,7 +22,8 @@ from torch import nn
 
 import torchplace
 from torchplace.checkpoint.codec import TensorRef
-from torchplace.checkpoint.distributed import SIDE_FILE, read_dcp_metadata
+from torchplace.checkpoint.dcp_reader import read_dcp_metadata
+from torchplace.checkpoint.distributed import SIDE_FILE
 from torchplace.checkpoint.fileio import write_file
 from torchplace.cli import main as cli_main
 from torchplace.runtime import setup

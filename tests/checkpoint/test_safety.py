@@ -11,7 +11,7 @@ import torch
 
 import torchplace
 from torchplace.checkpoint import convert, inspect
-from torchplace.checkpoint.distributed import read_dcp_metadata
+from torchplace.checkpoint.dcp_reader import read_dcp_metadata
 
 
 class Payload:

@@ -37,7 +37,8 @@ FIX_COMPLETE = "Fix: check that the file is complete (compare its size with the 
 
 def sniff(path: Path) -> str:
     """What PATH is: safetensors (torchplace's too), torch-zip, torch-pickle, dcp, accelerate, or unknown."""
-    from .distributed import SIDE_FILE, is_dcp_dir
+    from .dcp_reader import is_dcp_dir
+    from .distributed import SIDE_FILE
 
     if path.is_dir():
         if is_dcp_dir(path):

@@ -17,7 +17,8 @@ import torch
 
 from ..errors import CheckpointError
 from . import codec, foreign
-from .distributed import SIDE_FILE, read_dcp_metadata
+from .dcp_reader import read_dcp_metadata
+from .distributed import SIDE_FILE
 from .format import Header, dtype_name, open_for_read, read_header
 from .stream import verify_data
 

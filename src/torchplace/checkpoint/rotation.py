@@ -182,7 +182,8 @@ def _order(path: Path, rotation_only: bool) -> tuple[bool, int, float] | None:
     """Where PATH's torchplace header places it (newer sorts higher): (has a sequence, sequence, creation
     time when it has none), or None when PATH is not a complete one (or, with ROTATION_ONLY, not one saved
     with keep_last / latest=True)."""
-    from .distributed import SIDE_FILE, is_dcp_dir
+    from .dcp_reader import is_dcp_dir
+    from .distributed import SIDE_FILE
 
     probe = path / SIDE_FILE if is_dcp_dir(path) else path
     try:

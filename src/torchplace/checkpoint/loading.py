@@ -1,19 +1,14 @@
-"""`torchplace.save` and `torchplace.load`: checkpoints that load anywhere and never tear.
+"""`torchplace.load`: checkpoints that load anywhere.
 
-    torchplace.save("ckpt/step-000300.safetensors", model=model, optimizer=opt, scheduler=sched,
-                    scaler=scaler, extra={"step": 300}, keep_last=3)
     ck = torchplace.load("ckpt", device="cuda:0", model=model, optimizer=opt, scheduler=sched,
                          scaler=scaler)   # the newest complete checkpoint in ckpt/
     step = ck.extra["step"]
 
-Save writes model weights (unwrapped: no `module.` / `_orig_mod.`, not even from compiled
-submodules, with the modules' versions), optimizer, scheduler,
-scaler, RNG states, extras and metadata as one safetensors-compatible file, atomically, with
-checksums. Load puts every tensor straight onto the device it will live on (any device, with or
-without a GPU), fills the objects it is given (model first, then the optimizer so its state lands
-with its parameters), restores the RNG states that make sense here, and never runs code from the
-file unless told to trust it. In a process group only rank 0 writes; sharded models go through
-torch.distributed.checkpoint (see `distributed`).
+Load puts every tensor straight onto the device it will live on (any device, with or without a
+GPU), fills the objects it is given (model first, then the optimizer so its state lands with its
+parameters), restores the RNG states that make sense here, and never runs code from the file
+unless told to trust it. It reads torchplace's files, sharded folders (torch.distributed.checkpoint)
+and other tools' checkpoints (foreign.py). Writing one is saving.py.
 """
 
 from __future__ import annotations
@@ -29,15 +24,13 @@ from torch import nn
 
 from ..errors import CheckpointError
 from . import distributed as tpdist
-from . import foreign, rng
-from .fileio import read_file, write_file
+from . import foreign, keymap, rng
+from .dcp_reader import is_dcp_dir
+from .fileio import read_file
 from .format import read_header
 from .reading import Read, place_optimizer_state, read_any
-from .rotation import POINTER, check_name, check_pointer_slot, complete_checkpoints, is_pointer, next_sequence, rotate
-from . import keymap
-from .state_dicts import clean_state, module_device, saved_versions, state_of, unwrap, versions_of
-
-RESERVED = ("model", "optimizer", "scheduler", "scaler", "extra", "rng")
+from .rotation import POINTER, complete_checkpoints, is_pointer
+from .state_dicts import module_device, saved_versions, unwrap, versions_of
 
 
 @dataclass
@@ -81,127 +74,6 @@ def _resolve(device: Any) -> torch.device | None:
     from ..placement.resolve import device as resolve_device
 
     return resolve_device(device)
-
-
-def _primary_device(model: Any, tree: dict[str, Any]) -> str:
-    if isinstance(model, nn.Module):
-        return str(module_device(model))
-    for value in (tree.get("model") or {}).values():
-        if isinstance(value, torch.Tensor):
-            return str(value.device)
-    return "cpu"
-
-
-def _type_name(obj: Any) -> str:
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"
-
-
-def _collect(model: Any, optimizer: Any, scheduler: Any, scaler: Any, extra: Any,
-             more_state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    tree: dict[str, Any] = {}
-    objects: dict[str, str] = {}
-    for name, obj in (("model", model), ("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler)):
-        if obj is not None:
-            tree[name] = state_of(obj, name)
-            if name == "model":  # a state dict given as such: cleaned like a module's own
-                tree[name] = clean_state(tree[name])
-            objects[name] = _type_name(unwrap(obj) if isinstance(obj, nn.Module) else obj)
-    if extra is not None:
-        if not isinstance(extra, Mapping):
-            raise TypeError(f"extra= must be a mapping (e.g. {{'step': 300}}), not {type(extra).__name__}")
-        tree["extra"] = dict(extra)
-    for name, obj in more_state.items():
-        stateful = not isinstance(obj, (Mapping, torch.Tensor)) and callable(getattr(obj, "state_dict", None))
-        tree[name] = state_of(obj, name) if stateful else obj
-        if stateful:
-            objects[name] = _type_name(obj)
-    return tree, objects
-
-
-def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] | None = None,
-         optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
-         extra: Mapping[str, Any] | None = None, keep_last: int | None = None, latest: bool = False,
-         rng_state: bool = True, allow_pickle: bool = False, **more_state: Any) -> Path:
-    """Save what is needed to resume training to PATH, atomically; return PATH.
-
-    model, optimizer, scheduler, scaler: the objects (or their state dicts). extra: plain data
-    (numbers, strings, lists, dicts, tensors) such as the step or a config. **more_state: more
-    named objects with state_dict() (an EMA model, a data sampler) or plain values; `load` gives
-    them back by name. rng_state: also save the Python, numpy, CPU and CUDA generator states.
-    keep_last=N: also update the directory's `latest` pointer and delete all but the newest N
-    checkpoints saved this way (latest=True updates the pointer and keeps all); these carry a
-    sequence number that orders them, never the clock. The name `latest` is reserved for the
-    pointer. allow_pickle: store values that only pickle can (loading them will need trust_pickle=True).
-
-    Raises CheckpointError if the file cannot be written completely (full disk, read-only or
-    missing directory), if PATH is named `latest`, or if rotation would replace a `latest` that is
-    not a pointer; the previous file at PATH is then untouched. In a process group every
-    rank must call save; rank 0 writes and every rank returns only once the file is complete.
-    """
-    bad = [k for k in more_state if k in RESERVED]
-    if bad:
-        raise TypeError(f"save() got {bad[0]!r} as named state; that name is reserved. Use another name.")
-    if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
-        raise ValueError(f"keep_last={keep_last!r}: keep at least 1 checkpoint (or None to keep all).")
-    target = Path(path)
-    check_name(target)  # the pointer's name: a checkpoint saved there would be overwritten by it
-    _, world_size = tpdist.world()
-    rotate_after = keep_last is not None or latest
-    rng_tree: Any = rng.capture() if rng_state else None
-    if world_size > 1 and rng_state:
-        rng_tree = {"per_rank": tpdist.gather(rng_tree)}
-    info = {"world_size": world_size, "rotation": rotate_after}
-
-    def series() -> dict[str, Any]:
-        """On the writing rank, before anything is written: the rotation series' next sequence number."""
-        if not rotate_after:
-            return {}
-        check_pointer_slot(target.parent)
-        return {"sequence": next_sequence(target.parent)}
-
-    if isinstance(model, nn.Module) and tpdist.is_sharded(model):
-        def write_side(side: Path, skeleton: dict[str, Any]) -> None:
-            tree, objects = _collect(None, None, scheduler, scaler, extra, more_state)
-            tree.update(skeleton)
-            if rng_tree is not None:
-                tree["rng"] = rng_tree
-            write_file(side, tree, allow_pickle=allow_pickle,
-                       info={**info, **series(), "sharded": True,
-                             "objects": {**objects, "model": _type_name(unwrap(model))},
-                             "primary_device": str(module_device(model))})
-
-        tpdist.save_sharded(target, model, optimizer, write_side)
-        if rotate_after:
-            tpdist.on_rank0(lambda: rotate(target, keep_last), target)
-        return target
-
-    def write() -> Path:
-        tree, objects = _collect(model, optimizer, scheduler, scaler, extra, more_state)
-        if rng_tree is not None:
-            tree["rng"] = rng_tree
-        meta = {**info, **series(), "objects": objects, "primary_device": _primary_device(model, tree),
-                **_versions_info(tree)}
-        write_file(target, tree, info=meta, allow_pickle=allow_pickle)
-        if rotate_after:
-            rotate(target, keep_last)
-        return target
-
-    if world_size > 1:
-        tpdist.on_rank0(write, target)
-        return target
-    return write()
-
-
-def _versions_info(tree: dict[str, Any]) -> dict[str, Any]:
-    """The `_metadata` (module versions) of the model and of named modules in TREE, for the file's metadata:
-    JSON cannot hold it on the state dicts themselves."""
-    info: dict[str, Any] = {}
-    if tree.get("model") is not None:
-        info["module_versions"] = versions_of(tree["model"])
-    named = {k: versions_of(v) for k, v in tree.items() if k not in RESERVED and versions_of(v)}
-    if named:
-        info["named_versions"] = named
-    return info
 
 
 def _needs_pickle(path: Path) -> bool:
@@ -311,9 +183,9 @@ def _load_one(path: Path, *, dev: torch.device | None, model: nn.Module | None, 
               strict: bool, restore_rng: bool, trust_pickle: bool,
               read: Read | None = None) -> Checkpoint:
     optimizer = objects.get("optimizer")
-    if read is None and model is not None and tpdist.is_dcp_dir(path) and not (path / tpdist.SIDE_FILE).exists():
+    if read is None and model is not None and is_dcp_dir(path) and not (path / tpdist.SIDE_FILE).exists():
         read = tpdist.read_plain(path, model, optimizer, trust_pickle)  # written by torch alone: read via DCP, safely
-    if read is None and tpdist.is_dcp_dir(path):
+    if read is None and is_dcp_dir(path):
         ck = _load_dcp(path, model=model, optimizer=optimizer, trust_pickle=trust_pickle)
         rest = {k: v for k, v in objects.items() if k != "optimizer"}
         _apply(ck, model=None, objects=rest, strict=strict, foreign_file=False)
@@ -384,7 +256,7 @@ def load(path: str | os.PathLike[str], *, device: Any = None, model: nn.Module |
         return _load_one(where, dev=dev, model=model, objects=objects, strict=strict, restore_rng=restore_rng,
                          trust_pickle=trust_pickle, read=read)
 
-    if not target.is_dir() or tpdist.is_dcp_dir(target):
+    if not target.is_dir() or is_dcp_dir(target):
         return one(target)
     candidates = complete_checkpoints(target)
     if not candidates:
@@ -396,7 +268,7 @@ def load(path: str | os.PathLike[str], *, device: Any = None, model: nn.Module |
                               "checkpoint file, or at the directory you saved into with keep_last.")
     skipped: list[str] = []
     for candidate in candidates:
-        if tpdist.is_dcp_dir(candidate):
+        if is_dcp_dir(candidate):
             ck = one(candidate)
             ck.notes[:0] = pointed
             return ck

@@ -1,0 +1,251 @@
+"""Reading a torch.distributed.checkpoint (DCP) folder without running code from it.
+
+Safety: DCP keeps its metadata as a pickle and every non-tensor value as a torch.save pickle, and
+torch's own reader unpickles both without limits. torchplace reads `.metadata` with an unpickler
+that only builds DCP's own record classes, checks every record against the folder's real files,
+and reads the other pickles with torch.load(weights_only=True) (`SafeLoadPlanner`): no code from
+the files runs unless the caller passed trust_pickle=True.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import io
+import pickle
+import stat
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError
+from .codec import PICKLE_FIX
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """Builds only DCP's metadata records, torch sizes/dtypes and paths; refuses anything else."""
+
+    _EXACT = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+              ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
+              ("pathlib", "PureWindowsPath"), ("pathlib", "Path")}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self._EXACT:
+            return super().find_class(module, name)
+        value = getattr(torch, name, None) if module == "torch" else None
+        if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+            return value
+        if module.startswith("torch.distributed.checkpoint."):
+            obj = super().find_class(module, name)
+            if isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum)):
+                return obj
+        raise pickle.UnpicklingError(f"{module}.{name} is not a DCP metadata class")
+
+
+def is_dcp_dir(path: Path) -> bool:
+    """A folder with DCP's `.metadata` file."""
+    return path.is_dir() and (path / ".metadata").is_file()
+
+
+def read_dcp_metadata(path: Path) -> Any:
+    """DCP's metadata record of the checkpoint at PATH, read without running code."""
+    where = path / ".metadata"
+    with open(where, "rb") as fh:
+        try:
+            return _SafeUnpickler(fh).load()
+        except pickle.UnpicklingError as exc:
+            raise CheckpointError(f"{where} needs more than DCP's own records to load ({exc}); torchplace does not "
+                                  f"run code from checkpoints. {PICKLE_FIX}") from None
+        except (Exception, RecursionError) as exc:  # truncated or malformed: any error of the unpickler
+            raise CheckpointError(f"{where} cannot be read as DCP metadata ({type(exc).__name__}: "
+                                  f"{_first_line(exc)}). Fix: check that the checkpoint folder was copied "
+                                  "completely.") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def _nbytes(sizes: Any, dtype: Any) -> int:
+    numel = 1
+    for d in sizes:
+        numel *= int(d)
+    return numel * dtype.itemsize
+
+
+def check_storage(root: Path, metadata: Any) -> None:
+    """Refuse DCP metadata whose records point outside ROOT, past the end of a file, or at fewer
+    bytes than the tensors they declare; so reading costs no more memory than the files hold."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
+
+    where = root / ".metadata"
+    entries = getattr(metadata, "state_dict_metadata", None)
+    storage = getattr(metadata, "storage_data", None)
+    if not isinstance(entries, dict) or not isinstance(storage, dict):
+        raise CheckpointError(f"{where} lacks the entry and storage tables DCP writes. Fix: point at a folder "
+                              "written by torch.distributed.checkpoint.save.")
+    base = root.resolve()
+    sizes: dict[str, int] = {}
+    for index, info in storage.items():
+        rel, offset, length = (getattr(info, "relative_path", None), getattr(info, "offset", None),
+                               getattr(info, "length", None))
+        if not isinstance(rel, str) or not all(type(v) is int and v >= 0 for v in (offset, length)):
+            raise CheckpointError(f"{where}: the storage record of {getattr(index, 'fqn', index)!r} is malformed "
+                                  f"(file {rel!r}, offset {offset!r}, length {length!r}). Fix: re-save the checkpoint.")
+        if rel not in sizes:
+            file = root / rel
+            if Path(rel).is_absolute() or ".." in Path(rel).parts or not file.resolve().is_relative_to(base):
+                raise CheckpointError(f"{where} names {rel!r}, which is outside {root}; torchplace reads only the "
+                                      "checkpoint's own files. Fix: use a checkpoint folder as DCP writes it.")
+            try:
+                st = file.stat()
+            except OSError as exc:
+                raise CheckpointError(f"{where} names {rel!r}, which cannot be opened ({exc.strerror}). Fix: copy "
+                                      "the whole checkpoint folder.") from None
+            if not stat.S_ISREG(st.st_mode):
+                raise CheckpointError(f"{root / rel} is not a regular file. Fix: use a checkpoint folder as DCP "
+                                      "writes it.")
+            sizes[rel] = st.st_size
+        if offset + length > sizes[rel]:
+            raise CheckpointError(f"{root / rel} has {sizes[rel]} bytes, but {where} places "
+                                  f"{getattr(index, 'fqn', index)!r} at bytes {offset}..{offset + length}. "
+                                  "Fix: the file is truncated or the metadata is not its own; copy the folder again.")
+    total = 0
+    for fqn, md in entries.items():
+        if not isinstance(md, TensorStorageMetadata):
+            continue
+        dtype = getattr(md.properties, "dtype", None)
+        if not isinstance(dtype, torch.dtype) or not isinstance(md.size, torch.Size) or any(d < 0 for d in md.size):
+            raise CheckpointError(f"{where}: {fqn!r} declares a malformed tensor (dtype {dtype!r}, size "
+                                  f"{md.size!r}). Fix: re-save the checkpoint.")
+        total += _nbytes(md.size, dtype)
+        declared = sum(_nbytes(c.sizes, dtype) for c in md.chunks)
+        if declared < _nbytes(md.size, dtype):
+            raise CheckpointError(f"{where}: the chunks of {fqn!r} cover {declared} bytes of its "
+                                  f"{_nbytes(md.size, dtype)}. Fix: re-save the checkpoint.")
+        for chunk in md.chunks:
+            info = storage.get(MetadataIndex(fqn, chunk.offsets))
+            if info is None:
+                raise CheckpointError(f"{where}: a chunk of {fqn!r} (at {list(chunk.offsets)}) has no storage record. "
+                                      "Fix: copy the whole checkpoint folder.")
+            if not info.transform_descriptors and info.length < _nbytes(chunk.sizes, dtype):
+                raise CheckpointError(f"{root / info.relative_path}: {fqn!r} declares "
+                                      f"{_nbytes(chunk.sizes, dtype)} bytes but stores {info.length}. Fix: the "
+                                      "metadata is not this folder's own; copy the folder again.")
+    compressed = any(getattr(info, "transform_descriptors", None) for info in storage.values())
+    if not compressed and total > sum(sizes.values()):
+        raise CheckpointError(f"{where} declares {total} bytes of tensors, but its files hold {sum(sizes.values())}. "
+                              "Fix: the metadata is not this folder's own; copy the folder again.")
+
+
+def reader_classes() -> tuple[type, type]:
+    """(SafeReader, SafeLoadPlanner), built on first use so importing torchplace does not import DCP."""
+    global _CLASSES
+    if _CLASSES is not None:
+        return _CLASSES
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        """DCP's file reader, except that `.metadata` goes through torchplace's restricted unpickler
+        (unless trust_pickle) and its records are checked (`check_storage`) before anything is read.
+        Tensor items are read by DCP itself with torch.load(weights_only=True): no code runs."""
+
+        def __init__(self, root: Path, trust_pickle: bool) -> None:
+            super().__init__(str(root))
+            self.root, self.trust_pickle = root, trust_pickle
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            if self.trust_pickle:
+                metadata = super().read_metadata(*args, **kwargs)
+            else:
+                metadata = read_dcp_metadata(self.root)
+                if getattr(metadata, "storage_meta", None) is None:
+                    metadata.storage_meta = StorageMeta()
+                metadata.storage_meta.load_id = self.load_id
+            check_storage(self.root, metadata)
+            return metadata
+
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        """DCP's load planner, except that non-tensor (BYTE_IO) items never run code.
+
+        DCP stores each non-tensor value as a torch.save pickle, and DefaultLoadPlanner.load_bytes
+        reads it with torch.load(weights_only=False): any callable named in the file runs. Here they
+        are read with weights_only=True (torch's restricted unpickler: tensors, numbers, strings,
+        containers, no imports), which is all that model and optimizer state hold (param groups,
+        steps), so such folders still load; anything more is refused unless trust_pickle. A value
+        arriving in a slot that holds a tensor must be a tensor of that shape. Keys are used as given
+        (flatten_state_dict=False): callers pass flat DCP keys.
+        """
+
+        def __init__(self, root: Path, trust_pickle: bool) -> None:
+            super().__init__(flatten_state_dict=False)
+            self.root, self.trust_pickle = root, trust_pickle
+
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            fqn = read_item.dest_index.fqn
+            info = (getattr(self.metadata, "storage_data", None) or {}).get(read_item.storage_index)
+            where = self.root / info.relative_path if info is not None else self.root
+            try:
+                obj = torch.load(value, map_location="cpu", weights_only=not self.trust_pickle)
+            except pickle.UnpicklingError as exc:
+                first = next((ln.strip() for ln in str(exc).splitlines() if "Unsupported" in ln or "GLOBAL" in ln),
+                             "")
+                raise CheckpointError(f"{where}: the item {fqn!r} is a pickle that needs code from the file to load"
+                                      f"{f' ({first})' if first else ''}; torchplace does not run code from "
+                                      f"checkpoints by default. {PICKLE_FIX}") from None
+            except Exception as exc:
+                raise CheckpointError(f"{where}: the item {fqn!r} cannot be read ({_first_line(exc)}). Fix: check "
+                                      "that the checkpoint folder was copied completely.") from None
+            current = self.state_dict.get(fqn)
+            if isinstance(current, torch.Tensor):
+                if not isinstance(obj, torch.Tensor) or obj.shape != current.shape:
+                    got = f"a tensor of shape {list(obj.shape)}" if isinstance(obj, torch.Tensor) else \
+                        f"a {type(obj).__name__}"
+                    raise CheckpointError(f"{where}: the item {fqn!r} holds {got} where the model has a tensor of "
+                                          f"shape {list(current.shape)}. Fix: load it into the model it was saved "
+                                          "from.")
+                current.detach().copy_(obj)
+                return
+            self.state_dict[fqn] = obj
+            if fqn in self.original_state_dict:
+                self.original_state_dict[fqn] = obj
+
+    _CLASSES = (SafeReader, SafeLoadPlanner)
+    return _CLASSES
+
+
+_CLASSES: tuple[type, type] | None = None
+
+
+def dcp_load(root: Path, dest: dict[str, Any], trust_pickle: bool, single_process: bool) -> None:
+    """torch.distributed.checkpoint.load of ROOT into the flat dict DEST, with our reader and planner;
+    every failure becomes one CheckpointError (DCP wraps them in its own CheckpointException)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    reader_cls, planner_cls = reader_classes()
+    reader_cls(root, trust_pickle).read_metadata()  # its refusals raised as they are (DCP would bury them)
+    try:
+        with warnings.catch_warnings():  # one process: torch warns that it assumes exactly that
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            dcp.load(dest, storage_reader=reader_cls(root, trust_pickle), planner=planner_cls(root, trust_pickle),
+                     no_dist=single_process)
+    except CheckpointError:
+        raise
+    except CheckpointException as exc:
+        errors = [pair[0] if isinstance(pair, tuple) else pair for pair in exc.failures.values()]
+        ours = next((e for e in errors if isinstance(e, CheckpointError)), None)
+        if ours is not None:
+            raise ours from None
+        first = errors[0] if errors else exc
+        raise CheckpointError(f"{root} could not be read through torch.distributed.checkpoint "
+                              f"({type(first).__name__}: {_first_line(first)}). Fix: load it into the model (and "
+                              "optimizer) it was saved from.") from None
+    except (Exception, RecursionError) as exc:
+        raise CheckpointError(f"{root} could not be read through torch.distributed.checkpoint "
+                              f"({type(exc).__name__}: {_first_line(exc)}). Fix: load it into the model (and "
+                              "optimizer) it was saved from.") from None
