@@ -30,85 +30,33 @@ new file of the same name), so the trust model is:
 Who holds a lease is advisory: the holder writes ``<uuid>.holder.<uid>`` next to the lock (or
 ``<uuid>.holder.<uid>.<random>`` when another user took that name), readers trust a note only when
 its owner matches the uid in its name, and cross-check the pid with the kernel's /proc/locks.
+
+Here: `Lease`, `LeaseDir` (acquire, status, list) and this process's registry of its leases. The
+folder and lock-file checks are in `lease_folder.py`, the holder notes and /proc/locks in
+`lease_holders.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
-import json
 import os
-import pwd
-import re
-import secrets
-import stat
 import sys
 import threading
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import LeaseError
-from ..hardware.host import pid_exists
+from .lease_folder import (DEFAULT_LEASE_DIR, LEASE_DIR_ENV, LOCK_SUFFIX, lease_dir, lock_name, open_folder,
+                           open_lock, safe_uuid, still_named, user_name)
+from .lease_holders import HOLDER_INFIX, Holder, is_locked, now_iso, orphan_holder, read_holder, write_note
 
-LEASE_DIR_ENV = "TORCHPLACE_LEASE_DIR"
-DEFAULT_LEASE_DIR = "/tmp/torchplace-leases"
-_LOCK_SUFFIX = ".lock"
-_HOLDER_INFIX = ".holder."
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-_NOTE_TAIL = re.compile(r"^([0-9]{1,10})(?:\.[0-9a-f]{16})?$")  # "<uid>" or "<uid>.<random>"
-_ADMIN_FIX = "sudo install -d -m 1777 -o root -g root"
+__all__ = ["DEFAULT_LEASE_DIR", "LEASE_DIR_ENV", "Holder", "Lease", "LeaseDir", "LeaseStatus",
+           "held_by_this_process", "lease_dir", "release_all"]
 
 _registry_lock = threading.Lock()
 _held: dict[tuple[str, str], "Lease"] = {}  # (directory, uuid) -> lease held by this process
-
-
-def lease_dir(path: str | os.PathLike[str] | None = None) -> Path:
-    """The lease directory: `path`, else $TORCHPLACE_LEASE_DIR, else /tmp/torchplace-leases."""
-    return Path(path or os.environ.get(LEASE_DIR_ENV) or DEFAULT_LEASE_DIR)
-
-
-def _user(uid: int) -> str:
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid {uid}"
-
-
-def _lock_name(uuid: str) -> str:
-    if not _SAFE_NAME.match(uuid) or ".." in uuid:
-        raise LeaseError(f"GPU UUID {uuid!r} cannot name a lease file (letters, digits, '.', '_', "
-                         "':' and '-' only). Fix: pass the UUID NVML reports, e.g. 'GPU-5e3f...'.")
-    return uuid + _LOCK_SUFFIX
-
-
-def _now_iso() -> str:
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    return f"{stamp[:-2]}:{stamp[-2:]}"  # +0000 -> +00:00, as ISO 8601 writes it
-
-
-@dataclass(frozen=True)
-class Holder:
-    """Who holds a lease. Fields are None when unknown (another PID namespace, no holder file)."""
-
-    pid: int | None
-    user: str | None = None
-    uid: int | None = None
-    hostname: str | None = None
-    since: str | None = None
-    command: str | None = None
-    source: str = "holder file"  # or "/proc/locks" when only the kernel could say
-
-    def describe(self) -> str:
-        parts = [f"pid {self.pid}" if self.pid else "an unknown process"]
-        if self.user:
-            parts.append(f"user {self.user}")
-        if self.since:
-            parts.append(f"since {self.since}")
-        text = ", ".join(parts)
-        return f"{text} ({self.command})" if self.command else text
 
 
 @dataclass(frozen=True)
@@ -141,7 +89,7 @@ class Lease:
 
     @property
     def path(self) -> Path:
-        return self.directory / _lock_name(self.uuid)
+        return self.directory / lock_name(self.uuid)
 
     @property
     def active(self) -> bool:
@@ -204,149 +152,6 @@ class LeaseDir:
     def __init__(self, path: str | os.PathLike[str] | None = None):
         self.path = lease_dir(path)
 
-    # ----------------------------------------------------------------- directory
-
-    @contextlib.contextmanager
-    def _open(self, create: bool = True) -> Iterator[int | None]:
-        """A descriptor of the checked directory (None when it does not exist and create=False)."""
-        created = False
-        real = self._check_parents()
-        if create:
-            try:
-                os.mkdir(real, 0o1777)
-                created = True
-            except FileExistsError:
-                pass
-            except OSError as exc:
-                raise LeaseError(
-                    f"Cannot create the lease directory {self.path}: {exc.strerror}. Fix: an admin "
-                    f"creates the shared one with `{_ADMIN_FIX} {self.path}`, or set {LEASE_DIR_ENV} "
-                    "to a directory of your own.") from None
-        try:
-            fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            if create:
-                raise
-            yield None
-            return
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise LeaseError(
-                    f"The lease directory {self.path} is not a directory (it is a symbolic link or a "
-                    "file). torchplace does not follow links there, because another user could point "
-                    f"it at files of yours. Fix: remove {self.path} (its owner or root) or set "
-                    f"{LEASE_DIR_ENV} to a real directory.") from None
-            raise LeaseError(f"Cannot open the lease directory {self.path}: {exc.strerror}. Fix: an "
-                             f"admin creates the shared one with `{_ADMIN_FIX} {self.path}`, or set "
-                             f"{LEASE_DIR_ENV} to a directory of your own.") from None
-        try:
-            st = os.fstat(fd)
-            if created and st.st_uid == os.getuid():
-                os.fchmod(fd, 0o1777)  # mkdir's mode was cut by the umask
-                st = os.fstat(fd)
-            self._check_dir(st)
-            yield fd
-        finally:
-            os.close(fd)
-
-    def _check_dir(self, st: os.stat_result) -> None:
-        mode = stat.S_IMODE(st.st_mode)
-        shared = bool(mode & (stat.S_IWGRP | stat.S_IWOTH))
-        if shared and not mode & stat.S_ISVTX:
-            raise LeaseError(
-                f"The lease directory {self.path} (owner {_user(st.st_uid)}, mode {mode:o}) can be "
-                "written by other users but lacks the sticky bit, so anyone could delete or replace "
-                f"other users' leases. Fix: `chmod 1777 {self.path}` (its owner or root), or set "
-                f"{LEASE_DIR_ENV} to another directory.")
-        if not shared and st.st_uid not in (0, os.getuid()):
-            # a private directory of someone else: we could not add leases there anyway
-            raise LeaseError(
-                f"The lease directory {self.path} belongs to {_user(st.st_uid)} (mode {mode:o}) and "
-                f"only they can add leases there. Fix: an admin replaces it with one made by "
-                f"`{_ADMIN_FIX} {self.path}`, or set {LEASE_DIR_ENV} to a directory of your own.")
-        if st.st_uid not in (0, os.getuid()):
-            raise LeaseError(
-                f"The lease directory {self.path} is owned by {_user(st.st_uid)} (mode {mode:o}), "
-                f"neither root nor you ({_user(os.getuid())}). The owner of a shared folder may "
-                "unlink other users' lease files, and then two jobs are handed the same GPU, so "
-                "torchplace trusts a shared lease folder only if root made it. Fix: an admin removes "
-                f"it and runs `{_ADMIN_FIX} {self.path}`, or set {LEASE_DIR_ENV} to a directory of "
-                "your own (then only your jobs see your leases).")
-
-    def _check_parents(self) -> Path:
-        """The directory's path with its parent resolved, after checking that no other user can
-        rename or replace a folder on the way (each is root's or ours, and sticky if others may
-        write it). The last component is not resolved: a symbolic link there is refused."""
-        parent = Path(os.path.realpath(self.path.parent))
-        for folder in (parent, *parent.parents):
-            try:
-                st = os.stat(folder)
-            except OSError:
-                continue  # missing: creating or opening the directory fails with its own message
-            mode = stat.S_IMODE(st.st_mode)
-            if st.st_uid not in (0, os.getuid()):
-                why = f"belongs to {_user(st.st_uid)}"
-            elif mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
-                why = "other users may write without the sticky bit"
-            else:
-                continue
-            raise LeaseError(
-                f"The lease directory {self.path} is inside {folder} (owner {_user(st.st_uid)}, mode "
-                f"{mode:o}), which {why}: another user could rename the lease directory and put one "
-                "of their own in its place, and then two jobs are handed the same GPU. Fix: use a "
-                "lease directory whose parent folders only root or you can change, e.g. the default "
-                f"made by an admin with `{_ADMIN_FIX} {DEFAULT_LEASE_DIR}`, via {LEASE_DIR_ENV}.")
-        return parent / self.path.name
-
-    # ----------------------------------------------------------------- lease files
-
-    def _open_lock(self, dirfd: int, uuid: str, create: bool) -> int | None:
-        name = _lock_name(uuid)
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        fd = None
-        if create:
-            try:
-                fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dirfd)
-                os.fchmod(fd, 0o644)  # readable by all, whatever the umask: others lock it read-only
-            except FileExistsError:
-                fd = None
-            except PermissionError:
-                raise LeaseError(
-                    f"Cannot create the lease file {self.path / name}: permission denied. Fix: make "
-                    f"{self.path} writable by all users with the sticky bit (chmod 1777).") from None
-        if fd is None:
-            try:
-                fd = os.open(name, flags, dir_fd=dirfd)
-            except FileNotFoundError:
-                return None
-            except OSError as exc:
-                raise self._bad_file(dirfd, name, exc) from None
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            os.close(fd)
-            kind = "a regular file with other hard links" if stat.S_ISREG(st.st_mode) else "not a regular file"
-            raise LeaseError(
-                f"The lease file {self.path / name} is {kind} (owner {_user(st.st_uid)}); someone "
-                "may be using it to make torchplace touch another file. Refusing to use it. Fix: "
-                "its owner or root removes it.")
-        return fd
-
-    def _bad_file(self, dirfd: int, name: str, exc: OSError) -> LeaseError:
-        path = self.path / name
-        if exc.errno == errno.ELOOP:
-            try:
-                owner = _user(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_uid)
-            except OSError:
-                owner = "unknown"
-            return LeaseError(
-                f"The lease file {path} is a symbolic link (owner {owner}); torchplace does not "
-                "follow links in the lease directory, because another user could point one at your "
-                "files. Fix: its owner or root removes it.")
-        if exc.errno == errno.EACCES:
-            return LeaseError(f"Cannot open the lease file {path}: permission denied (it must be "
-                              f"readable by all users). Fix: its owner runs `chmod 644 {path}`.")
-        return LeaseError(f"Cannot open the lease file {path}: {exc.strerror}.")
-
     def try_acquire(self, uuid: str, *, command: str | None = None) -> Lease | None:
         """Lease GPU `uuid` to this process now, or return None when someone holds it.
 
@@ -356,9 +161,9 @@ class LeaseDir:
         with _registry_lock:
             if key in _held:
                 return None
-        with self._open(create=True) as dirfd:
+        with open_folder(self.path, create=True) as dirfd:
             assert dirfd is not None
-            fd = self._open_lock(dirfd, uuid, create=True)
+            fd = open_lock(self.path, dirfd, uuid, create=True)
             if fd is None:  # removed between create and open: treat as busy, the caller retries
                 return None
             try:
@@ -370,15 +175,15 @@ class LeaseDir:
             locked = (mine.st_dev, mine.st_ino)
             # the file we locked was unlinked or replaced, or a live holder still locks an older
             # file of this GPU that someone unlinked: either way, not a lease
-            if (not _names(dirfd, uuid, locked)
-                    or self._orphan_holder(dirfd, uuid, locked) is not None):
+            if (not still_named(dirfd, uuid, locked)
+                    or orphan_holder(dirfd, uuid, locked) is not None):
                 os.close(fd)
                 return None
-            holder = Holder(pid=os.getpid(), user=_user(os.getuid()), uid=os.getuid(),
-                            hostname=os.uname().nodename, since=_now_iso(),
+            holder = Holder(pid=os.getpid(), user=user_name(os.getuid()), uid=os.getuid(),
+                            hostname=os.uname().nodename, since=now_iso(),
                             command=(command or " ".join(sys.argv))[:300])
-            holder_file = self._write_holder(dirfd, uuid, holder, locked)
-            if not _names(dirfd, uuid, locked):  # unlinked while we wrote the note
+            holder_file = write_note(dirfd, uuid, holder, locked)
+            if not still_named(dirfd, uuid, locked):  # unlinked while we wrote the note
                 if holder_file:
                     with contextlib.suppress(OSError):
                         os.unlink(holder_file, dir_fd=dirfd)
@@ -389,196 +194,43 @@ class LeaseDir:
             _held[key] = lease
         return lease
 
-    def _write_holder(self, dirfd: int, uuid: str, holder: Holder, locked: tuple[int, int]) -> str | None:
-        """Write the holder note atomically: `<uuid>.holder.<uid>`, or a name with a random tail
-        when another user's file takes that one. None only when the directory refuses both."""
-        final = f"{uuid}{_HOLDER_INFIX}{os.getuid()}"
-        tmp = f".{final}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-        data = json.dumps({**asdict(holder), "since_epoch": time.time(),
-                           "lock_dev": locked[0], "lock_ino": locked[1]}).encode()
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o644, dir_fd=dirfd)
-            try:
-                os.fchmod(fd, 0o644)
-                os.write(fd, data)
-            finally:
-                os.close(fd)
-            try:
-                os.replace(tmp, final, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-            except PermissionError:  # another user's file has our name (sticky directory)
-                final = f"{final}.{secrets.token_hex(8)}"
-                os.replace(tmp, final, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-            return final
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dirfd)
-            return None
-
-    # ----------------------------------------------------------------- reading
-
     def status(self, uuid: str) -> LeaseStatus:
         """Whether GPU `uuid` is leased now and by whom; never takes the lease."""
-        path = str(self.path / _lock_name(uuid))
+        path = str(self.path / lock_name(uuid))
         with _registry_lock:
             mine = _held.get((str(self.path), uuid))
         if mine is not None and mine.active:
             return LeaseStatus(uuid, True, mine.holder, path, mine=True)
-        with self._open(create=False) as dirfd:
+        with open_folder(self.path, create=False) as dirfd:
             if dirfd is None:
                 return LeaseStatus(uuid, False, None, path)
-            fd = self._open_lock(dirfd, uuid, create=False)
+            fd = open_lock(self.path, dirfd, uuid, create=False)
             held, holder, named = False, None, None
             if fd is not None:
                 try:
-                    held, kernel_pid = _is_locked(fd)
+                    held, kernel_pid = is_locked(fd)
                     st = os.fstat(fd)
                     named = (st.st_dev, st.st_ino)
-                    holder = self._read_holder(dirfd, uuid, kernel_pid) if held else None
+                    holder = read_holder(dirfd, uuid, kernel_pid) if held else None
                 finally:
                     os.close(fd)
             if not held:  # the lock file may have been unlinked under a live holder
-                holder = self._orphan_holder(dirfd, uuid, named)
+                holder = orphan_holder(dirfd, uuid, named)
                 held = holder is not None
         return LeaseStatus(uuid, held, holder, path)
 
     def list(self) -> list[LeaseStatus]:
         """Every lease file in the directory, held or not, sorted by UUID; also GPUs whose lock
         file was unlinked while a live holder still locks it."""
-        with self._open(create=False) as dirfd:
+        with open_folder(self.path, create=False) as dirfd:
             if dirfd is None:
                 return []
             names = os.listdir(dirfd)
-        uuids = {n[: -len(_LOCK_SUFFIX)] for n in names if n.endswith(_LOCK_SUFFIX)}
-        noted = {n.partition(_HOLDER_INFIX)[0] for n in names if _HOLDER_INFIX in n} - uuids
-        statuses = [self.status(u) for u in sorted(uuids) if _SAFE_NAME.match(u) and ".." not in u]
-        statuses += [s for s in (self.status(u) for u in sorted(noted)
-                                 if _SAFE_NAME.match(u) and ".." not in u) if s.held]
+        uuids = {n[: -len(LOCK_SUFFIX)] for n in names if n.endswith(LOCK_SUFFIX)}
+        noted = {n.partition(HOLDER_INFIX)[0] for n in names if HOLDER_INFIX in n} - uuids
+        statuses = [self.status(u) for u in sorted(uuids) if safe_uuid(u)]
+        statuses += [s for s in (self.status(u) for u in sorted(noted) if safe_uuid(u)) if s.held]
         return sorted(statuses, key=lambda s: s.uuid)
-
-    def _notes(self, dirfd: int, uuid: str) -> list[tuple[float, Holder, tuple[int, int] | None]]:
-        notes = []
-        prefix = uuid + _HOLDER_INFIX
-        for name in os.listdir(dirfd):
-            tail = _NOTE_TAIL.match(name[len(prefix):]) if name.startswith(prefix) else None
-            note = _read_note(dirfd, name, tail.group(1)) if tail else None
-            if note is not None:
-                notes.append(note)
-        return notes
-
-    def _read_holder(self, dirfd: int, uuid: str, kernel_pid: int | None) -> Holder | None:
-        notes = [(t, h) for t, h, _ in self._notes(dirfd, uuid)]
-        if kernel_pid:
-            for _, holder in notes:
-                if holder.pid == kernel_pid:
-                    return holder
-            return _holder_from_pid(kernel_pid)
-        alive = [(t, h) for t, h in notes if h.pid and pid_exists(h.pid)]
-        return max(alive, key=lambda item: item[0])[1] if alive else None
-
-    def _orphan_holder(self, dirfd: int, uuid: str, named: tuple[int, int] | None) -> Holder | None:
-        """A live holder of `uuid` whose lock file was unlinked under it: a note of it names a
-        (device, inode) that is not the lock file `named` (nor any other lease file here) and
-        that the kernel shows locked. None when there is none."""
-        notes = [(h, lock) for _, h, lock in self._notes(dirfd, uuid) if lock is not None and lock != named]
-        if not notes:
-            return None
-        lease_files = set()
-        for name in os.listdir(dirfd):
-            if name.endswith(_LOCK_SUFFIX):
-                with contextlib.suppress(OSError):
-                    st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-                    lease_files.add((st.st_dev, st.st_ino))
-        for holder, (dev, ino) in notes:
-            if (dev, ino) in lease_files:  # the inode now belongs to another GPU's lease file
-                continue
-            pids = _proc_locks(dev, ino)
-            if pids or (pids is None and holder.pid and pid_exists(holder.pid)):
-                return holder
-        return None
-
-
-def _names(dirfd: int, uuid: str, locked: tuple[int, int]) -> bool:
-    """Whether the lease file's name still points at the file (device, inode) we locked."""
-    try:
-        now = os.stat(_lock_name(uuid), dir_fd=dirfd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return (now.st_dev, now.st_ino) == locked
-
-
-def _read_note(dirfd: int, name: str, uid_text: str) -> tuple[float, Holder, tuple[int, int] | None] | None:
-    """A holder note (when, who, the (device, inode) it locked), trusted only if the file's owner
-    is the uid its name claims."""
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or str(st.st_uid) != uid_text or st.st_size > 65536:
-            return None
-        raw = json.loads(os.read(fd, 65536).decode())
-        fields = {k: raw.get(k) for k in ("pid", "user", "uid", "hostname", "since", "command")}
-        if fields["uid"] != st.st_uid or not isinstance(fields["pid"], int):
-            return None
-        dev, ino = raw.get("lock_dev"), raw.get("lock_ino")
-        lock = (dev, ino) if type(dev) is int and type(ino) is int and dev >= 0 and ino > 0 else None
-        return float(raw.get("since_epoch") or 0), Holder(**fields), lock
-    except (OSError, ValueError, TypeError, AttributeError, RecursionError, OverflowError):
-        return None
-    finally:
-        os.close(fd)
-
-
-def _holder_from_pid(pid: int) -> Holder:
-    """What the OS says about a pid, when the holder left no note."""
-    try:
-        uid = os.stat(f"/proc/{pid}").st_uid
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            command = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:300] or None
-    except OSError:
-        return Holder(pid=pid, source="/proc/locks")
-    return Holder(pid=pid, user=_user(uid), uid=uid, command=command, source="/proc/locks")
-
-
-def _proc_locks(dev: int, ino: int) -> list[int] | None:
-    """Pids holding a flock on (dev, ino) per /proc/locks; None when it cannot be read."""
-    try:
-        text = Path("/proc/locks").read_text()
-    except OSError:
-        return None
-    want = f"{os.major(dev):02x}:{os.minor(dev):02x}:{ino}"
-    exact: list[int] = []
-    same_inode: list[int] = []  # overlayfs reports the upper layer's device in /proc/locks
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) < 6 or parts[1] != "FLOCK":  # "->" marks a waiter, not a holder
-            continue
-        try:
-            pid = int(parts[4])
-        except ValueError:
-            continue
-        if parts[5] == want:
-            exact.append(pid)
-        elif parts[5].rsplit(":", 1)[-1] == str(ino):
-            same_inode.append(pid)
-    return exact or same_inode
-
-
-def _is_locked(fd: int) -> tuple[bool, int | None]:
-    """(held, pid of the holder if the kernel says). Uses /proc/locks so that reading never
-    disturbs a concurrent acquirer; falls back to a shared-lock probe where it is unreadable."""
-    st = os.fstat(fd)
-    pids = _proc_locks(st.st_dev, st.st_ino)
-    if pids is not None:
-        return (bool(pids), next((p for p in pids if p > 0), None))
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True, None
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    return False, None
 
 
 def held_by_this_process() -> list[Lease]:
