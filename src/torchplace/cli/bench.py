@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
+
+from .options import add_json, print_json
 
 BENCHES: dict[str, tuple[str, str]] = {
     "doctor": ("torchplace.bench.doctor", "doctor's wall time vs torch.utils.collect_env"),
@@ -23,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     benches = parser.add_subparsers(dest="bench", metavar="NAME")
     for name, (module, help_) in BENCHES.items():
         p = benches.add_parser(name, help=help_)
-        p.add_argument("--json", action="store_true", help="print the result as JSON")
+        add_json(p, "print the result as JSON")
         p.add_argument("--out", metavar="DIR", help="also write the JSON result under DIR")
         p.set_defaults(func=_run, bench_module=module)
         importlib.import_module(module).add_arguments(p)  # bench modules import torch lazily
@@ -46,7 +47,7 @@ def _run(args: argparse.Namespace) -> int:
     result.fill_ratios()
     path = write_result(result, args.out)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=1))
+        print_json(result.to_dict())
     else:
         from .render import bench_table
 

@@ -7,10 +7,10 @@ inside the commands only, so building the parser stays fast.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from ..units import format_bytes
+from .options import add_json, print_json
 
 _TENSORS_SHOWN = 40
 
@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = cmds.add_parser("inspect", help="keys, shapes, dtypes, devices saved from, sizes, metadata, tool")
     p.add_argument("file", metavar="FILE", help="a checkpoint file or directory")
-    p.add_argument("--json", action="store_true", help="print everything as JSON")
+    add_json(p, "print everything as JSON")
     p.add_argument("--verify", action="store_true", help="also read the data and check every checksum")
     p.add_argument("--all", action="store_true", help=f"list every tensor (default: the first {_TENSORS_SHOWN})")
     p.add_argument("--trust-pickle", action="store_true",
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                         "(on the CPU, torch.compile's _orig_mod. removed)")
     p.add_argument("src", metavar="IN", help="the checkpoint to read")
     p.add_argument("dst", metavar="OUT", help="the torchplace checkpoint to write")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_json(p, "print the result as JSON")
     p.add_argument("--trust-pickle", action="store_true",
                    help="open files that need pickle (runs code from the file: only for files you trust)")
     p.add_argument("--weights-only", action="store_true",
@@ -55,7 +55,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
     info = inspect(args.file, verify=args.verify, trust_pickle=args.trust_pickle)
     if args.json:
-        print(json.dumps(info.to_dict(), indent=1, default=str))
+        print_json(info.to_dict(), default=str)
         return 0
     _render_info(info, show_all=args.all)
     return 0
@@ -101,9 +101,9 @@ def _convert(args: argparse.Namespace) -> int:
 
     result = convert(args.src, args.dst, trust_pickle=args.trust_pickle, weights_only=args.weights_only)
     if args.json:
-        print(json.dumps({"path": str(result.path), "source_tool": result.source_tool,
-                          "stripped_prefix": result.stripped_prefix, "tensors": result.tensors,
-                          "weights_only": result.weights_only, "notes": result.notes}, indent=1))
+        print_json({"path": str(result.path), "source_tool": result.source_tool,
+                    "stripped_prefix": result.stripped_prefix, "tensors": result.tensors,
+                    "weights_only": result.weights_only, "notes": result.notes})
         return 0
     from rich.markup import escape
 

@@ -7,8 +7,9 @@ becomes CMD (one process) or torchrun (one process per GPU). See torchplace.dist
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from .options import add_json, add_snapshot, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,9 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--wait", metavar="DURATION", help="wait this long for free GPUs, e.g. 10m (default: no wait)")
     p.add_argument("--min-free-memory", metavar="SIZE", help="only GPUs with this much free memory, e.g. 20GiB")
     p.add_argument("--max-utilization", type=int, metavar="PCT", help="only GPUs at most PCT percent busy")
-    p.add_argument("--snapshot", metavar="FILE", help="pick from a captured snapshot (for trying things out)")
+    add_snapshot(p, "pick from a captured snapshot (for trying things out)")
     p.add_argument("--dry-run", action="store_true", help="print what would run and exit (holds no lease)")
-    p.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
+    add_json(p, "with --dry-run: print the plan as JSON")
     group = p.add_argument_group("torchrun options passed through (several nodes: --nnodes, --rdzv-*)")
     for name in ("nnodes", "node-rank", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf",
                  "master-addr", "master-port", "max-restarts", "monitor-interval", "log-dir",
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
                        snapshot=args.snapshot, torchrun=torchrun, lease=not args.dry_run)
     if args.dry_run:
         if args.json:
-            print(json.dumps(plan.to_dict(), indent=1))
+            print_json(plan.to_dict())
         else:
             for key, value in plan.env_changes.items():
                 print(f"{key}={value}")
