@@ -21,7 +21,7 @@ GIB = 2**30
 
 def changed(topo: Topology, index: int, **fields) -> Topology:
     """A copy of `topo` with GPU `index`'s readings replaced (the others stay as captured)."""
-    gpus = [dataclasses.replace(g, **fields) if g.index == index else g for g in topo.gpus]
+    gpus = [dataclasses.replace(g, **fields) if g.physical_index == index else g for g in topo.gpus]
     return dataclasses.replace(topo, gpus=gpus)
 
 
@@ -35,9 +35,9 @@ def test_idle_pair_picks_by_uuid_in_bus_order(h200x2, lease_dir):
 
 
 def test_min_free_memory_skips_a_full_gpu(h200x2, lease_dir):
-    topo = changed(h200x2, 0, memory_free=10 * GIB)
+    topo = changed(h200x2, 0, memory_free_bytes=10 * GIB)
     ordered, rejected = rank_gpus(topo, min_free_memory=20 * GIB, environ={})
-    assert [g.index for g in ordered] == [1]
+    assert [g.physical_index for g in ordered] == [1]
     assert rejected[0].physical_index == 0
     assert rejected[0].reason == "10.0 GiB free < 20.0 GiB required"
     assert pick(1, topology=topo, min_free_memory="20GiB").physical_indices == [1]
@@ -49,22 +49,22 @@ def test_max_utilization_skips_a_busy_gpu(h200x2):
 
 
 def test_unknown_readings_fail_an_explicit_threshold(h200x2):
-    topo = changed(h200x2, 0, memory_free=None, unknown={"memory": "Not Supported"})
+    topo = changed(h200x2, 0, memory_free_bytes=None, unknown={"memory": "Not Supported"})
     _, rejected = rank_gpus(topo, min_free_memory=GIB, environ={})
     assert rejected[0].reason == "free memory is unknown (Not Supported)"
 
 
 def test_other_users_processes_rank_a_gpu_last(h200x2):
-    busy = changed(h200x2, 0, processes=[GpuProcess(pid=4242, used_memory=GIB, user="someone-else")])
+    busy = changed(h200x2, 0, processes=[GpuProcess(pid=4242, used_memory_bytes=GIB, user="someone-else")])
     for seed in range(20):
         ordered, _ = rank_gpus(busy, user="me", rng=random.Random(seed), environ={})
-        assert [g.index for g in ordered] == [1, 0]
+        assert [g.physical_index for g in ordered] == [1, 0]
 
 
 def test_more_free_memory_ranks_first(h200x2):
-    topo = changed(h200x2, 0, memory_free=50 * GIB)
+    topo = changed(h200x2, 0, memory_free_bytes=50 * GIB)
     ordered, _ = rank_gpus(topo, environ={})
-    assert [g.index for g in ordered] == [1, 0]
+    assert [g.physical_index for g in ordered] == [1, 0]
 
 
 def test_mig_enabled_gpu_is_not_handed_out(h200x2):

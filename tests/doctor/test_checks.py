@@ -58,7 +58,7 @@ def test_order_warning_only_on_mixed_gpus_with_integer_lists():
 
 def test_busy_gpu_names_the_process():
     f = facts()
-    f.topology.gpus[1].processes = [GpuProcess(pid=999999, used_memory=40 << 30, user="alice")]
+    f.topology.gpus[1].processes = [GpuProcess(pid=999999, used_memory_bytes=40 << 30, user="alice")]
     busy = [x for x in run_checks(f) if x.id == "gpu.busy"]
     assert len(busy) == 1 and "pid 999999 (alice) 40.0 GiB" in busy[0].detail and "cuda:1" in busy[0].title
 

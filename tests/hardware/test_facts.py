@@ -82,3 +82,22 @@ def test_nvlink_is_read_from_the_h200_pair():
     link = facts.topology.link(0, 1)
     assert link.nvlinks == 18 and link.label() == "NV18"
     assert facts.versions.torch_cuda == "13.0" and facts.host.usable_cpus == 32
+
+
+def test_snapshots_with_the_keys_before_units_still_load_and_are_written_with_both():
+    """Old snapshots say index / memory_total; new ones say physical_index / memory_total_bytes and keep the old keys."""
+    old = {"gpus": [{"index": 3, "uuid": "GPU-abc", "memory_total": 80, "memory_used": 1, "memory_free": 79,
+                     "mig": [{"uuid": "MIG-1", "memory_total": 10}], "processes": [{"pid": 7, "used_memory": 2}]}],
+           "host": {"memory_total": 64, "shm_total": 8, "shm_free": 4, "memlock_soft": None, "memlock_hard": 5}}
+    facts = Facts.from_dict(old, env={})
+    gpu = facts.topology.gpus[0]
+    assert (gpu.physical_index, gpu.memory_total_bytes, gpu.memory_used_bytes, gpu.memory_free_bytes) == (3, 80, 1, 79)
+    assert gpu.mig[0].memory_total_bytes == 10 and gpu.processes[0].used_memory_bytes == 2
+    assert (facts.host.memory_total_bytes, facts.host.shm_free_bytes, facts.host.memlock_hard_bytes) == (64, 4, 5)
+    assert gpu.index == 3 and gpu.memory_free == 79 and facts.host.shm_total == 8  # the old names still read
+    written = facts.to_dict()
+    assert written["gpus"][0]["physical_index"] == written["gpus"][0]["index"] == 3
+    assert written["gpus"][0]["memory_free_bytes"] == written["gpus"][0]["memory_free"] == 79
+    assert written["gpus"][0]["processes"][0]["used_memory_bytes"] == 2
+    assert written["host"]["shm_total_bytes"] == written["host"]["shm_total"] == 8
+    assert Facts.from_dict(written, env={}).to_dict() == written

@@ -43,7 +43,7 @@ def test_nvml_facts_are_complete_on_h200():
     assert topo.nvml_available and topo.driver_version
     for gpu in topo.gpus:
         assert gpu.uuid.startswith("GPU-") and gpu.name and gpu.compute_capability == [9, 0]
-        assert gpu.memory_total and gpu.memory_total > 100 << 30 and gpu.processes is not None
+        assert gpu.memory_total_bytes and gpu.memory_total_bytes > 100 << 30 and gpu.processes is not None
         assert gpu.cores and gpu.max_sm_clock_mhz and gpu.cpu_affinity
 
 
@@ -51,7 +51,7 @@ def test_the_reading_for_picking_skips_only_the_details_picking_does_not_use():
     full, quick = read_topology(links=False), read_topology(links=False, details=False)
     assert [g.uuid for g in quick.gpus] == [g.uuid for g in full.gpus]
     for gpu in quick.gpus:
-        assert gpu.memory_free is not None and gpu.utilization is not None and gpu.processes is not None
+        assert gpu.memory_free_bytes is not None and gpu.utilization is not None and gpu.processes is not None
         assert gpu.compute_mode and gpu.mig_mode and gpu.pci_bus_id
         assert gpu.cores is None and gpu.cpu_affinity is None and not gpu.unknown
 

@@ -28,7 +28,7 @@ print(json.dumps({"bind": plan.bind_cpus, "affinity": sorted(os.sched_getaffinit
 def test_binds_to_the_gpus_cpus_without_starting_cuda():
     topology = read_topology()
     physical = map_visible(topology=topology).physical(0).physical_index
-    near = next(g for g in topology.gpus if g.index == physical).cpu_affinity
+    near = next(g for g in topology.gpus if g.physical_index == physical).cpu_affinity
     if not near:
         pytest.skip("NVML reports no CPU affinity for this GPU")
     proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120)

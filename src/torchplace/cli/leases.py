@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     records = []
     for status in rows:
         gpu = gpus.get(status.uuid)
-        records.append({**status.to_dict(), "physical_index": gpu.index if gpu else None,
+        records.append({**status.to_dict(), "physical_index": gpu.physical_index if gpu else None,
                         "name": gpu.name if gpu else None})
     if args.json:
         print(json.dumps({"lease_dir": str(leases.path), "leases": records}, indent=1))

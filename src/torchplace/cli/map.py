@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({
             "visible": [{"logical": d.logical, "physical_index": d.physical_index, "uuid": d.uuid,
                          "name": d.name, "mig_uuid": d.mig_uuid} for d in vis.visible],
-            "hidden": [g.index for g in facts.topology.gpus if vis.logical_of(g.index) is None],
+            "hidden": [g.physical_index for g in facts.topology.gpus if vis.logical_of(g.physical_index) is None],
             "cuda_visible_devices": vis.cuda_visible_devices, "cuda_device_order": vis.cuda_device_order,
             "order": vis.order, "notes": notes, "source": facts.source}, indent=1))
     else:

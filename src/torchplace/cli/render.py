@@ -39,13 +39,13 @@ def _gpu_table(facts: Any, title: str) -> Table:
     for col in ("physical", "cuda", "name", "uuid", "bus id", "memory used / total", "util", "processes"):
         table.add_column(col, justify="right" if col in ("physical", "util") else "left")
     for gpu in facts.topology.gpus:
-        logical = vis.logical_of(gpu.index)
+        logical = vis.logical_of(gpu.physical_index)
         procs = "?" if gpu.processes is None else str(len(gpu.processes))
         if gpu.processes:
             procs += " (" + ", ".join(f"{p.pid}{'/' + p.user if p.user else ''}" for p in gpu.processes[:3]) + ")"
-        table.add_row(str(gpu.index), f"cuda:{logical}" if logical is not None else "[dim]hidden[/]",
+        table.add_row(str(gpu.physical_index), f"cuda:{logical}" if logical is not None else "[dim]hidden[/]",
                       gpu.name or "?", gpu.uuid, gpu.pci_bus_id or "?",
-                      f"{format_bytes(gpu.memory_used, 'GiB')} / {format_bytes(gpu.memory_total, 'GiB')}",
+                      f"{format_bytes(gpu.memory_used_bytes, 'GiB')} / {format_bytes(gpu.memory_total_bytes, 'GiB')}",
                       "?" if gpu.utilization is None else f"{gpu.utilization}%", procs)
     return table
 
@@ -74,13 +74,13 @@ def _links_table(facts: Any) -> Table | None:
     table = Table(title="interconnect (NV# = NVLink count; PIX/PXB/PHB/NODE/SYS = PCIe path)")
     table.add_column("")
     for gpu in topo.gpus:
-        table.add_column(f"GPU{gpu.index}")
+        table.add_column(f"GPU{gpu.physical_index}")
     for a in topo.gpus:
         cells = []
         for b in topo.gpus:
-            link = topo.link(a.index, b.index)
-            cells.append("X" if a.index == b.index else (link.label() if link else "?"))
-        table.add_row(f"GPU{a.index}", *cells)
+            link = topo.link(a.physical_index, b.physical_index)
+            cells.append("X" if a.physical_index == b.physical_index else (link.label() if link else "?"))
+        table.add_row(f"GPU{a.physical_index}", *cells)
     return table
 
 
@@ -92,8 +92,8 @@ def render_report(report: Any) -> None:
                   f"  cuDNN {v.cudnn or '?'}  NCCL {v.nccl or '?'}")
     console.print(f"driver {topo.driver_version or 'none'}  (CUDA {topo.cuda_driver_version or '?'})  "
                   f"CPUs usable {host.usable_cpus} of {host.cpu_count}  "
-                  f"memory {format_bytes(host.memory_total, 'GiB')}  "
-                  f"/dev/shm {format_bytes(host.shm_total, 'GiB')}")
+                  f"memory {format_bytes(host.memory_total_bytes, 'GiB')}  "
+                  f"/dev/shm {format_bytes(host.shm_total_bytes, 'GiB')}")
     console.print(_env_line(facts))
     if topo.gpus:
         console.print(_gpu_table(facts, "GPUs"))

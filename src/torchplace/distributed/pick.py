@@ -176,17 +176,17 @@ def rank_gpus(topology: Topology, *, min_free_memory: int | None = None,
     allowed, hidden_reason = _visible_allocation(topology, os.environ if environ is None else environ)
     accepted: list[tuple[tuple[float, ...], GpuRecord]] = []
     rejected: list[Rejection] = []
-    for gpu in sorted(topology.gpus, key=lambda g: g.index):
+    for gpu in sorted(topology.gpus, key=lambda g: g.physical_index):
         if only is not None and gpu.uuid not in only:
             continue
         reason = _reject_reason(gpu, min_free_memory, max_utilization)
         if reason is None and allowed is not None and gpu.uuid not in allowed:
             reason = hidden_reason
         if reason is not None:
-            rejected.append(Rejection(gpu.index, gpu.uuid, reason))
+            rejected.append(Rejection(gpu.physical_index, gpu.uuid, reason))
             continue
         others = _other_users_processes(gpu, user) or 0
-        free = gpu.memory_free if gpu.memory_free is not None else 0
+        free = gpu.memory_free_bytes if gpu.memory_free_bytes is not None else 0
         util = gpu.utilization if gpu.utilization is not None else 100
         key = (others, -(free // FREE_MEMORY_STEP), util // UTILIZATION_STEP, rng.random())
         accepted.append((key, gpu))
@@ -201,10 +201,10 @@ def _reject_reason(gpu: GpuRecord, min_free: int | None, max_util: int | None) -
         return ("MIG mode is enabled, so CUDA sees its MIG slices rather than the GPU; pick does "
                 "not hand out MIG slices (set CUDA_VISIBLE_DEVICES=MIG-... yourself)")
     if min_free is not None:
-        if gpu.memory_free is None:
+        if gpu.memory_free_bytes is None:
             return f"free memory is unknown ({gpu.unknown.get('memory', 'NVML gave no reading')})"
-        if gpu.memory_free < min_free:
-            return f"{format_bytes(gpu.memory_free, 'GiB')} free < {format_bytes(min_free, 'GiB')} required"
+        if gpu.memory_free_bytes < min_free:
+            return f"{format_bytes(gpu.memory_free_bytes, 'GiB')} free < {format_bytes(min_free, 'GiB')} required"
     if max_util is not None:
         if gpu.utilization is None:
             return f"utilization is unknown ({gpu.unknown.get('utilization', 'NVML gave no reading')})"
@@ -216,7 +216,7 @@ def _reject_reason(gpu: GpuRecord, min_free: int | None, max_util: int | None) -
 def _resolve_explicit(topology: Topology, requested: Sequence[int | str]) -> list[str]:
     """UUIDs of GPUs named by physical index or UUID (prefix allowed), with errors that list
     what exists."""
-    by_index = {g.index: g for g in topology.gpus}
+    by_index = {g.physical_index: g for g in topology.gpus}
     out: list[str] = []
     for item in requested:
         text = str(item).strip()
@@ -241,7 +241,8 @@ def _resolve_explicit(topology: Topology, requested: Sequence[int | str]) -> lis
 def _inventory(topology: Topology) -> str:
     if not topology.gpus:
         return "no GPUs"
-    return ", ".join(f"GPU {g.index} ({g.name or '?'}, {g.uuid})" for g in sorted(topology.gpus, key=lambda g: g.index))
+    gpus = sorted(topology.gpus, key=lambda g: g.physical_index)
+    return ", ".join(f"GPU {g.physical_index} ({g.name or '?'}, {g.uuid})" for g in gpus)
 
 
 # --------------------------------------------------------------------------- leasing
@@ -264,8 +265,8 @@ def _ancestors() -> set[int]:
 
 
 def _picked(gpu: GpuRecord, user: str | None, inherited: bool = False) -> PickedGpu:
-    return PickedGpu(gpu.index, gpu.uuid, gpu.name, gpu.pci_bus_id, gpu.memory_free, gpu.memory_total,
-                     gpu.utilization, None if gpu.processes is None else len(gpu.processes),
+    return PickedGpu(gpu.physical_index, gpu.uuid, gpu.name, gpu.pci_bus_id, gpu.memory_free_bytes,
+                     gpu.memory_total_bytes, gpu.utilization, None if gpu.processes is None else len(gpu.processes),
                      _other_users_processes(gpu, user), inherited)
 
 
@@ -375,7 +376,7 @@ def _try_lease(ordered: list[GpuRecord], need: int | str, leases_at: LeaseDir, l
         else:
             who = "this process" if status.mine else (status.holder.describe() if status.holder
                                                        else "another process")
-            busy.append(Rejection(gpu.index, gpu.uuid, f"leased by {who}"))
+            busy.append(Rejection(gpu.physical_index, gpu.uuid, f"leased by {who}"))
     want = len(free) if need == "auto" else int(need)
     if want == 0 or len(free) < want:
         return busy
@@ -390,7 +391,7 @@ def _try_lease(ordered: list[GpuRecord], need: int | str, leases_at: LeaseDir, l
         taken = leases_at.try_acquire(gpu.uuid, command=command)
         if taken is None:  # lost a race since the status read
             holder = leases_at.status(gpu.uuid).holder
-            busy.append(Rejection(gpu.index, gpu.uuid,
+            busy.append(Rejection(gpu.physical_index, gpu.uuid,
                                   f"leased by {holder.describe() if holder else 'another process'}"))
             continue
         got.append(taken)

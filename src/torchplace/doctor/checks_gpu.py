@@ -85,19 +85,20 @@ def check_busy(facts) -> list[Finding]:
     out = []
     me = os.getpid()
     for dev in facts.visible.visible:
-        gpu = next((g for g in facts.topology.gpus if g.index == dev.physical_index), None)
+        gpu = next((g for g in facts.topology.gpus if g.physical_index == dev.physical_index), None)
         if gpu is None:
             continue
         others = [p for p in (gpu.processes or []) if p.pid != me]
         busy_util = gpu.utilization is not None and gpu.utilization >= 50
         if not others and not busy_util:
             continue
-        who = ", ".join(f"pid {p.pid}{f' ({p.user})' if p.user else ''} {format_bytes(p.used_memory, 'GiB')}"
+        who = ", ".join(f"pid {p.pid}{f' ({p.user})' if p.user else ''} {format_bytes(p.used_memory_bytes, 'GiB')}"
                         for p in others[:5])
-        out.append(Finding("gpu.busy", "warning", f"cuda:{dev.logical} (physical {gpu.index}) is in use",
+        out.append(Finding("gpu.busy", "warning", f"cuda:{dev.logical} (physical {gpu.physical_index}) is in use",
                            f"{len(others)} other process(es){': ' + who if who else ''}; utilization "
                            f"{gpu.utilization if gpu.utilization is not None else '?'}%, memory "
-                           f"{format_bytes(gpu.memory_used, 'GiB')} of {format_bytes(gpu.memory_total, 'GiB')} used.",
+                           f"{format_bytes(gpu.memory_used_bytes, 'GiB')} of "
+                           f"{format_bytes(gpu.memory_total_bytes, 'GiB')} used.",
                            "Pick idle GPUs with `torchplace pick` or run through `torchplace run --gpus N`."))
     return out
 
@@ -110,7 +111,7 @@ def check_mig(facts) -> list[Finding]:
         if gpu.mig_mode != "enabled":
             continue
         slices = ", ".join(m.uuid for m in gpu.mig) or "none created"
-        out.append(Finding("gpu.mig", "info", f"physical GPU {gpu.index} is in MIG mode",
+        out.append(Finding("gpu.mig", "info", f"physical GPU {gpu.physical_index} is in MIG mode",
                            f"CUDA sees its MIG instances, not the whole GPU: {slices}.",
                            "Select a slice with CUDA_VISIBLE_DEVICES=MIG-<uuid>; one process per slice."))
     return out
@@ -122,7 +123,7 @@ def check_unknown_fields(facts) -> list[Finding]:
     denied = {}
     for gpu in facts.topology.gpus:
         for name, why in gpu.unknown.items():
-            denied.setdefault(f"{name}: {why}", []).append(gpu.index)
+            denied.setdefault(f"{name}: {why}", []).append(gpu.physical_index)
     if not denied:
         return []
     detail = "; ".join(f"{k} (GPU {', '.join(map(str, v))})" for k, v in sorted(denied.items()))
@@ -135,23 +136,23 @@ def check_compute_mode(facts) -> list[Finding]:
     """Prohibited or exclusive compute modes: the cause of 'device(s) is/are busy or unavailable'."""
     out = []
     for dev in facts.visible.visible:
-        gpu = next((g for g in facts.topology.gpus if g.index == dev.physical_index), None)
+        gpu = next((g for g in facts.topology.gpus if g.physical_index == dev.physical_index), None)
         if gpu is None or gpu.compute_mode in (None, "default"):
             continue
         others = [p for p in (gpu.processes or []) if p.pid != os.getpid()]
         if gpu.compute_mode == "prohibited":
-            out.append(Finding("gpu.compute_prohibited", "error", f"cuda:{dev.logical} (physical {gpu.index}) "
+            out.append(Finding("gpu.compute_prohibited", "error", f"cuda:{dev.logical} (physical {gpu.physical_index}) "
                                "refuses CUDA contexts", "Its compute mode is Prohibited: every CUDA call fails with "
                                "'CUDA-capable device(s) is/are busy or unavailable'.",
                                "Use another GPU, or ask an administrator: nvidia-smi -i "
-                               f"{gpu.index} -c DEFAULT."))
+                               f"{gpu.physical_index} -c DEFAULT."))
         elif others:
-            out.append(Finding("gpu.exclusive_busy", "error", f"cuda:{dev.logical} (physical {gpu.index}) is "
+            out.append(Finding("gpu.exclusive_busy", "error", f"cuda:{dev.logical} (physical {gpu.physical_index}) is "
                                "exclusive and already taken", f"Compute mode {gpu.compute_mode}: only one process may "
                                f"use it, and pid {others[0].pid} does; CUDA will fail with 'busy or unavailable'.",
                                "Pick a free GPU (`torchplace pick`) or wait for that process."))
         else:
-            out.append(Finding("gpu.exclusive", "info", f"cuda:{dev.logical} (physical {gpu.index}) is in "
+            out.append(Finding("gpu.exclusive", "info", f"cuda:{dev.logical} (physical {gpu.physical_index}) is in "
                                f"{gpu.compute_mode} mode", "One process at a time: DataLoader workers and a second "
                                "job touching CUDA on it will fail.", "Keep CUDA work in one process per GPU."))
     return out

@@ -11,7 +11,7 @@ MEMLOCK_MIN = 64 << 20
 
 @check
 def check_shm(facts) -> list[Finding]:
-    total = facts.host.shm_total
+    total = facts.host.shm_total_bytes
     if total is None or total >= SHM_MIN:
         return []
     return [Finding("host.shm_small", "warning", "/dev/shm is too small for DataLoader workers",
@@ -23,7 +23,7 @@ def check_shm(facts) -> list[Finding]:
 
 @check
 def check_memlock(facts) -> list[Finding]:
-    soft = facts.host.memlock_soft
+    soft = facts.host.memlock_soft_bytes
     if soft is None or soft >= MEMLOCK_MIN or not facts.topology.gpus:
         return []
     return [Finding("host.memlock_low", "warning", "Locked-memory limit is low",

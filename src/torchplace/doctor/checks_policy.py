@@ -37,12 +37,13 @@ def _cc(gpu) -> str:
 @check
 def check_bf16_emulated(facts) -> list[Finding]:
     """bf16 requested (or merely reported as supported) on visible GPUs that only emulate it."""
-    by_index = {g.index: g for g in facts.topology.gpus}
+    by_index = {g.physical_index: g for g in facts.topology.gpus}
     slow = []
     for dev in facts.visible.visible if facts.visible else []:
         gpu = by_index.get(dev.physical_index)
         if gpu is not None and gpu.compute_capability and not bf16_native(gpu.compute_capability):
-            slow.append(f"cuda:{dev.logical} = physical {gpu.index} ({gpu.name or '?'}, compute capability {_cc(gpu)})")
+            slow.append(f"cuda:{dev.logical} = physical {gpu.physical_index} ({gpu.name or '?'}, "
+                        f"compute capability {_cc(gpu)})")
     if not slow:
         return []
     request = _requested_precision(facts.env)
@@ -108,11 +109,11 @@ def check_numa_placement(facts) -> list[Finding]:
     except ValueError:
         return []
     dev = vis.physical(logical)
-    gpu = next((g for g in facts.topology.gpus if dev is not None and g.index == dev.physical_index), None)
+    gpu = next((g for g in facts.topology.gpus if dev is not None and g.physical_index == dev.physical_index), None)
     if gpu is None or not gpu.cpu_affinity:
         return []
     near, mine = set(gpu.cpu_affinity), set(affinity)
-    label = f"cuda:{logical} = physical {gpu.index} ({gpu.name or '?'})"
+    label = f"cuda:{logical} = physical {gpu.physical_index} ({gpu.name or '?'})"
     node = f" (NUMA node {gpu.numa_node})" if gpu.numa_node is not None else ""
     if not near & mine:
         return [Finding("policy.numa_mismatch", "warning", "This process runs on CPUs far from its GPU",

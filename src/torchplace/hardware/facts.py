@@ -14,6 +14,7 @@ from typing import Any
 
 from .. import safeio
 from ..errors import SnapshotError
+from . import snapshot_keys
 from .host import HostFacts, read_host
 from .topology import SNAPSHOT_FIX, Topology, load_snapshot, read_topology
 from .versions import Versions, read_versions
@@ -57,7 +58,7 @@ class Facts:
                   env: dict[str, str] | None = None) -> "Facts":
         topology = Topology.from_dict(data, source=source)
         try:
-            host = safeio.build(HostFacts, data.get("host") or {}, "host")
+            host = safeio.build(HostFacts, snapshot_keys.upgrade(data.get("host") or {}, snapshot_keys.HOST), "host")
             versions = safeio.build(Versions, data.get("versions") or {}, "versions")
         except ValueError as exc:
             raise SnapshotError(f"{source}: malformed snapshot ({exc}). {SNAPSHOT_FIX}") from None

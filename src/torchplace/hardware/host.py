@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import snapshot_keys
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -118,20 +120,27 @@ class HostFacts:
     affinity: list[int] | None = None
     cgroup_cpu_limit: float | None = None
     usable_cpus: int = 1
-    memory_total: int | None = None
-    shm_total: int | None = None
-    shm_free: int | None = None
-    memlock_soft: int | None = None
-    memlock_hard: int | None = None
+    memory_total_bytes: int | None = None
+    shm_total_bytes: int | None = None
+    shm_free_bytes: int | None = None
+    memlock_soft_bytes: int | None = None  # None: unlimited
+    memlock_hard_bytes: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    # the names before the unit-bearing ones, for code written against them
+    memory_total = property(lambda self: self.memory_total_bytes)
+    shm_total = property(lambda self: self.shm_total_bytes)
+    shm_free = property(lambda self: self.shm_free_bytes)
+    memlock_soft = property(lambda self: self.memlock_soft_bytes)
+    memlock_hard = property(lambda self: self.memlock_hard_bytes)
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return snapshot_keys.with_old_keys(asdict(self), snapshot_keys.HOST)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "HostFacts":
         known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        return cls(**{k: v for k, v in snapshot_keys.upgrade(data, snapshot_keys.HOST).items() if k in known})
 
 
 def read_host() -> HostFacts:
@@ -140,8 +149,9 @@ def read_host() -> HostFacts:
     shm_total, shm_free = shm_bytes()
     soft, hard = memlock_limit()
     return HostFacts(cpu_count=cpus, affinity=aff, cgroup_cpu_limit=quota,
-                     usable_cpus=usable_cpus(cpus, aff, quota), memory_total=memory_total(),
-                     shm_total=shm_total, shm_free=shm_free, memlock_soft=soft, memlock_hard=hard)
+                     usable_cpus=usable_cpus(cpus, aff, quota), memory_total_bytes=memory_total(),
+                     shm_total_bytes=shm_total, shm_free_bytes=shm_free, memlock_soft_bytes=soft,
+                     memlock_hard_bytes=hard)
 
 
 # --------------------------------------------------------------------------- NUMA and cores

@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import safeio
 from ..errors import SnapshotError
-from . import nvml
+from . import nvml, snapshot_keys
 
 SCHEMA_VERSION = 1
 
@@ -28,7 +28,7 @@ class MigInstance:
     uuid: str
     gpu_instance_id: int | None = None
     compute_instance_id: int | None = None
-    memory_total: int | None = None
+    memory_total_bytes: int | None = None
     name: str | None = None
 
 
@@ -37,23 +37,25 @@ class GpuProcess:
     """A compute process on a GPU; `user` is None when the OS will not say."""
 
     pid: int
-    used_memory: int | None = None
+    used_memory_bytes: int | None = None
     user: str | None = None
     name: str | None = None
 
 
 @dataclass
 class GpuRecord:
-    """Everything NVML says about one physical GPU. None means unknown; `unknown` says why."""
+    """Everything NVML says about one physical GPU. None means unknown; `unknown` says why.
 
-    index: int
+    `physical_index` is NVML's index (nvidia-smi's), not a cuda:N ordinal: see visible.py."""
+
+    physical_index: int
     uuid: str
     name: str | None = None
     pci_bus_id: str | None = None
     compute_capability: list[int] | None = None
-    memory_total: int | None = None
-    memory_used: int | None = None
-    memory_free: int | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
     utilization: int | None = None
     compute_mode: str | None = None  # "default", "exclusive_process", "prohibited", ...
     mig_mode: str | None = None  # "enabled", "disabled", or None when unknown/unsupported
@@ -65,9 +67,11 @@ class GpuRecord:
     cpu_affinity: list[int] | None = None
     unknown: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def physical_index(self) -> int:
-        return self.index
+    # the names before the unit-bearing ones, for code written against them
+    index = property(lambda self: self.physical_index)
+    memory_total = property(lambda self: self.memory_total_bytes)
+    memory_used = property(lambda self: self.memory_used_bytes)
+    memory_free = property(lambda self: self.memory_free_bytes)
 
     def speed_key(self) -> tuple[int, str]:
         """Sort key approximating CUDA's FASTEST_FIRST: more cores x clock first, then bus id."""
@@ -131,6 +135,7 @@ class Topology:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("source")
+        data["gpus"] = [snapshot_keys.with_old_keys(gpu, snapshot_keys.GPU) for gpu in data["gpus"]]
         return {"schema": SCHEMA_VERSION, **data}
 
     @classmethod
@@ -144,7 +149,8 @@ class Topology:
             raise SnapshotError(f"{source}: snapshot schema {schema!r:.40} is not supported "
                                 f"(this torchplace reads schema {SCHEMA_VERSION}). {SNAPSHOT_FIX}")
         try:
-            gpus = [safeio.build(GpuRecord, raw, f"gpus[{i}]") for i, raw in enumerate(data["gpus"])]
+            gpus = [safeio.build(GpuRecord, snapshot_keys.upgrade(raw, snapshot_keys.GPU), f"gpus[{i}]")
+                    for i, raw in enumerate(data["gpus"])]
             links = [safeio.build(Link, item, f"links[{i}]") for i, item in enumerate(_list(data.get("links"), "links"))]
             fields_ = {k: safeio.build(_Strings, {"value": data.get(k)}, k).value
                        for k in ("driver_version", "cuda_driver_version", "nvml_error", "captured_at", "hostname")}
@@ -214,7 +220,7 @@ def _record(index: int, handle: Any, unknown_reasons: dict[str, str], details: b
         return reading.value
 
     uuid = nvml.text(read("uuid", "nvmlDeviceGetUUID")) or f"unknown-{index}"
-    gpu = GpuRecord(index=index, uuid=uuid, unknown=unknown_reasons)
+    gpu = GpuRecord(physical_index=index, uuid=uuid, unknown=unknown_reasons)
     gpu.name = nvml.text(read("name", "nvmlDeviceGetName"))
     pci = read("pci_bus_id", "nvmlDeviceGetPciInfo")
     if pci is not None:
@@ -223,7 +229,8 @@ def _record(index: int, handle: Any, unknown_reasons: dict[str, str], details: b
     gpu.compute_capability = list(cc) if cc is not None else None
     mem = read("memory", "nvmlDeviceGetMemoryInfo")
     if mem is not None:
-        gpu.memory_total, gpu.memory_used, gpu.memory_free = int(mem.total), int(mem.used), int(mem.free)
+        gpu.memory_total_bytes, gpu.memory_used_bytes = int(mem.total), int(mem.used)
+        gpu.memory_free_bytes = int(mem.free)
     util = read("utilization", "nvmlDeviceGetUtilizationRates")
     gpu.utilization = int(util.gpu) if util is not None else None
     mode = read("compute_mode", "nvmlDeviceGetComputeMode")
@@ -262,14 +269,14 @@ def _mig_instances(handle: Any, unknown_reasons: dict[str, str]) -> list[MigInst
             uuid=nvml.text(nvml.call("nvmlDeviceGetUUID", mh.value).value) or f"MIG-unknown-{i}",
             gpu_instance_id=nvml.call("nvmlDeviceGetGpuInstanceId", mh.value).value,
             compute_instance_id=nvml.call("nvmlDeviceGetComputeInstanceId", mh.value).value,
-            memory_total=int(mem.total) if mem is not None else None,
+            memory_total_bytes=int(mem.total) if mem is not None else None,
             name=nvml.text(nvml.call("nvmlDeviceGetName", mh.value).value)))
     return out
 
 
 def _process(p: Any) -> GpuProcess:
     used = getattr(p, "usedGpuMemory", None)
-    proc = GpuProcess(pid=int(p.pid), used_memory=int(used) if isinstance(used, int) else None)
+    proc = GpuProcess(pid=int(p.pid), used_memory_bytes=int(used) if isinstance(used, int) else None)
     try:
         import psutil
 
@@ -369,7 +376,7 @@ def read_topology(*, links: bool = True, details: bool = True) -> Topology:
     for i in range(count.value):
         h = nvml.call("nvmlDeviceGetHandleByIndex", i)
         if not h.ok:
-            topo.gpus.append(GpuRecord(index=i, uuid=f"unknown-{i}", unknown={"handle": h.reason or "?"}))
+            topo.gpus.append(GpuRecord(physical_index=i, uuid=f"unknown-{i}", unknown={"handle": h.reason or "?"}))
             continue
         handles.append(h.value)
         topo.gpus.append(_record(i, h.value, {}, details))

@@ -112,9 +112,9 @@ class VisibleMap:
 def _enumeration(topology: Topology, order: str) -> list[tuple[GpuRecord, MigInstance | None]]:
     """Devices in the driver's enumeration order; a MIG-enabled GPU shows its MIG slices."""
     if order == "PCI_BUS_ID":
-        gpus = sorted(topology.gpus, key=lambda g: (g.pci_bus_id or "", g.index))
+        gpus = sorted(topology.gpus, key=lambda g: (g.pci_bus_id or "", g.physical_index))
     else:
-        gpus = sorted(topology.gpus, key=lambda g: (g.speed_key(), g.index))
+        gpus = sorted(topology.gpus, key=lambda g: (g.speed_key(), g.physical_index))
     out: list[tuple[GpuRecord, MigInstance | None]] = []
     for gpu in gpus:
         if gpu.mig_mode == "enabled" and gpu.mig:
@@ -154,7 +154,7 @@ def map_visible(value: Any = ENV, topology: Topology | None = None, order: Any =
 
     def add(pos: int) -> None:
         gpu, mig = devices[pos]
-        result.visible.append(VisibleDevice(len(result.visible), gpu.index, gpu.uuid, gpu.name,
+        result.visible.append(VisibleDevice(len(result.visible), gpu.physical_index, gpu.uuid, gpu.name,
                                             mig.uuid if mig else None))
 
     if value is None:

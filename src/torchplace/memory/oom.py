@@ -148,12 +148,12 @@ def _other_processes(dev: torch.device) -> list[str]:
 
         topology = read_topology(links=False)
         entry = map_visible(topology=topology).physical(dev.index or 0)
-        gpu = next((g for g in topology.gpus if entry and g.index == entry.physical_index), None)
+        gpu = next((g for g in topology.gpus if entry and g.physical_index == entry.physical_index), None)
     except Exception:  # no NVML: nothing to add
         return []
     if gpu is None or not gpu.processes:
         return []
-    return [f"pid {p.pid} ({p.name or '?'}, user {p.user or '?'}) uses {format_bytes(p.used_memory)}"
+    return [f"pid {p.pid} ({p.name or '?'}, user {p.user or '?'}) uses {format_bytes(p.used_memory_bytes)}"
             for p in gpu.processes if p.pid != os.getpid()]
 
 

@@ -224,7 +224,7 @@ def _gpu_cpus(gpu: Any) -> tuple[list[int] | None, int | None]:
     if entry is None:
         raise DeviceError(f"configure_threads(gpu={gpu!r}) names cuda:{index}, but {visible.summary()}. "
                           "Fix: pass one of the visible devices, or gpu=None.")
-    record = next((g for g in topology.gpus if g.index == entry.physical_index), None)
+    record = next((g for g in topology.gpus if g.physical_index == entry.physical_index), None)
     if record is None:
         return None, None
     return record.cpu_affinity, record.numa_node
