@@ -12,7 +12,8 @@ import pytest
 from snapshots import load_snapshot_dict
 
 from torchplace.distributed.lease import LeaseDir
-from torchplace.distributed.pick import pick, rank_gpus
+from torchplace.distributed.pick import pick
+from torchplace.distributed.pick_decision import rank_gpus
 from torchplace.errors import LeaseError
 from torchplace.hardware.topology import GpuProcess, Topology
 

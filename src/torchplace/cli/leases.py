@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import json
+
+from .options import add_json, add_snapshot, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("leases", help="list the GPUs leased by torchplace processes and their holders")
     p.add_argument("--all", action="store_true", help="also list lease files nobody holds now")
     p.add_argument("--dir", metavar="DIR", help="lease directory (default $TORCHPLACE_LEASE_DIR or /tmp/torchplace-leases)")
-    p.add_argument("--snapshot", metavar="FILE", help="name GPUs from a captured snapshot instead of this machine")
+    add_snapshot(p, "name GPUs from a captured snapshot instead of this machine")
     p.add_argument("--no-gpu-names", action="store_true", help="do not ask NVML for GPU indices and names")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    add_json(p)
     p.set_defaults(func=run)
 
 
@@ -32,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         records.append({**status.to_dict(), "physical_index": gpu.physical_index if gpu else None,
                         "name": gpu.name if gpu else None})
     if args.json:
-        print(json.dumps({"lease_dir": str(leases.path), "leases": records}, indent=1))
+        print_json({"lease_dir": str(leases.path), "leases": records})
         return 0
     from rich.table import Table
 

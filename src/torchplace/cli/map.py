@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
+
+from .options import add_json, add_snapshot, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("map", help="show which physical GPU each cuda:N is, under CUDA_VISIBLE_DEVICES")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--snapshot", metavar="FILE", help="map against a captured snapshot instead of this machine")
+    add_json(p)
+    add_snapshot(p, "map against a captured snapshot instead of this machine")
     p.add_argument("--check-driver", action="store_true", help="compare with what the CUDA driver enumerates")
     p.set_defaults(func=run)
 
@@ -26,12 +27,12 @@ def run(args: argparse.Namespace) -> int:
     checks = driver_check(facts) if args.check_driver and not args.snapshot else []
     notes += [f"{f.title}: {f.detail}" for f in checks]
     if args.json:
-        print(json.dumps({
+        print_json({
             "visible": [{"logical": d.logical, "physical_index": d.physical_index, "uuid": d.uuid,
                          "name": d.name, "mig_uuid": d.mig_uuid} for d in vis.visible],
             "hidden": [g.physical_index for g in facts.topology.gpus if vis.logical_of(g.physical_index) is None],
             "cuda_visible_devices": vis.cuda_visible_devices, "cuda_device_order": vis.cuda_device_order,
-            "order": vis.order, "notes": notes, "source": facts.source}, indent=1))
+            "order": vis.order, "notes": notes, "source": facts.source})
     else:
         from .render import render_map
 

@@ -7,8 +7,9 @@ have leased. To hold GPUs for a command, use `torchplace run`.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+
+from .options import add_json, add_snapshot, print_json
 
 from ..units import format_bytes
 
@@ -23,20 +24,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-free-memory", metavar="SIZE", help="skip GPUs with less free memory, e.g. 20GiB")
     p.add_argument("--max-utilization", type=int, metavar="PCT", help="skip GPUs busier than PCT percent")
     p.add_argument("--wait", metavar="DURATION", help="wait this long for GPUs to become free, e.g. 10m (default: no wait)")
-    p.add_argument("--snapshot", metavar="FILE", help="decide on a captured snapshot instead of this machine")
-    p.add_argument("--json", action="store_true", help="print the choice and the reasons as JSON")
+    add_snapshot(p, "decide on a captured snapshot instead of this machine")
+    add_json(p, "print the choice and the reasons as JSON")
     p.add_argument("--explain", action="store_true", help="also print why each GPU was or was not chosen (stderr)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..distributed.pick import pick
+    from ..distributed.pick import pick_request
+    from ..distributed.pick_decision import PickRequest
 
     # every value was checked when parsed (cli.args): count is a whole number >= 1 or "auto"
-    picked = pick(args.count, min_free_memory=args.min_free_memory, max_utilization=args.max_utilization,
-                  wait=args.wait, snapshot=args.snapshot, lease=False)
+    request = PickRequest.build(args.count, min_free_memory=args.min_free_memory,
+                                max_utilization=args.max_utilization, wait=args.wait, snapshot=args.snapshot,
+                                lease=False)
+    picked = pick_request(request)
     if args.json:
-        print(json.dumps(picked.to_dict(), indent=1))
+        print_json(picked.to_dict())
     else:
         print(picked.cuda_visible_devices)
     if args.explain:

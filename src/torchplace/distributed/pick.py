@@ -3,12 +3,8 @@
 Jobs that each pick "the least used GPU" pile onto the same one, because they all read the
 same numbers at the same moment. Here the choice is made in two steps:
 
-1. `rank_gpus` (pure, runs on a snapshot): drop GPUs that fail the request (MIG mode, free
-   memory below `min_free_memory`, utilization above `max_utilization`, hidden by an existing
-   CUDA_VISIBLE_DEVICES allocation), then order the rest by other users' processes (fewer
-   first), free memory (more first, in 4 GiB steps so near-equal GPUs tie), utilization (lower
-   first, in 10% steps), and a random tie-break, so that idle GPUs are not handed out
-   physical 0 first.
+1. `pick_decision.choose` (pure, runs on a snapshot) ranks the GPUs that satisfy the request,
+   best first with a random tie-break, and says why the others do not.
 2. `pick` takes a flock lease on each chosen GPU (see `lease.py`); a GPU leased by anyone else
    is skipped, so concurrent pickers never share one. With `wait`, it retries until the
    deadline and says what it is waiting for.
@@ -27,24 +23,8 @@ from typing import Any, Callable, Sequence
 
 from ..errors import LeaseError
 from ..hardware.topology import GpuRecord, Topology, load_topology
-from ..units import format_bytes, parse_duration, parse_size
 from .lease import Holder, Lease, LeaseDir
-
-FREE_MEMORY_STEP = 4 * 2**30  # free memory within one step counts as equal
-UTILIZATION_STEP = 10  # percent
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """A GPU that was not picked, and why (a full sentence fragment for messages)."""
-
-    physical_index: int
-    uuid: str
-    reason: str
-
-    def describe(self) -> str:
-        return f"GPU {self.physical_index} ({self.uuid}): {self.reason}"
-
+from .pick_decision import PickRequest, Rejection, choose, my_user, other_users_processes
 
 @dataclass(frozen=True)
 class PickedGpu:
@@ -130,121 +110,6 @@ class Picked:
                 "lease_dir": self.lease_dir, "source": self.source}
 
 
-# --------------------------------------------------------------------------- facts
-
-
-def _my_user() -> str | None:
-    try:
-        import pwd
-
-        return pwd.getpwuid(os.getuid()).pw_name
-    except (ImportError, KeyError):
-        return None
-
-
-def _other_users_processes(gpu: GpuRecord, me: str | None) -> int | None:
-    if gpu.processes is None:
-        return None
-    return sum(1 for p in gpu.processes if p.user is None or p.user != me)
-
-
-# --------------------------------------------------------------------------- deciding
-
-
-def _visible_allocation(topology: Topology, environ: Any) -> tuple[set[str] | None, str | None]:
-    """UUIDs an existing CUDA_VISIBLE_DEVICES (a scheduler's allocation) allows, or None for all."""
-    value = environ.get("CUDA_VISIBLE_DEVICES")
-    if value is None:
-        return None, None
-    from ..hardware.visible import map_visible
-
-    vis = map_visible(value, topology, environ.get("CUDA_DEVICE_ORDER"))
-    return {d.uuid for d in vis.visible}, f"hidden by CUDA_VISIBLE_DEVICES={value!r} in this environment"
-
-
-def rank_gpus(topology: Topology, *, min_free_memory: int | None = None,
-              max_utilization: int | None = None, only: Sequence[str] | None = None,
-              user: str | None = None, rng: random.Random | None = None,
-              environ: Any = None) -> tuple[list[GpuRecord], list[Rejection]]:
-    """Order the GPUs that satisfy the request, best first, and say why the others do not.
-
-    Pure: reads only `topology` (and `environ`'s CUDA_VISIBLE_DEVICES, default os.environ), so
-    it runs the same on a snapshot. `only` restricts to those UUIDs (an explicit request).
-    """
-    rng = rng or random.Random()
-    user = user if user is not None else _my_user()
-    allowed, hidden_reason = _visible_allocation(topology, os.environ if environ is None else environ)
-    accepted: list[tuple[tuple[float, ...], GpuRecord]] = []
-    rejected: list[Rejection] = []
-    for gpu in sorted(topology.gpus, key=lambda g: g.physical_index):
-        if only is not None and gpu.uuid not in only:
-            continue
-        reason = _reject_reason(gpu, min_free_memory, max_utilization)
-        if reason is None and allowed is not None and gpu.uuid not in allowed:
-            reason = hidden_reason
-        if reason is not None:
-            rejected.append(Rejection(gpu.physical_index, gpu.uuid, reason))
-            continue
-        others = _other_users_processes(gpu, user) or 0
-        free = gpu.memory_free_bytes if gpu.memory_free_bytes is not None else 0
-        util = gpu.utilization if gpu.utilization is not None else 100
-        key = (others, -(free // FREE_MEMORY_STEP), util // UTILIZATION_STEP, rng.random())
-        accepted.append((key, gpu))
-    accepted.sort(key=lambda item: item[0])
-    return [gpu for _, gpu in accepted], rejected
-
-
-def _reject_reason(gpu: GpuRecord, min_free: int | None, max_util: int | None) -> str | None:
-    if gpu.uuid.startswith("unknown"):
-        return f"NVML could not read its UUID ({gpu.unknown.get('uuid', 'no reason given')})"
-    if gpu.mig_mode == "enabled":
-        return ("MIG mode is enabled, so CUDA sees its MIG slices rather than the GPU; pick does "
-                "not hand out MIG slices (set CUDA_VISIBLE_DEVICES=MIG-... yourself)")
-    if min_free is not None:
-        if gpu.memory_free_bytes is None:
-            return f"free memory is unknown ({gpu.unknown.get('memory', 'NVML gave no reading')})"
-        if gpu.memory_free_bytes < min_free:
-            return f"{format_bytes(gpu.memory_free_bytes, 'GiB')} free < {format_bytes(min_free, 'GiB')} required"
-    if max_util is not None:
-        if gpu.utilization is None:
-            return f"utilization is unknown ({gpu.unknown.get('utilization', 'NVML gave no reading')})"
-        if gpu.utilization > max_util:
-            return f"{gpu.utilization}% utilization > {max_util}% allowed"
-    return None
-
-
-def _resolve_explicit(topology: Topology, requested: Sequence[int | str]) -> list[str]:
-    """UUIDs of GPUs named by physical index or UUID (prefix allowed), with errors that list
-    what exists."""
-    by_index = {g.physical_index: g for g in topology.gpus}
-    out: list[str] = []
-    for item in requested:
-        text = str(item).strip()
-        if text.isdigit():
-            gpu = by_index.get(int(text))
-            if gpu is None:
-                raise LeaseError(f"GPU {text} was requested, but this machine has {_inventory(topology)} "
-                                 "(physical indices, as nvidia-smi numbers them). Fix: name one of those.")
-        else:
-            hits = [g for g in topology.gpus if g.uuid.startswith(text)] if text.startswith("GPU-") else []
-            if len(hits) != 1:
-                what = "matches no GPU" if not hits else f"matches {len(hits)} GPUs"
-                raise LeaseError(f"GPU {text!r} {what}; this machine has {_inventory(topology)}. Fix: "
-                                 "pass a physical index or a unique 'GPU-' UUID prefix.")
-            gpu = hits[0]
-        if gpu.uuid in out:
-            raise LeaseError(f"GPU {text!r} was requested twice ({list(requested)}). Fix: name each GPU once.")
-        out.append(gpu.uuid)
-    return out
-
-
-def _inventory(topology: Topology) -> str:
-    if not topology.gpus:
-        return "no GPUs"
-    gpus = sorted(topology.gpus, key=lambda g: g.physical_index)
-    return ", ".join(f"GPU {g.physical_index} ({g.name or '?'}, {g.uuid})" for g in gpus)
-
-
 # --------------------------------------------------------------------------- leasing
 
 
@@ -267,19 +132,7 @@ def _ancestors() -> set[int]:
 def _picked(gpu: GpuRecord, user: str | None, inherited: bool = False) -> PickedGpu:
     return PickedGpu(gpu.physical_index, gpu.uuid, gpu.name, gpu.pci_bus_id, gpu.memory_free_bytes,
                      gpu.memory_total_bytes, gpu.utilization, None if gpu.processes is None else len(gpu.processes),
-                     _other_users_processes(gpu, user), inherited)
-
-
-def _describe_request(count: int | str, min_free: int | None, max_util: int | None,
-                      only: Sequence[str] | None) -> str:
-    what = f"GPUs {', '.join(only)}" if only else ("any free GPUs" if count == "auto" else
-                                                    f"{count} GPU{'s' if count != 1 else ''}")
-    conditions = []
-    if min_free is not None:
-        conditions.append(f">= {format_bytes(min_free, 'GiB')} free")
-    if max_util is not None:
-        conditions.append(f"<= {max_util}% utilization")
-    return what + (f" with {' and '.join(conditions)}" if conditions else "")
+                     other_users_processes(gpu, user), inherited)
 
 
 def pick(count: int | str = 1, *, gpus: Sequence[int | str] | None = None,
@@ -307,52 +160,44 @@ def pick(count: int | str = 1, *, gpus: Sequence[int | str] | None = None,
     Raises:
         LeaseError: the request cannot be met within `wait`; the message lists every GPU and why.
     """
-    if count != "auto" and (not isinstance(count, int) or count < 1):
-        raise LeaseError(f"count={count!r} must be a whole number >= 1 or 'auto'.")
-    try:
-        min_free = parse_size(min_free_memory) if min_free_memory is not None else None
-        wait_s = parse_duration(wait) if wait is not None else 0.0
-    except ValueError as exc:
-        raise LeaseError(str(exc)) from None
-    if max_utilization is not None and not 0 <= max_utilization <= 100:
-        raise LeaseError(f"max_utilization={max_utilization} must be a percentage from 0 to 100.")
+    request = PickRequest.build(count, gpus=gpus, min_free_memory=min_free_memory,
+                                max_utilization=max_utilization, wait=wait, lease=lease, snapshot=snapshot,
+                                lease_dir=lease_dir, command=command, seed=seed)
+    return pick_request(request, topology=topology, on_wait=on_wait)
+
+
+def pick_request(request: PickRequest, *, topology: Topology | None = None,
+                 on_wait: Callable[[str], None] | None = None) -> Picked:
+    """`pick` for a built request: decide on the facts (`topology`, else the request's snapshot,
+    else NVML), lease, and retry until the request's deadline."""
+    wait_s = request.wait_s
     deadline = time.monotonic() + wait_s
-    rng = random.Random(seed)
-    user = _my_user()
-    leases_at = LeaseDir(lease_dir)
+    rng = random.Random(request.seed)
+    user = my_user()
+    leases_at = LeaseDir(request.lease_dir)
     notify = on_wait or (lambda text: print(f"torchplace: {text}", file=sys.stderr, flush=True))
     last_reasons, delay = None, 0.05
     while True:
-        topo = topology if topology is not None else load_topology(snapshot, links=False, details=False)
-        if not topo.gpus:
-            why = f" ({topo.nvml_error})" if topo.nvml_error else ""
-            raise LeaseError(f"No GPUs to pick from in {topo.source}{why}. Fix: check the driver with "
-                             "`torchplace doctor`, or run on CPU (`torchplace run --gpus none`).")
-        only = _resolve_explicit(topo, gpus) if gpus is not None else None
-        need = len(only) if only is not None else count
-        if need != "auto" and int(need) > len(topo.gpus):
-            raise LeaseError(f"{need} GPUs were requested, but {topo.source} has {len(topo.gpus)}: "
-                             f"{_inventory(topo)}. Fix: ask for at most {len(topo.gpus)}.")
-        ordered, rejected = rank_gpus(topo, min_free_memory=min_free, max_utilization=max_utilization,
-                                      only=only, user=user, rng=rng)
-        result = _try_lease(ordered, need, leases_at, lease, command, user)
+        topo = topology if topology is not None else load_topology(request.snapshot, links=False, details=False)
+        choice = choose(topo, request, user=user, rng=rng)
+        result = _try_lease(choice.ordered, choice.need, leases_at, request.lease, request.command, user)
         if isinstance(result, Picked):
-            result.rejected = rejected + result.rejected
+            result.rejected = choice.rejected + result.rejected
             result.source, result.lease_dir = topo.source, str(leases_at.path)
             result.gpus.sort(key=lambda g: (g.pci_bus_id or "", g.physical_index))
             return result
-        rejected = sorted(rejected + result, key=lambda r: r.physical_index)
-        request = _describe_request(count, min_free, max_utilization, only)
+        rejected = sorted(choice.rejected + result, key=lambda r: r.physical_index)
+        asked = choice.describe(request)
         reasons = "; ".join(r.describe() for r in rejected) or "no GPU satisfies it"
         left = deadline - time.monotonic()
         if left <= 0:
             waited = f" after waiting {wait_s:.0f} s" if wait_s else ""
             raise LeaseError(
-                f"Cannot pick {request}{waited} in {topo.source}: {reasons}. Fix: wait for one "
+                f"Cannot pick {asked}{waited} in {topo.source}: {reasons}. Fix: wait for one "
                 "(--wait 10m / wait='10m'), relax --min-free-memory / --max-utilization, or ask "
                 f"with fewer GPUs; `torchplace leases` lists who holds what.")
         if reasons != last_reasons:  # say it again only when the reasons change
-            notify(f"waiting up to {left:.0f} s for {request}: {reasons}")
+            notify(f"waiting up to {left:.0f} s for {asked}: {reasons}")
             last_reasons = reasons
         time.sleep(min(left, delay * (0.5 + rng.random())))
         delay = min(delay * 2, 1.0)

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, Sequence
 
 from ..errors import DistributedError, TorchplaceError
-from .pick import Picked, pick
+from .pick import Picked, pick_request
+from .pick_decision import PickRequest
 
 #: torchrun options `torchplace run` passes through unchanged (all exist in torch >= 2.6).
 TORCHRUN_OPTIONS = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf",
@@ -138,14 +139,10 @@ def plan(cmd: Sequence[str], *, gpus: str | int | GpuRequest = 1, nproc: int | N
         count = nproc or 1
         notes.append("--gpus none: CUDA_VISIBLE_DEVICES is empty, so the job sees no GPU.")
     else:
-        command = " ".join(cmd)
-        if request.named:
-            picked = pick(gpus=list(request.named), wait=wait, min_free_memory=min_free_memory,
-                          max_utilization=max_utilization, snapshot=snapshot, lease=lease, command=command)
-        else:
-            picked = pick("auto" if request.auto else request.count or 1, wait=wait,
-                          min_free_memory=min_free_memory, max_utilization=max_utilization,
-                          snapshot=snapshot, lease=lease, command=command)
+        picked = pick_request(PickRequest.build(
+            "auto" if request.auto else request.count or 1, gpus=list(request.named) if request.named else None,
+            wait=wait, min_free_memory=min_free_memory, max_utilization=max_utilization, snapshot=snapshot,
+            lease=lease, command=" ".join(cmd)))
         changes.update(picked.env())
         changes["TORCHPLACE_LEASE_DIR"] = picked.lease_dir or ""
         count = len(picked.gpus)
