@@ -3,11 +3,15 @@ in a subprocess (used by the distributed and bench tests)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -30,6 +34,60 @@ def _no_env_leaks():
             else:
                 os.environ.pop(key, None)
         pytest.fail(f"test leaked environment changes: {changed}")
+
+
+# Threads that outlive a test by design, matched by name prefix, with the reason.
+_LONG_LIVED_THREADS: dict[str, str] = {
+    "torchplace-copy-": "the host-copy helpers (placement/_hostcopy.py): started once per process on "
+                        "the first large pack, daemons that live until exit (none under 4 cores)",
+    "tqdm_monitor": "tqdm's monitor, started once per process by its first progress bar (transformers' "
+                    "save_pretrained and from_pretrained show one)",
+}
+_GRACE_S = 2.0  # a thread or child that is finishing gets this long to end
+
+
+def _alive_children(me: psutil.Process) -> list[psutil.Process]:
+    """This process's children and their children, without those that have already ended."""
+    alive = []
+    for child in me.children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                alive.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _describe(child: psutil.Process) -> str:
+    try:
+        return f"pid {child.pid}: {' '.join(child.cmdline())[:160]}"
+    except psutil.Error:
+        return f"pid {child.pid}"
+
+
+@pytest.fixture(autouse=True)
+def _no_thread_or_process_leaks():
+    """Fail a test that leaves a thread or a child process running (children are killed, so the
+    next test starts clean); threads that live as long as the process by design are allowed by
+    name (_LONG_LIVED_THREADS). torch itself left none behind in the CPU suite."""
+    me = psutil.Process()
+    threads_before = set(threading.enumerate())
+    children_before = {c.pid for c in _alive_children(me)}
+    yield
+    deadline = time.monotonic() + _GRACE_S
+    while True:
+        threads = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()
+                   and not t.name.startswith(tuple(_LONG_LIVED_THREADS))]
+        children = [c for c in _alive_children(me) if c.pid not in children_before]
+        if not (threads or children) or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    if threads or children:
+        left = [f"thread {t.name!r} (target {getattr(t, '_target', None)!r})" for t in threads]
+        pytest.fail("test left running: " + "; ".join(left + [_describe(c) for c in children]))
 
 
 def pytest_collection_modifyitems(config, items):

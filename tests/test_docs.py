@@ -294,7 +294,10 @@ def run_page(page: Path, workdir: Path, runner: Runner, echo: bool = False) -> l
 
 @pytest.fixture(scope="module")
 def runner():
+    """One block server for the module, started here so no test is blamed for leaving it running."""
     r = Runner(spawn=os.environ.get("TORCHPLACE_DOCS_SPAWN") == "1" or sys.platform != "linux")
+    if not r.spawn:
+        r._server()
     yield r
     r.close()
 

@@ -411,6 +411,7 @@ def test_the_host_copy_shares_big_packs_out_and_reports_errors(monkeypatch):
     monkeypatch.setattr(_hostcopy, "_pid", 0)  # start helpers here, whatever this machine has
     monkeypatch.setattr(_hostcopy, "PARALLEL_BYTES", 1024)
     monkeypatch.setattr(_hostcopy, "CHUNK_BYTES", 256)
+    before = set(threading.enumerate())
     src = [torch.randn(64) for _ in range(9)]
     dst = [torch.empty(64) for _ in range(9)]
     wait = _hostcopy.start(dst, src, [t.nbytes for t in src])
@@ -422,3 +423,9 @@ def test_the_host_copy_shares_big_packs_out_and_reports_errors(monkeypatch):
         bad()
     one = _hostcopy.start(dst[:1], src[:1], [10])  # too small to hand out: copied right here
     one()
+    helpers = [t for t in threading.enumerate() if t not in before]
+    assert [t.name for t in helpers] == ["torchplace-copy-0", "torchplace-copy-1"]
+    for _ in helpers:  # this test's own pool ends with it
+        _hostcopy._jobs.put(None)
+    for t in helpers:
+        t.join()

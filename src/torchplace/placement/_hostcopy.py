@@ -93,8 +93,12 @@ def _pool() -> int:
 
 
 def _helper(jobs: queue.SimpleQueue) -> None:
+    """Copy the jobs handed in until a None arrives (the process's pool never gets one)."""
     while True:
-        dst, src, done = jobs.get()
+        job = jobs.get()
+        if job is None:
+            return
+        dst, src, done = job
         result = None
         try:
             _pack.copy(dst, src)
