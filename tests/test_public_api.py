@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 import torchplace
 
@@ -32,3 +35,46 @@ def test_unknown_attribute_is_an_attribute_error():
         assert "nope" in str(exc)
     else:
         raise AssertionError("expected AttributeError")
+
+
+def _static_names() -> dict[str, str]:
+    """name -> module, from the imports under `if _typing.TYPE_CHECKING:` in torchplace/__init__.py."""
+    tree = ast.parse(Path(torchplace.__file__).read_text())
+    blocks = [node for node in tree.body if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+              and not isinstance(node.test, ast.UnaryOp)]
+    assert len(blocks) == 1, "one TYPE_CHECKING block of imports"
+    names = {}
+    for stmt in blocks[0].body:
+        assert isinstance(stmt, ast.ImportFrom) and stmt.level == 1, ast.unparse(stmt)
+        for alias in stmt.names:
+            names[alias.asname or alias.name] = f"torchplace.{stmt.module}" + (
+                f".{alias.name}" if alias.asname else "")
+    return names
+
+
+def test_static_names_match_the_run_time_table():
+    static = _static_names()
+    table = {**torchplace._EXPORTS, **torchplace._SUBMODULES}
+    assert sorted(static) == sorted(table) == torchplace.__all__
+    for name, where in static.items():
+        if name in torchplace._SUBMODULES:
+            assert where == table[name], name  # `from .distributed import group as dist`
+        else:
+            obj = getattr(importlib.import_module(where), name)
+            assert obj is getattr(torchplace, name), f"{name}: the checker sees {where}.{name}"
+
+
+def test_dir_lists_each_public_name_once_and_no_helpers():
+    torchplace.device  # noqa: B018  (a loaded name must not appear twice)
+    listed = dir(torchplace)
+    assert len(listed) == len(set(listed))
+    public = [n for n in listed if not n.startswith("_")]
+    assert public == torchplace.__all__
+    assert "__version__" in listed
+
+
+def test_type_checkers_do_not_see_getattr():
+    """A module-level __getattr__ visible to mypy makes every misspelt name type-check as Any."""
+    tree = ast.parse(Path(torchplace.__file__).read_text())
+    top_level = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
+    assert "__getattr__" not in top_level

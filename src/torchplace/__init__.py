@@ -7,10 +7,8 @@ Names load on first use (PEP 562), so `import torchplace` and the CLI's fact-rea
 stay fast and never import torch or start CUDA until something needs it.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+import typing as _typing
 
 from ._version import __version__
 
@@ -45,6 +43,9 @@ _EXPORTS: dict[str, str] = {
     # checkpoints (issue 5)
     "save": "torchplace.checkpoint.saving",
     "load": "torchplace.checkpoint.loading",
+    # background saves (issue 17)
+    "save_async": "torchplace.checkpoint.background",
+    "SaveFuture": "torchplace.checkpoint.background",
     # many GPUs (issue 6)
     "pick": "torchplace.distributed.pick",
     # policies (issue 7)
@@ -63,22 +64,32 @@ _EXPORTS: dict[str, str] = {
 # public submodules reachable as attributes
 _SUBMODULES = {"dist": "torchplace.distributed.group"}
 
-__all__ = sorted([*_EXPORTS, *_SUBMODULES])
+# The same names, written out so that static tools read them (tests/test_public_api.py checks that
+# this list, the run-time table above and the TYPE_CHECKING imports at the end agree).
+__all__ = [
+    "CheckpointError", "DeviceError", "DeviceLeakError", "DeviceLoader", "DeviceMismatchError",
+    "DistributedError", "Facts", "LeaseError", "Runtime", "SaveFuture", "SnapshotError", "TorchplaceError",
+    "TorchplaceWarning", "configure_threads", "deterministic", "device", "diagnose_oom", "dist", "explain",
+    "find_batch_size", "guard", "load", "memory_report", "on", "pick", "place", "precision_for",
+    "read_facts", "save", "save_async", "seed_everything", "setup", "strict", "to_device", "track_memory",
+    "visible_devices", "watch",
+]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        value: Any = importlib.import_module(_SUBMODULES[name])
-    elif name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    else:
-        raise AttributeError(f"module 'torchplace' has no attribute {name!r}")
-    globals()[name] = value
-    return value
+if not _typing.TYPE_CHECKING:  # hidden from type checkers, so a misspelt name fails type-checking
+    def __getattr__(name: str) -> object:
+        if name in _SUBMODULES:
+            value = _importlib.import_module(_SUBMODULES[name])
+        elif name in _EXPORTS:
+            value = getattr(_importlib.import_module(_EXPORTS[name]), name)
+        else:
+            raise AttributeError(f"module 'torchplace' has no attribute {name!r}")
+        globals()[name] = value
+        return value
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+    """Each public name once, plus the module's own dunders; not the helpers this file imports."""
+    return sorted({*__all__, *(n for n in globals() if n.startswith("__") and n.endswith("__"))})
 
 
 def _strict_from_env() -> None:
@@ -114,8 +125,26 @@ def _started_as_cli() -> bool:
 _strict_from_env()
 
 
-if TYPE_CHECKING:  # static checkers see the real objects
-    from .errors import (CheckpointError, DeviceError, DeviceLeakError, DeviceMismatchError,  # noqa: F401
-                         DistributedError, LeaseError, SnapshotError, TorchplaceError, TorchplaceWarning)
-    from .placement.resolve import device  # noqa: F401
-    from .placement.scope import guard, on  # noqa: F401
+if _typing.TYPE_CHECKING:  # static checkers see the real objects; at run time they load on first use
+    from .amp import precision_for
+    from .checkpoint.background import SaveFuture, save_async
+    from .checkpoint.loading import load
+    from .checkpoint.saving import save
+    from .checks.explain import explain
+    from .checks.strict import strict
+    from .checks.watch import watch
+    from .distributed import group as dist
+    from .distributed.pick import pick
+    from .errors import (CheckpointError, DeviceError, DeviceLeakError, DeviceMismatchError, DistributedError,
+                         LeaseError, SnapshotError, TorchplaceError, TorchplaceWarning)
+    from .hardware.facts import Facts, read_facts
+    from .hardware.visible import visible_devices
+    from .memory import diagnose_oom, find_batch_size, memory_report, track_memory
+    from .placement.loader import DeviceLoader
+    from .placement.resolve import device
+    from .placement.scope import guard, on
+    from .placement.split import place
+    from .placement.transfer import to_device
+    from .policy.determinism import deterministic, seed_everything
+    from .policy.threads import configure_threads
+    from .runtime import Runtime, setup

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import torch
 
     from .checks.autocast import AutocastCheck
+    from .placement.resolve import DeviceSpec
 
 
 def cpu_features() -> tuple[bool, bool, str]:
@@ -166,8 +167,9 @@ class PrecisionPolicy:
                               "Fix: run on a machine with that device, or use precision_for('cpu').")
 
 
-def precision_for(device: Any, dtype: Any = None, *, capability: tuple[int, int] | list[int] | None = None,
-                  name: str | None = None, tf32: bool | None = None, strict: bool | None = None) -> PrecisionPolicy:
+def precision_for(device: DeviceSpec, dtype: str | torch.dtype | None = None, *,
+                  capability: tuple[int, int] | list[int] | None = None, name: str | None = None,
+                  tf32: bool | None = None, strict: bool | None = None) -> PrecisionPolicy:
     """The precision policy for DEVICE from its real capability; DTYPE forces a choice.
 
     `capability=(major, minor)` plans for a CUDA device without touching it (from a snapshot's

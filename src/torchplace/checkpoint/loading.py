@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
+from ..placement.resolve import DeviceSpec
 from . import distributed as tpdist
 from . import foreign, keymap, rng
 from .dcp_reader import is_dcp_dir
@@ -215,7 +216,7 @@ def _load_dcp(path: Path, *, model: nn.Module | None, optimizer: Any, trust_pick
     return Checkpoint(path, tree, fs.meta, "torchplace (sharded, torch.distributed.checkpoint)")
 
 
-def load(path: str | os.PathLike[str], *, device: Any = None, model: nn.Module | None = None,
+def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.Module | None = None,
          optimizer: Any = None, scheduler: Any = None, scaler: Any = None, strict: bool = True,
          restore_rng: bool = True, trust_pickle: bool = False, **more_state: Any) -> Checkpoint:
     """Load a checkpoint onto DEVICE and into the objects given; return what was found and done.

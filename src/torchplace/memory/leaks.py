@@ -31,6 +31,7 @@ import torch
 
 from ..errors import MemoryLeakError, MemoryLeakWarning
 from ..checks.strict_config import should_raise
+from ..placement.resolve import DeviceSpec
 from ..units import format_bytes
 from .holders import Growth, Holding, grown, holdings, name_holder, user_frames
 from .usage import LiveTensor, containers_of, cuda_origins, graph_holders, live_tensors, tensor_info
@@ -250,7 +251,7 @@ def _message(r: LeakReport, steady: bool) -> str:
     return " ".join(parts)
 
 
-def track_memory(device: Any = None, *, tolerance_bytes: int | None = None, warmup_steps: int = 2,
+def track_memory(device: DeviceSpec = None, *, tolerance_bytes: int | None = None, warmup_steps: int = 2,
                  strict: bool | None = None, record_origins: bool = False) -> MemoryTracker:
     """A leak detector for a loop over steps (see module docstring).
 

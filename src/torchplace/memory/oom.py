@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import TorchplaceError
+from ..placement.resolve import DeviceSpec
 from ..units import format_bytes, parse_size
 from .usage import MemoryReport, device_memory, describe_tensors, graph_holders, live_tensors
 
@@ -166,7 +167,7 @@ class diagnose_oom(contextlib.ContextDecorator):  # noqa: N801 - used like a fun
     strict overcommit the report itself still has room to be built.
     """
 
-    def __init__(self, device: Any = None, *, top: int = 5, reserve_bytes: int = RESERVE_BYTES) -> None:
+    def __init__(self, device: DeviceSpec = None, *, top: int = 5, reserve_bytes: int = RESERVE_BYTES) -> None:
         self.device = device
         self.top = top
         self.reserve_bytes = reserve_bytes
@@ -196,7 +197,7 @@ class diagnose_oom(contextlib.ContextDecorator):  # noqa: N801 - used like a fun
 
 
 def find_batch_size(fn: Callable[[int], Any], start: int = 1, *, max_size: int | None = None,
-                    device: Any = None) -> int:
+                    device: DeviceSpec = None) -> int:
     """The largest batch size for which `fn(batch_size)` runs without running out of memory.
 
     FN should run one full step (forward, backward, optimizer) at that batch size. Doubling from

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from ..hardware import host
+from ..placement.resolve import DeviceSpec
 from ..units import format_bytes
 
 _MAX_GRAPH_NODES = 20_000
@@ -111,7 +112,7 @@ def _grouped(infos: list[LiveTensor]) -> list[str]:
     return [f"  {n} x {text}" if n > 1 else f"  {text}" for text, n in counts.items()]
 
 
-def memory_report(device: Any = None, *, top: int = 10) -> MemoryReport:
+def memory_report(device: DeviceSpec = None, *, top: int = 10) -> MemoryReport:
     """Memory of DEVICE (default: the CPU and every CUDA device this process has used) and its
     TOP largest live tensors, with the op that made them and what holds them."""
     devices = _devices(device)

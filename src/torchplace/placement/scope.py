@@ -14,11 +14,12 @@ import threading
 import traceback
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, TypeVar, overload
 
 import torch
 
 from ..errors import DeviceLeakError, DeviceLeakWarning
+from .resolve import DeviceSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -45,7 +46,7 @@ class on(contextlib.ContextDecorator):
     through torch's own `torch.device` context, which costs a little on every op.
     """
 
-    def __init__(self, device: Any, *, factories: bool = False) -> None:
+    def __init__(self, device: DeviceSpec, *, factories: bool = False) -> None:
         from .resolve import device as resolve_device
 
         self.device = resolve_device(device)
@@ -142,22 +143,13 @@ def leak_message(what: str, before: int | None, after: int, sites: list[str], de
             f"`with torch.cuda.device(...)`, or pass the device explicitly instead of setting it.")
 
 
-class guard(contextlib.ContextDecorator):
-    """Detect code that changes the current device without restoring it.
+class Guard(contextlib.ContextDecorator):
+    """The block or function `guard` watches (made by `guard`; see there)."""
 
-    Use as `@guard`, `@guard(action="raise")` or `with guard(): ...`. On a leak the previous
-    device is restored and a DeviceLeakWarning is issued (action="warn") or DeviceLeakError raised.
-    """
+    action: str
+    device_type: str
 
-    def __new__(cls, fn: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
-        self = super().__new__(cls)
-        if fn is not None and callable(fn):
-            self.__init__(**kwargs)
-            return self(fn)
-        return self
-
-    def __init__(self, fn: Callable[..., Any] | None = None, *, action: str = "warn",
-                 device_type: str = "cuda") -> None:
+    def __init__(self, *, action: str = "warn", device_type: str = "cuda") -> None:
         if action not in ("warn", "raise"):
             raise ValueError(f"guard(action={action!r}): use 'warn' or 'raise'.")
         self.action, self.device_type = action, device_type
@@ -170,7 +162,7 @@ class guard(contextlib.ContextDecorator):
         self.what = f"{getattr(fn, '__qualname__', fn)}{where}"
         return super().__call__(fn)
 
-    def __enter__(self) -> "guard":
+    def __enter__(self) -> Guard:
         stack = self._local.__dict__.setdefault("stack", [])
         stack.append(current_index(self.device_type))
         _install()
@@ -191,3 +183,20 @@ class guard(contextlib.ContextDecorator):
         warnings.warn(message, DeviceLeakWarning, stacklevel=2)
         return None
 
+
+@overload
+def guard(fn: F, *, action: str = ..., device_type: str = ...) -> F: ...
+
+
+@overload
+def guard(fn: None = None, *, action: str = ..., device_type: str = ...) -> Guard: ...
+
+
+def guard(fn: Callable[..., Any] | None = None, *, action: str = "warn", device_type: str = "cuda") -> Any:
+    """Detect code that changes the current device without restoring it.
+
+    Use as `@guard`, `@guard(action="raise")` or `with guard(): ...`. On a leak the previous
+    device is restored and a DeviceLeakWarning is issued (action="warn") or DeviceLeakError raised.
+    """
+    g = Guard(action=action, device_type=device_type)
+    return g(fn) if fn is not None else g

@@ -18,10 +18,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DeviceError
 from ..hardware.host import HostFacts, cpu_cores, numa_nodes, read_host, usable_cpus
+
+if TYPE_CHECKING:
+    from ..placement.resolve import DeviceSpec
 
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -157,7 +160,7 @@ def cpu_span(cpus: list[int]) -> str:
 
 
 def configure_threads(intra_op: int | None = None, inter_op: int | None = None, *,
-                      local_world_size: int | None = None, gpu: Any = None, bind: bool = False,
+                      local_world_size: int | None = None, gpu: DeviceSpec = None, bind: bool = False,
                       set_env: bool = True) -> ThreadPlan:
     """Plan threads from this host's facts and apply the plan; returns it (with `applied`).
 
