@@ -61,7 +61,35 @@ class Explanation(dict):
 
 
 def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimizer | None = None) -> Explanation:
-    """Where `model`'s parameters and buffers, the `inputs` and the `optimizer` state live, and the problems."""
+    """Where a model's parameters and buffers, the inputs and the optimizer state live, and the problems.
+
+    Looks without changing anything: each module's devices, plain tensor attributes that `.to()`
+    would not move, inputs on another device than the layers that read them, optimizer state on
+    another device than its parameters, DataParallel pitfalls; with inputs, one forward is run and
+    its outcome reported.
+
+    Args:
+        model: the model to examine.
+        *inputs: a batch as the model takes it (tensors or nested containers), optional.
+        optimizer: its state is checked against the parameters' devices.
+
+    Returns:
+        An `Explanation`: a plain dict (`model`, `modules`, `inputs`, `optimizer`, `forward`,
+        `problems`) that prints as tables (`print()`) or text (`str()`).
+
+    Raises:
+        TypeError: `model` is not an `nn.Module`.
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+
+        model = torch.nn.Linear(8, 2)
+        report = tp.explain(model, torch.randn(2, 8), optimizer=torch.optim.Adam(model.parameters()))
+        print(report.problems or "no problems")
+        ```
+    """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"explain() takes the model (an nn.Module) first, got {type(model).__name__}. "
                         "Fix: explain(model, batch, optimizer=opt).")

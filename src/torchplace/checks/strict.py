@@ -96,9 +96,41 @@ def strict(action: Action = "error", *, model: torch.nn.Module | None = None, pl
            syncs: Check = False) -> Strict:
     """Turn on torchplace's device checks for the block (see the module docstring).
 
-    `action` ("error" or "warn") applies to every check given as True; a check given as
-    "warn" or "error" overrides it, False turns it off. `model` names the root of module paths
-    in mismatch reports. Device mismatches always raise DeviceMismatchError.
+    Checks: `placement` (`.cuda()` or `.to("cuda")` without an index), `leaks` (a function that
+    changes the current device and does not restore it), `autocast` (an autocast for a device type
+    none of the tensors are on), `factories` (factory calls without a device; off by default: it
+    costs a little per op), `syncs` (host-device synchronizations; off by default). A device
+    mismatch always raises `DeviceMismatchError` naming the module, tensor and parameter.
+    `TORCHPLACE_STRICT=1` turns the same on for a whole program.
+
+    Args:
+        action: "error" (raise) or "warn" (warn and go on), for every check given as True.
+        model: the root module that mismatch reports name paths from.
+        placement: True (follow `action`), "error", "warn", or False (off).
+        leaks: as `placement`.
+        autocast: as `placement`.
+        factories: as `placement`; default off.
+        syncs: as `placement`; default off.
+
+    Returns:
+        A `Strict` context manager (per thread, nests, also a decorator).
+
+    Raises:
+        ValueError: an `action` or check value other than those above.
+        TypeError: `model` is not an `nn.Module`.
+        DeviceMismatchError: inside the block, an op mixed devices.
+        StrictWarning: (a warning) or a `TorchplaceError` inside the block, from a check that found
+            a mistake.
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+
+        model = torch.nn.Linear(4, 2)
+        with tp.strict(model=model):
+            model(torch.randn(3, 4))  # fine; `.to("cuda")` here would be reported
+        ```
     """
     return Strict(make_config(action, model=model, placement=placement, leaks=leaks, autocast=autocast,
                               factories=factories, syncs=syncs))

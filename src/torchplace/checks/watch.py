@@ -33,10 +33,34 @@ class Watch(ContextDecorator):
 
 
 def watch(model: torch.nn.Module | None = None) -> Watch:
-    """Report device mismatches raised in the block as DeviceMismatchError naming the culprit.
+    """Report device mismatches raised in the block as `DeviceMismatchError` naming the culprit.
 
-    `model` names the root of module paths (`model.encoder.layers.3.attn`) and of parameter and
-    buffer names; without it, paths start at the outermost module that was running.
+    The lightest check: nothing runs until PyTorch itself raises "Expected all tensors to be on the
+    same device"; then the error is rewritten to name the op, each tensor (device, dtype, shape,
+    parameter, buffer or batch key) and the module path.
+
+    Args:
+        model: the root of module paths (`model.encoder.layers.3.attn`) and of parameter and
+            buffer names; without it, paths start at the outermost module that was running.
+
+    Returns:
+        A `Watch` context manager.
+
+    Raises:
+        DeviceMismatchError: inside the block, an op mixed devices.
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+        try:
+            with tp.watch(model):
+                model(torch.randn(2, 4, device="meta"))
+        except tp.DeviceMismatchError as err:
+            print(err)
+        ```
     """
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"watch() takes an nn.Module (or nothing), got {type(model).__name__}. "

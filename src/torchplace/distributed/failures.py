@@ -48,7 +48,30 @@ def port_user(port: int) -> str | None:
 
 def explain(exc: BaseException | str, launch: LaunchEnv | None = None,
             timeout_s: float | None = None) -> DistributedError | None:
-    """A DistributedError for a known failure in `exc` (an exception or its text), else None."""
+    """A `DistributedError` with the fix for a known failure in EXC, else None.
+
+    Known failures: the rendezvous port already in use (naming the process that holds it), a
+    master that refuses connections, a collective that timed out, a store whose peer went away,
+    an invalid device ordinal, NCCL errors.
+
+    Args:
+        exc: an exception, or its text.
+        launch: the launch environment, to name hosts and ports in the message (default: read it).
+        timeout_s: the timeout that ran out, for the message.
+
+    Returns:
+        The better error, or None when the failure is not one torchplace knows.
+
+    Example:
+        ```python
+        import torchplace as tp
+
+        err = tp.dist.explain(RuntimeError("The server socket has failed to listen on any local "
+                                           "network address. port: 29500, useIpv6: 0, code: -98, "
+                                           "name: EADDRINUSE, message: address already in use"))
+        print(err)
+        ```
+    """
     text = str(exc)
     port = launch.master_port if launch else None
     if "EADDRINUSE" in text or "address already in use" in text.lower():
@@ -119,8 +142,28 @@ def explain(exc: BaseException | str, launch: LaunchEnv | None = None,
 
 @contextlib.contextmanager
 def explained(launch: LaunchEnv | None = None) -> Iterator[None]:
-    """Re-raise known distributed failures inside the block as DistributedError with the fix;
-    anything else passes through unchanged."""
+    """Re-raise known distributed failures inside the block as `DistributedError` with the fix.
+
+    Anything else passes through unchanged.
+
+    Args:
+        launch: the launch environment, for the messages (default: read it).
+
+    Returns:
+        A context manager.
+
+    Raises:
+        DistributedError: a known failure happened inside the block (the original is its cause).
+
+    Example:
+        ```python
+        import torchplace as tp
+
+        with tp.dist.explained():
+            info = tp.dist.init()  # a busy port or a lost peer here says what to do
+        tp.dist.teardown()
+        ```
+    """
     try:
         yield
     except DistributedError:

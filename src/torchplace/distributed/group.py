@@ -49,7 +49,23 @@ _ACCELERATOR_BACKENDS = {"cuda": "nccl", "xpu": "xccl"}
 
 
 def info() -> DistInfo:
-    """The record `init` returned; raises if the group was not made by torchplace.dist.init."""
+    """The record `init` returned in this process.
+
+    Returns:
+        This process's `DistInfo`.
+
+    Raises:
+        DistributedError: `torchplace.dist.init()` has not run in this process.
+
+    Example:
+        ```python
+        import torchplace as tp
+
+        tp.dist.init()
+        print(tp.dist.info().rank)
+        tp.dist.teardown()
+        ```
+    """
     if STATE.info is None:
         raise DistributedError("torchplace.dist.init() has not run in this process. Fix: call it first.")
     return STATE.info
@@ -60,6 +76,13 @@ def init(*, backend: str | None = None, device: str | torch.device | None = None
          env: Mapping[str, str] | None = None) -> DistInfo:
     """Create the default process group from the launcher's environment, validated first.
 
+    RANK, WORLD_SIZE, LOCAL_RANK and the rest are checked before any network call; every rank's
+    world size, backend and GPU are compared through the rendezvous store before the group is
+    made, so a missing or mismatched rank is named instead of hanging. Without a launcher (a plain
+    `python script.py`), makes a group of one process. When another library already made the
+    default group (Lightning Fabric, Accelerate), adopts it instead (`info.adopted`), so
+    `health_check()` and `stragglers()` work on it. A second call returns the same record.
+
     Args:
         backend: default "cpu:gloo,cuda:nccl" on a GPU (CPU and CUDA tensors both work),
             "gloo" on CPU.
@@ -68,10 +91,23 @@ def init(*, backend: str | None = None, device: str | torch.device | None = None
         join_timeout: how long to wait for every rank to join before naming the missing ones.
         env: the environment to read (default os.environ).
 
-    Without a launcher (a plain `python script.py`), makes a group of one process. When another
-    library already made the default group (Lightning Fabric, Accelerate), adopts it instead
-    (`info.adopted`), so health_check() and stragglers() work on it. Returns the DistInfo record;
-    a second call returns the same record.
+    Returns:
+        This process's `DistInfo`.
+
+    Raises:
+        DistributedError: an inconsistent launch environment (a RANK past WORLD_SIZE, a
+            LOCAL_RANK without a GPU), ranks that do not join within `join_timeout`, or ranks that
+            disagree; the message names the ranks and the fix.
+        DeviceError: `device` does not exist here.
+
+    Example:
+        ```python
+        import torchplace as tp
+
+        info = tp.dist.init()  # under torchrun: this rank's GPU and group; alone: a group of one
+        print(f"rank {info.rank} of {info.world_size} on {info.device}")
+        tp.dist.teardown()
+        ```
     """
     with LOCK:
         if STATE.info is not None and dist.is_initialized():
@@ -238,8 +274,22 @@ def teardown(timeout: float = 30.0) -> None:
     """Destroy every process group torchplace made (idempotent; also runs at exit).
 
     A group whose collectives timed out (a failed health check) is aborted rather than destroyed,
-    and destruction has a deadline when called from the program, so a stuck peer cannot keep
-    this process from exiting.
+    and destruction has a deadline when called from the program, so a stuck peer cannot keep this
+    process from exiting. A group adopted from another library is left to it.
+
+    Args:
+        timeout: seconds to wait for the groups to be destroyed before giving up on them.
+
+    Example:
+        ```python
+        import torchplace as tp
+
+        tp.dist.init()
+        try:
+            pass  # train
+        finally:
+            tp.dist.teardown()
+        ```
     """
     with LOCK:
         was_ours = STATE.info is not None and not STATE.info.adopted  # an adopted group is its maker's
@@ -280,7 +330,25 @@ def _abort() -> bool:
 
 @contextlib.contextmanager
 def session(**kwargs: Any) -> Iterator[DistInfo]:
-    """``with torchplace.dist.session() as info:`` = init(**kwargs), then teardown() always."""
+    """`init(**kwargs)` for the block, then `teardown()` however it ends.
+
+    Args:
+        **kwargs: passed to `init` (`backend`, `device`, `timeout`, `join_timeout`, `env`).
+
+    Returns:
+        A context manager that yields the `DistInfo`.
+
+    Raises:
+        DistributedError: as `init`.
+
+    Example:
+        ```python
+        import torchplace as tp
+
+        with tp.dist.session(timeout=120) as info:
+            print(info.rank, info.world_size)
+        ```
+    """
     record = init(**kwargs)
     try:
         yield record

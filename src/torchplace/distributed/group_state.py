@@ -17,7 +17,31 @@ from ..hardware.launch_env import LaunchEnv
 
 @dataclass(frozen=True)
 class DistInfo:
-    """Where this process stands in the job. `device` is an indexed torch.device."""
+    """Where this process stands in the job; `torchplace.dist.init()` returns it.
+
+    Attributes:
+        rank: this process's global rank.
+        world_size: how many processes the job has.
+        local_rank: the rank on this node (None without a launcher that sets it).
+        local_world_size: processes on this node.
+        device: this rank's indexed torch.device (`cuda:LOCAL_RANK`, or cpu).
+        backend: the process group's backend ("cpu:gloo,cuda:nccl", "gloo", ...).
+        launcher: "torchrun", "slurm", ... or None for a plain `python script.py`.
+        node_rank: this node's rank, where the launcher says.
+        hostname: this host's name.
+        adopted: the group was made by another library (Lightning Fabric, Accelerate);
+            torchplace only uses it.
+
+    `is_main` is True on rank 0 (log, save checkpoints, print).
+
+    Example:
+        ```python
+        import torchplace as tp
+
+        with tp.dist.session() as info:  # a group of one without a launcher
+            print(info.rank, info.world_size, info.device, info.backend, info.is_main)
+        ```
+    """
 
     rank: int
     world_size: int

@@ -26,7 +26,23 @@ from .group_state import STATE, require, seconds
 
 @dataclass(frozen=True)
 class HealthReport:
-    """A passed health check: every rank answered and an all-reduce on `device` was right."""
+    """A passed health check: every rank answered and an all-reduce on `device` was right.
+
+    Attributes:
+        world_size: the ranks that answered (all of them).
+        device: the device the all-reduce ran on.
+        backend: the backend that carried it.
+        elapsed_s: seconds the whole check took.
+
+    Example:
+        ```python
+        import torchplace as tp
+
+        with tp.dist.session():
+            report = tp.dist.health_check(timeout=30)
+            print(report.world_size, report.device, f"{report.elapsed_s:.3f} s")
+        ```
+    """
 
     world_size: int
     device: str
@@ -36,7 +52,26 @@ class HealthReport:
 
 @dataclass(frozen=True)
 class StragglerReport:
-    """Every rank's step time and the ranks slower than `threshold` x the median."""
+    """Every rank's step time and the ranks slower than `threshold` x the median.
+
+    Attributes:
+        step_times_s: one step time per rank, in seconds, by rank.
+        median_s: their median.
+        slow_ranks: the ranks whose time exceeds `threshold` x the median.
+        threshold: the factor used.
+        hosts: each rank's host name, by rank.
+
+    `imbalance` is the slowest time over the median (1.0: perfectly balanced).
+
+    Example:
+        ```python
+        import torchplace as tp
+
+        with tp.dist.session():
+            report = tp.dist.stragglers(0.25)
+            print(report.slow_ranks, report.imbalance)
+        ```
+    """
 
     step_times_s: list[float]
     median_s: float
@@ -101,11 +136,30 @@ def health_check(timeout: float | _dt.timedelta = 60.0) -> HealthReport:
     """Check that every rank answers and that an all-reduce on the device gives the right sum.
 
     Call it on every rank. Ranks that do not arrive within `timeout` (stuck, dead, or busy in
-    another collective) are named, and every rank that did arrive raises DistributedError with
+    another collective) are named, and every rank that did arrive raises `DistributedError` with
     those names within `timeout` instead of hanging. Arrival is checked through the rendezvous
-    store (whose waits have deadlines even when rank 0 is the one stuck), then by a gloo
-    monitored barrier, then an all-reduce on this rank's device (NCCL on GPUs) must sum to
-    WORLD_SIZE in the time left.
+    store (whose waits have deadlines even when rank 0 is the one stuck), then by a gloo monitored
+    barrier, then an all-reduce on this rank's device (NCCL on GPUs) must sum to WORLD_SIZE in the
+    time left.
+
+    Args:
+        timeout: seconds (or a timedelta) for the whole check.
+
+    Returns:
+        A `HealthReport`.
+
+    Raises:
+        DistributedError: a rank did not answer in time (named), the all-reduce gave a wrong sum,
+            or `init()` has not run.
+
+    Example:
+        ```python
+        import torchplace as tp
+
+        tp.dist.init()
+        print(tp.dist.health_check(timeout=60))
+        tp.dist.teardown()
+        ```
     """
     me = require()
     total = seconds(timeout, 60.0)
@@ -161,11 +215,35 @@ def health_check(timeout: float | _dt.timedelta = 60.0) -> HealthReport:
 
 def stragglers(step_time_s: float | Sequence[float], *, threshold: float = 1.2,
                timeout: float | _dt.timedelta = 60.0) -> StragglerReport:
-    """Gather every rank's step time (seconds, or a list whose mean is taken) and name the slow ones.
+    """Gather every rank's step time and name the slow ones.
 
     Call it on every rank; all get the same report. A rank is slow when its time exceeds
     `threshold` x the median. The numbers travel through the rendezvous store, off the GPU
-    streams, with a deadline: a rank that does not report within `timeout` is named.
+    streams, with a deadline.
+
+    Args:
+        step_time_s: this rank's step time in seconds, or a list whose mean is taken.
+        threshold: how many times the median makes a rank slow (default 1.2).
+        timeout: seconds (or a timedelta) to wait for every rank's number.
+
+    Returns:
+        A `StragglerReport`, the same on every rank.
+
+    Raises:
+        DistributedError: a rank did not report within `timeout` (named), an empty list of
+            times, a `threshold` not above 1.0, or `init()` has not run.
+
+    Example:
+        ```python
+        import time
+        import torchplace as tp
+
+        with tp.dist.session():
+            start = time.perf_counter()
+            sum(range(10_000))  # one training step
+            report = tp.dist.stragglers(time.perf_counter() - start, threshold=1.5)
+            print(report.slow_ranks or "no stragglers")
+        ```
     """
     me = require()
     if isinstance(step_time_s, (int, float)):

@@ -143,6 +143,10 @@ def pick(count: int | str = 1, *, gpus: Sequence[int | str] | None = None,
          on_wait: Callable[[str], None] | None = None) -> Picked:
     """Choose GPUs from NVML facts and lease them to this process; CUDA never starts.
 
+    GPUs are ranked by free memory, utilization and other users' processes; GPUs leased by other
+    torchplace processes (on this machine, through the lease directory) are skipped. The leases end
+    with the process, or with `Picked.release()`.
+
     Args:
         count: how many GPUs (>= 1), or "auto" for every GPU that satisfies the request now.
         gpus: exactly these GPUs (physical indices or UUIDs) instead of choosing; `count` is
@@ -152,13 +156,31 @@ def pick(count: int | str = 1, *, gpus: Sequence[int | str] | None = None,
         wait: seconds or a duration such as "10m" to wait for GPUs to become free; None or 0
             fails at once. While waiting, `on_wait` (default: a line on stderr) is told why.
         lease: hold a lease on each GPU (default). False only consults other processes' leases.
-        topology / snapshot: decide on these facts instead of reading NVML.
+        topology: decide on these facts instead of reading NVML.
+        snapshot: decide on a snapshot file (`torchplace doctor --json`) instead of reading NVML.
         lease_dir: the shared lease directory (default $TORCHPLACE_LEASE_DIR or /tmp/torchplace-leases).
         command: what to record as the holder's command (default: this process's argv).
         seed: fixes the random tie-break (tests).
+        on_wait: called with a line saying why it still waits.
+
+    Returns:
+        A `Picked`: `gpus` (physical index, UUID, name, free memory ...), `rejected` with the
+        reason for each GPU passed over, `uuids` and `physical_indices`, `leases`,
+        `cuda_visible_devices` (the value for child processes), `apply()` to set it in this
+        process's environment before CUDA starts, and `release()`; also a context manager.
 
     Raises:
         LeaseError: the request cannot be met within `wait`; the message lists every GPU and why.
+        SnapshotError: the snapshot cannot be read.
+
+    Example:
+        ```python
+        import torchplace as tp
+
+        picked = tp.pick(1, snapshot="tests/fixtures/snapshots/h200x2.json", lease=False)
+        print(picked.physical_indices, picked.uuids)
+        # on a shared server: tp.pick(2, min_free_memory="20GiB", wait="10m")
+        ```
     """
     request = PickRequest.build(count, gpus=gpus, min_free_memory=min_free_memory,
                                 max_utilization=max_utilization, wait=wait, lease=lease, snapshot=snapshot,

@@ -32,7 +32,29 @@ def relevant_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 @dataclass
 class Facts:
-    """Topology + visible mapping + host + versions + relevant environment."""
+    """Everything torchplace knows about a machine, read without starting CUDA.
+
+    The record `read_facts` returns and `torchplace doctor` reports on: the GPU topology from NVML
+    (`topology`), the host (CPUs, affinity, cgroup limits, memory, shared memory: `host`), library
+    and driver versions (`versions`), the environment variables that matter (`env`) and the
+    physical <-> `cuda:N` mapping under `CUDA_VISIBLE_DEVICES` (`visible`).
+
+    Attributes:
+        topology: GPUs (physical index, UUID, name, memory in bytes, MIG) and their links.
+        host: CPU and memory facts of this process's view of the machine.
+        versions: Python, torch, CUDA runtime and driver versions.
+        env: the device-related environment variables that were set.
+        visible: the visible-device map, or None when it could not be built.
+
+    Example:
+        ```python
+        import torchplace as tp
+
+        facts = tp.read_facts(snapshot="tests/fixtures/snapshots/h200x2.json")
+        print(facts.source, len(facts.topology.gpus), "GPUs")
+        data = facts.to_dict()  # what `torchplace doctor --json` prints; a valid snapshot
+        ```
+    """
 
     topology: Topology
     host: HostFacts
@@ -66,7 +88,30 @@ class Facts:
 
 
 def read_facts(snapshot: str | os.PathLike[str] | None = None) -> Facts:
-    """Facts of this machine, or of a snapshot file with this process's environment."""
+    """Read this machine's facts, or a snapshot's, without starting CUDA.
+
+    NVML, /proc and the cgroup files are read; CUDA is never initialized, so this is safe before
+    `CUDA_VISIBLE_DEVICES` is fixed and before a fork.
+
+    Args:
+        snapshot: a JSON file written by `torchplace doctor --json`; its hardware is read with this
+            process's environment (so `CUDA_VISIBLE_DEVICES` can be tried against another
+            machine). None reads this machine.
+
+    Returns:
+        The `Facts` record.
+
+    Raises:
+        SnapshotError: the snapshot is missing, unreadable or of an unknown schema.
+
+    Example:
+        ```python
+        import torchplace as tp
+
+        facts = tp.read_facts()  # this machine; GPUs are listed only where NVML answers
+        print(facts.host.cpu_count, "CPUs,", len(facts.topology.gpus), "GPUs")
+        ```
+    """
     if snapshot is not None:
         return Facts.from_dict(load_snapshot(snapshot), source=str(snapshot))
     return Facts(read_topology(), read_host(), read_versions(), relevant_env())

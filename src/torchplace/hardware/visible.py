@@ -286,7 +286,33 @@ def _hex_of(uuid: str) -> str:
 
 
 def visible_devices(value: Any = ENV, snapshot: str | None = None) -> VisibleMap:
-    """Public helper: the visible map for this machine (or a snapshot file), never starting CUDA."""
+    """Which physical GPU each `cuda:N` is, without starting CUDA.
+
+    Reads the GPUs from NVML (or a snapshot) and applies the driver's rules for
+    `CUDA_VISIBLE_DEVICES` (indices, UUID prefixes, MIG ids, the first bad entry ending the list)
+    and `CUDA_DEVICE_ORDER`.
+
+    Args:
+        value: the `CUDA_VISIBLE_DEVICES` value to apply; by default it is read from the
+            environment. None means the variable is unset (every GPU visible).
+        snapshot: a JSON file written by `torchplace doctor --json`, instead of this machine.
+
+    Returns:
+        A `VisibleMap`: `visible` lists each logical device with its physical index, UUID and name;
+        `count`, `physical(logical)`, and `notes` on entries that were ignored or ended the list.
+
+    Raises:
+        SnapshotError: the snapshot cannot be read.
+
+    Example:
+        ```python
+        import torchplace as tp
+
+        vis = tp.visible_devices("1", snapshot="tests/fixtures/snapshots/h200x2.json")
+        for d in vis.visible:
+            print(f"cuda:{d.logical} = physical {d.physical_index} ({d.name})")
+        ```
+    """
     from .topology import load_topology
 
     return map_visible(value, load_topology(snapshot, links=False))

@@ -32,11 +32,36 @@ _JOIN_S = 2.0  # how long close() waits for the worker thread
 class DeviceLoader(Generic[T]):
     """Wrap a DataLoader (or any iterable of batches) so that its batches arrive on DEVICE.
 
-    At most `prefetch` batches are copied ahead of the step the device is running.
-    `transform(batch)` runs on the device, on the side stream, after the copy (see
-    `image_transform`). `pack=False` keeps one copy per tensor instead of copying small tensors
-    together into one device buffer. `background` chooses the worker thread: by default on
-    devices with streams (cuda, xpu) and not elsewhere.
+    The copy of the next batches overlaps the current step: on devices with streams (cuda, xpu)
+    a worker thread copies on a side stream from pinned memory, at most `prefetch` batches ahead
+    of the step the device is running; elsewhere batches are moved in the loop. Small tensors of a
+    batch are packed into one buffer so that one copy moves them all.
+
+    Args:
+        loader: a DataLoader or any iterable of batches (any nesting `to_device` accepts).
+        device: any `torchplace.device` spec (default "auto").
+        prefetch: how many batches may be copied ahead (>= 1; default 2).
+        transform: `transform(batch)` runs on the device, on the side stream, after the copy (see
+            `image_transform`).
+        pack: False keeps one copy per tensor instead of packing small tensors together.
+        background: use the worker thread; by default on devices with streams and not elsewhere.
+
+    Iterating yields the loader's batches on DEVICE; `len()` is the wrapped loader's.
+
+    Raises:
+        DeviceError: the device does not exist here.
+        ValueError: `prefetch` is not an int >= 1.
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+        from torch.utils.data import DataLoader, TensorDataset
+
+        data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+        for x, y in tp.DeviceLoader(DataLoader(data, batch_size=16), "cpu", prefetch=2):
+            print(x.device, x.shape)
+        ```
     """
 
     def __init__(self, loader: Iterable[T], device: DeviceSpec = "auto", *, prefetch: int = 2,

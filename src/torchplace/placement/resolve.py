@@ -82,7 +82,35 @@ def _short(value: str | None) -> str:
 
 
 def device(spec: DeviceSpec = "auto", *, machine: Machine | None = None) -> torch.device:
-    """Resolve `spec` to an indexed torch.device that exists here, or raise DeviceError."""
+    """Resolve a device spec to an indexed `torch.device` that exists here.
+
+    Accepted specs: "auto" (`LOCAL_RANK`'s GPU under torchrun, else `cuda:0`, else another
+    accelerator such as mps or xpu, else cpu), "cpu", "meta", "cuda" / "cuda:N" (logical, as
+    torch numbers them), "physical:N" (the GPU nvidia-smi calls N, whatever
+    `CUDA_VISIBLE_DEVICES` did to the numbering), a GPU UUID, an int, or a `torch.device`. Reading
+    which GPUs exist does not start CUDA.
+
+    Args:
+        spec: the device to resolve (default "auto").
+        machine: resolve against these facts instead of this machine's (tests, planning).
+
+    Returns:
+        An indexed `torch.device` ("cuda:0", never a bare "cuda").
+
+    Raises:
+        DeviceError: the device does not exist or cannot be used here; the message lists what is
+            visible (logical and physical ids) and the fix.
+
+    Example:
+        ```python
+        import torchplace as tp
+
+        dev = tp.device("auto")       # cuda:LOCAL_RANK, cuda:0, another accelerator, or cpu
+        cpu = tp.device("cpu")
+        # tp.device("physical:1")     # the GPU nvidia-smi calls 1, as the cuda:N torch uses
+        print(dev, cpu)
+        ```
+    """
     return resolve(spec, machine or Machine.live())
 
 

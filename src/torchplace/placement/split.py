@@ -53,14 +53,36 @@ class Placement:
 
 
 def place(module: nn.Module, devices: Mapping[str, DeviceSpec], *, output: DeviceSpec | None = None) -> Placement:
-    """Move each named submodule (dotted names; "" is the whole module) to its device.
+    """Move each named submodule to its device, with its inputs moved there on every call.
 
-    Each named submodule gets a forward pre-hook that moves its positional and keyword inputs
-    to its device (tensors already there are not touched). The deepest name wins: with
-    {"": "cuda:0", "decoder": "cuda:1"} everything is on cuda:0 except the decoder. The output
-    lands where the last submodule computed it (`Placement.output_device` says where after a
-    forward), or on `output` when given. Unknown names and tied weights that would have to be
-    on two devices raise DeviceError, before anything moves.
+    Each named submodule (dotted names; "" is the whole module) gets a forward pre-hook that moves
+    its positional and keyword inputs to its device (tensors already there are not touched). The
+    deepest name wins: with `{"": "cuda:0", "decoder": "cuda:1"}` everything is on cuda:0 except
+    the decoder. The output lands where the last submodule computed it, or on `output` when given.
+
+    Args:
+        module: the model to split.
+        devices: submodule name -> `torchplace.device` spec.
+        output: where to move the model's output (default: where it was computed).
+
+    Returns:
+        A `Placement`: `devices` (name -> torch.device), `output_device` after a forward, and
+        `remove()` to take the hooks off.
+
+    Raises:
+        DeviceError: an unknown submodule name, a device that does not exist, or tied weights that
+            would have to be on two devices; raised before anything moves.
+
+    Example:
+        ```python
+        import torch
+        from torch import nn
+        import torchplace as tp
+
+        net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        plan = tp.place(net, {"": "cpu", "2": "cpu"}, output="cpu")  # e.g. {"2": "cuda:1"} on two GPUs
+        print(net(torch.randn(3, 4)).shape, plan.devices)
+        ```
     """
     targets = {name: target_device(spec) for name, spec in _checked(module, devices).items()}
     out_dev = target_device(output) if output is not None else None

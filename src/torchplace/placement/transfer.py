@@ -62,19 +62,41 @@ def _stable(text: str) -> bool:
 def to_device(obj: T, device: DeviceSpec, *, non_blocking: bool | None = None) -> T:
     """Move every tensor in OBJ to DEVICE and return the same structure.
 
-    `non_blocking=None` (the default) copies asynchronously where it is safe: host to an
-    accelerator other than MPS, and between accelerators (ordered on the current streams).
-    Copies to the CPU and anything touching MPS are synchronous, so the caller can read the
-    result at once. `non_blocking=True` is honoured, and copies to the host are then issued
-    together and synchronized once before returning (pinned destinations, one wait).
+    Walks dicts, lists, tuples, named tuples, dataclasses, sets and objects with their own `.to()`
+    (modules and HF's `BatchEncoding` move in place; if `.to()` returns None the original object is
+    kept). OBJ itself is never changed: containers holding moved tensors are rebuilt. Strings,
+    numbers and None pass through.
 
-    OBJ itself is never changed: containers holding moved tensors are rebuilt. Objects with their
-    own `.to()` are moved with it (modules and HF's BatchEncoding move in place); if it returns
-    None (moved in place) the original object is kept. Strings, numbers and None pass through.
+    `non_blocking=None` (the default) copies asynchronously where it is safe: host to an
+    accelerator other than MPS, and between accelerators (ordered on the current streams). Copies
+    to the CPU and anything touching MPS are synchronous, so the caller can read the result at
+    once. `non_blocking=True` is honoured; copies to the host are then issued together and
+    synchronized once before returning (pinned destinations, one wait).
 
     Inside `torch.compile` (fullgraph too) a `torch.device`, "cpu" or "meta" is used as given:
     resolution reads the environment and takes a lock, which cannot be traced, so resolve other
     specs outside (`dev = torchplace.device("auto")`) and pass `dev`.
+
+    Args:
+        obj: a tensor, or any nesting of containers holding tensors.
+        device: any `torchplace.device` spec.
+        non_blocking: None (safe asynchronous copies), True or False.
+
+    Returns:
+        A structure of the same shape and types with every tensor on DEVICE.
+
+    Raises:
+        DeviceError: the device does not exist here.
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+
+        batch = {"x": torch.randn(2, 3), "meta": {"ids": [torch.arange(2)], "name": "b0"}}
+        moved = tp.to_device(batch, "meta")
+        print(moved["x"].device, moved["meta"]["ids"][0].device, moved["meta"]["name"])
+        ```
     """
     if isinstance(device, (torch.device, str)) and torch.compiler.is_compiling():
         return _move_compiled(obj, device, non_blocking)

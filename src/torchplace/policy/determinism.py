@@ -53,7 +53,31 @@ class SeedState:
 
 
 def seed_everything(seed: int) -> SeedState:
-    """Seed Python, NumPy (if installed) and torch on the CPU and every device with SEED."""
+    """Seed Python, NumPy (if installed) and torch on the CPU and every device with SEED.
+
+    CUDA is not started by seeding: torch seeds each GPU when it is first used.
+
+    Args:
+        seed: an int in [0, 2**32).
+
+    Returns:
+        A `SeedState`: `seeded` (what was seeded), `notes` (what still is not reproducible), and
+        `loader_kwargs()` / `generator()` for a DataLoader whose order depends on the seed only.
+
+    Raises:
+        ValueError: SEED is not an int in [0, 2**32).
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+        from torch.utils.data import DataLoader
+
+        state = tp.seed_everything(0)
+        loader = DataLoader(list(range(8)), batch_size=4, shuffle=True, **state.loader_kwargs())
+        print(state.seeded, next(iter(loader)))
+        ```
+    """
     import torch
 
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
@@ -134,7 +158,34 @@ class Determinism:
 
 
 def deterministic(enabled: bool = True, *, warn_only: bool = False) -> Determinism:
-    """Switch torch, cuDNN and cuBLAS to deterministic behaviour (or back); see module docstring."""
+    """Switch torch, cuDNN and cuBLAS to deterministic behaviour (or back).
+
+    Sets `torch.use_deterministic_algorithms`, cuDNN's deterministic and benchmark flags and
+    `CUBLAS_WORKSPACE_CONFIG`. Called plainly, the settings stay; used as a context manager, the
+    previous ones come back on exit.
+
+    Args:
+        enabled: True to make runs repeatable, False to restore torch's defaults.
+        warn_only: run ops that have no deterministic implementation anyway, and list them
+            (`nondeterministic_ops`) with one warning at the end of the block.
+
+    Returns:
+        A `Determinism`: `settings` made, `notes`, `nondeterministic_ops` found in the block.
+
+    Raises:
+        RuntimeError: (torch's) inside the block, an op with no deterministic implementation ran
+            without `warn_only`; torchplace adds a note naming the op and the fix.
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+
+        with tp.deterministic(warn_only=True) as det:
+            torch.randn(8, 8) @ torch.randn(8, 8)
+        print(det.settings, det.nondeterministic_ops)
+        ```
+    """
     import torch
 
     previous = {"algorithms": torch.are_deterministic_algorithms_enabled(),
