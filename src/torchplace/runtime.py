@@ -19,6 +19,7 @@ import torch
 from .hardware.launch_env import read_launch_env
 
 if TYPE_CHECKING:
+    from .checkpoint.background import SaveFuture
     from .checkpoint.loading import Checkpoint
     from .checks.explain import Explanation
     from .distributed.group_state import DistInfo
@@ -79,6 +80,12 @@ class Runtime:
         from .checkpoint.saving import save
 
         return save(path, **state)
+
+    def save_async(self, path: str | os.PathLike[str], **state: Any) -> SaveFuture:
+        """`torchplace.save_async`: returns once the state is copied; the file is written in the background."""
+        from .checkpoint.background import save_async
+
+        return save_async(path, **state)
 
     def load(self, path: str | os.PathLike[str], **kwargs: Any) -> Checkpoint:
         """`torchplace.load` onto this runtime's device."""

@@ -115,6 +115,15 @@ def test_200_sigkills_during_saves_never_tear_a_file(kill_dir: Path, zygote: Zyg
     assert sorted(p.name for p in kill_dir.iterdir()) == ["c.safetensors"]  # killed writers' temps swept
 
 
+def test_sigkills_during_background_saves_never_tear_a_file(kill_dir: Path, zygote: Zygote) -> None:
+    target = kill_dir / "c.safetensors"
+    seen, mid_save = _kill_loop(zygote, target, "async", 100, target, max_kills=400,
+                                covered=lambda seen, mid: len(set(seen)) > 20 and mid > 20)
+    assert len(set(seen)) > 20 and mid_save > 20  # kills landed between saves and inside background writes
+    torchplace.save_async(target, extra={"gen": 0}, model={"w": torch.zeros(20_000)}).result(timeout=60)
+    assert sorted(p.name for p in kill_dir.iterdir()) == ["c.safetensors"]  # killed writers' temps swept
+
+
 def test_sigkills_during_rotation_keep_a_loadable_newest(kill_dir: Path, zygote: Zygote) -> None:
     seen, mid_save = _kill_loop(zygote, kill_dir, "dir", 100, kill_dir)
     assert seen and seen == sorted(seen) and mid_save > 10  # resuming never goes back in time

@@ -6,16 +6,17 @@ tagged JSON), `stream` (fast, checksummed tensor I/O), `atomic` (temp file, fsyn
 `rotation` (keep_last and `latest`), `dcp_reader` (torch.distributed.checkpoint folders read
 without running their pickles), `distributed` (rank 0 writes; sharded models through DCP),
 `foreign` (torch.save, Lightning, accelerate), `reading`, `inspection`, `conversion`, and
-`saving` (save) and `loading` (load, Checkpoint).
+`saving` (save), `background` (save_async, SaveFuture) and `loading` (load, Checkpoint).
 """
 
 from __future__ import annotations
 
+from .background import SaveFuture, save_async
 from .conversion import Converted, convert
 from .inspection import CheckpointInfo, TensorInfo, inspect
 from .loading import Checkpoint, load
 from .rotation import complete_checkpoints, latest
 from .saving import save
 
-__all__ = ["Checkpoint", "CheckpointInfo", "Converted", "TensorInfo", "complete_checkpoints", "convert", "inspect",
-           "latest", "load", "save"]
+__all__ = ["Checkpoint", "CheckpointInfo", "Converted", "SaveFuture", "TensorInfo", "complete_checkpoints", "convert",
+           "inspect", "latest", "load", "save", "save_async"]

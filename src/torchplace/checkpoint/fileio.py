@@ -30,6 +30,7 @@ from .format import (
     FORMAT_VERSION,
     ZERO_CRC,
     Header,
+    TensorEntry,
     dtype_name,
     dump_meta,
     encode_header,
@@ -56,16 +57,49 @@ def _devices_summary(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     return {"default": default, "except": others}
 
 
+@dataclass
+class Planned:
+    """A state tree encoded for writing: its JSON, the tensors' layout and where they lived.
+
+    `tensors` holds the tensors to write; a background save empties it once it has copied their bytes
+    (so the caller's tensors are not kept alive) and writes through its own DataWriter instead."""
+
+    tree: Any
+    pickled: list[str]
+    entries: list[TensorEntry]
+    devices: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def data_bytes(self) -> int:
+        return self.entries[-1].end if self.entries else 0
+
+
+# (sink, data offset, chunk bytes, workers) -> each chunk's CRC-32 as hex
+DataWriter = Callable[[Any, int, int, "int | None"], list[str]]
+
+
+def plan_file(tree: dict[str, Any], *, allow_pickle: bool = False) -> Planned:
+    """Encode TREE (non-tensor state as JSON, tensors pulled out) and lay its tensors out."""
+    enc = codec.encode(tree, allow_pickle=allow_pickle)
+    return Planned(enc.tree, enc.pickled, plan_layout(enc.tensors), _devices_summary(enc.tensors), enc.tensors)
+
+
 def write_file(target: Path, tree: dict[str, Any], *, info: dict[str, Any], allow_pickle: bool = False,
                sink: Callable[[int], Any] = FileSink, chunk_bytes: int = CHUNK_BYTES,
                workers: int | None = None) -> Path:
     """Write TREE to TARGET as one checkpoint file; INFO adds to the metadata (world size, ...).
 
     SINK wraps the temporary file (tests inject faults); WORKERS overrides the thread count."""
-    enc = codec.encode(tree, allow_pickle=allow_pickle)
-    tensors = enc.tensors
-    entries = plan_layout(tensors)
-    data_bytes = entries[-1].end if entries else 0
+    return write_planned(target, plan_file(tree, allow_pickle=allow_pickle), info=info, sink=sink,
+                         chunk_bytes=chunk_bytes, workers=workers)
+
+
+def write_planned(target: Path, planned: Planned, *, info: dict[str, Any], sink: Callable[[int], Any] = FileSink,
+                  chunk_bytes: int = CHUNK_BYTES, workers: int | None = None,
+                  data: DataWriter | None = None) -> Path:
+    """Write PLANNED to TARGET atomically. DATA writes the data region (default: from planned.tensors)."""
+    entries, data_bytes = planned.entries, planned.data_bytes
     now = time.time()
     meta: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
@@ -75,20 +109,24 @@ def write_file(target: Path, tree: dict[str, Any], *, info: dict[str, Any], allo
         "created_utc": datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
         "hostname": platform.node(),
         **info,
-        "devices": _devices_summary(tensors),
+        "devices": planned.devices,
         "raw_dtypes": {e.key: [dtype_name(e.dtype), list(e.shape)] for e in entries if e.code == "U8"
                        and e.dtype != torch.uint8},
-        "pickled": enc.pickled,
-        "state": enc.tree,
+        "pickled": planned.pickled,
+        "state": planned.tree,
         "data_bytes": data_bytes,
         "chunk_bytes": chunk_bytes,
         "crc32": [ZERO_CRC] * math.ceil(data_bytes / chunk_bytes),
     }
     placeholder = encode_header(entries, dump_meta(meta))
 
+    def from_tensors(out: Any, offset: int, chunk: int, n: int | None) -> list[str]:
+        return write_data(out, offset, entries, planned.tensors, data_bytes, chunk, workers=n)
+
+    writer = data or from_tensors
+
     def write(out: Any) -> None:
-        meta["crc32"] = write_data(out, len(placeholder), entries, tensors, data_bytes, chunk_bytes,
-                                   workers=workers)
+        meta["crc32"] = writer(out, len(placeholder), chunk_bytes, workers)
         final = encode_header(entries, seal(entries, meta))
         if len(final) != len(placeholder):  # cannot happen: every field that changes is fixed-width
             raise CheckpointError(f"internal error saving {target}: the header changed length. Please report it.")

@@ -65,6 +65,44 @@ def _collect(model: Any, optimizer: Any, scheduler: Any, scaler: Any, extra: Any
     return tree, objects
 
 
+def check_request(path: str | os.PathLike[str], keep_last: int | None, more_state: Mapping[str, Any]) -> Path:
+    """PATH as a Path, after the checks every save makes before touching anything."""
+    bad = [k for k in more_state if k in RESERVED]
+    if bad:
+        raise TypeError(f"save() got {bad[0]!r} as named state; that name is reserved. Use another name.")
+    if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
+        raise ValueError(f"keep_last={keep_last!r}: keep at least 1 checkpoint (or None to keep all).")
+    target = Path(path)
+    check_name(target)  # the pointer's name: a checkpoint saved there would be overwritten by it
+    return target
+
+
+def capture_rng(rng_state: bool, world_size: int) -> Any:
+    """The RNG states to save (every rank's, gathered on rank 0, in a process group), or None."""
+    rng_tree: Any = rng.capture() if rng_state else None
+    if world_size > 1 and rng_state:
+        rng_tree = {"per_rank": tpdist.gather(rng_tree)}
+    return rng_tree
+
+
+def collect_state(model: Any, optimizer: Any, scheduler: Any, scaler: Any, extra: Any, more_state: dict[str, Any],
+                  rng_tree: Any, info: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the state tree to write, its metadata but for the rotation sequence) of an unsharded save."""
+    tree, objects = _collect(model, optimizer, scheduler, scaler, extra, more_state)
+    if rng_tree is not None:
+        tree["rng"] = rng_tree
+    meta = {**info, "objects": objects, "primary_device": _primary_device(model, tree), **_versions_info(tree)}
+    return tree, meta
+
+
+def series_info(target: Path, rotate_after: bool) -> dict[str, Any]:
+    """On the writing rank, right before writing: the rotation series' next sequence number."""
+    if not rotate_after:
+        return {}
+    check_pointer_slot(target.parent)
+    return {"sequence": next_sequence(target.parent)}
+
+
 def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] | None = None,
          optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
          extra: Mapping[str, Any] | None = None, keep_last: int | None = None, latest: bool = False,
@@ -84,27 +122,13 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
     missing directory), if PATH is named `latest`, or if rotation would replace a `latest` that is
     not a pointer; the previous file at PATH is then untouched. In a process group every
     rank must call save; rank 0 writes and every rank returns only once the file is complete.
+    `torchplace.save_async` does the same with training going on while the file is written.
     """
-    bad = [k for k in more_state if k in RESERVED]
-    if bad:
-        raise TypeError(f"save() got {bad[0]!r} as named state; that name is reserved. Use another name.")
-    if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
-        raise ValueError(f"keep_last={keep_last!r}: keep at least 1 checkpoint (or None to keep all).")
-    target = Path(path)
-    check_name(target)  # the pointer's name: a checkpoint saved there would be overwritten by it
+    target = check_request(path, keep_last, more_state)
     _, world_size = tpdist.world()
     rotate_after = keep_last is not None or latest
-    rng_tree: Any = rng.capture() if rng_state else None
-    if world_size > 1 and rng_state:
-        rng_tree = {"per_rank": tpdist.gather(rng_tree)}
+    rng_tree = capture_rng(rng_state, world_size)
     info = {"world_size": world_size, "rotation": rotate_after}
-
-    def series() -> dict[str, Any]:
-        """On the writing rank, before anything is written: the rotation series' next sequence number."""
-        if not rotate_after:
-            return {}
-        check_pointer_slot(target.parent)
-        return {"sequence": next_sequence(target.parent)}
 
     if isinstance(model, nn.Module) and tpdist.is_sharded(model):
         def write_side(side: Path, skeleton: dict[str, Any]) -> None:
@@ -113,7 +137,7 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
             if rng_tree is not None:
                 tree["rng"] = rng_tree
             write_file(side, tree, allow_pickle=allow_pickle,
-                       info={**info, **series(), "sharded": True,
+                       info={**info, **series_info(target, rotate_after), "sharded": True,
                              "objects": {**objects, "model": _type_name(unwrap(model))},
                              "primary_device": str(module_device(model))})
 
@@ -123,12 +147,8 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
         return target
 
     def write() -> Path:
-        tree, objects = _collect(model, optimizer, scheduler, scaler, extra, more_state)
-        if rng_tree is not None:
-            tree["rng"] = rng_tree
-        meta = {**info, **series(), "objects": objects, "primary_device": _primary_device(model, tree),
-                **_versions_info(tree)}
-        write_file(target, tree, info=meta, allow_pickle=allow_pickle)
+        tree, meta = collect_state(model, optimizer, scheduler, scaler, extra, more_state, rng_tree, info)
+        write_file(target, tree, info={**meta, **series_info(target, rotate_after)}, allow_pickle=allow_pickle)
         if rotate_after:
             rotate(target, keep_last)
         return target

@@ -172,6 +172,25 @@ def write_data(sink: Sink, data_offset: int, entries: Sequence[TensorEntry], ten
     return _run(tasks, workers or default_workers(data_bytes))
 
 
+def write_region(sink: Sink, data_offset: int, slabs: Sequence[torch.Tensor], data_bytes: int, chunk: int, *,
+                 workers: int | None = None) -> list[str]:
+    """Write a data region already laid out in host memory (SLABS: equal-sized uint8 buffers, back to
+    back; one slab, or slabs whose size is a multiple of CHUNK so that no chunk spans two) at DATA_OFFSET;
+    return each chunk's CRC-32 as hex. What a background save writes from its staging copy."""
+    size = slabs[0].numel() if slabs else 1
+    if len(slabs) > 1 and size % chunk:
+        raise ValueError(f"staging slabs of {size} bytes are not a multiple of the {chunk}-byte chunk")
+
+    def task(c0: int, c1: int) -> str:
+        slab, at = slabs[c0 // size], c0 % size
+        view = slab[at:at + c1 - c0].numpy()
+        sink.pwrite(view, data_offset + c0)
+        return f"{zlib.crc32(view):08x}"
+
+    tasks = [partial(task, c0, min(c0 + chunk, data_bytes)) for c0 in range(0, data_bytes, chunk)]
+    return _run(tasks, workers or default_workers(data_bytes))
+
+
 def _pread_into(fd: int, view: Any, offset: int, path: Path) -> None:
     mv = memoryview(view).cast("B")
     done = 0

@@ -5,7 +5,9 @@ MASTER_ADDR / MASTER_PORT come from the environment. Checks, in order:
    gets its own RNG streams back;
 2. a failure on rank 0 is raised on every rank;
 3. a sharded (DTensor) model goes through torch.distributed.checkpoint and comes back, with its
-   optimizer, scheduler and extras, into a model sharded the same way.
+   optimizer, scheduler and extras, into a model sharded the same way;
+4. save_async: rank 0 writes the state at the call, rank 1's future is done at once, a failure of
+   rank 0's background write is raised on every rank at the next save_async, sharded models are refused.
 Prints "ok RANK" at the end; any failure exits non-zero with a traceback.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -109,11 +112,46 @@ def sharded(rank: int, root: Path) -> None:
     dist.barrier()
 
 
+def background(rank: int, root: Path) -> None:
+    model = nn.parallel.DistributedDataParallel(nn.Linear(4, 3))
+    path = root / "async.safetensors"
+    pending = torchplace.save_async(path, model=model, extra={"rank": rank})
+    with torch.no_grad():
+        model.module.weight.add_(1.0)  # after the call: not in the file
+    assert pending.written_here == (rank == 0) and (rank == 0 or pending.done())
+    assert pending.result(timeout=60) == path
+    dist.barrier()
+    ck = torchplace.load(path)
+    assert ck.extra == {"rank": 0} and torch.equal(ck["model"]["weight"] + 1.0, model.module.weight.detach())
+    broken = torchplace.save_async(root / "missing-dir" / "c.safetensors", model=model)
+    while not broken.done():  # wait for the failure without collecting it
+        time.sleep(0.01)
+    try:
+        torchplace.save_async(root / "next.safetensors", model=model)
+    except torchplace.CheckpointError as exc:
+        expected = "does not exist" if rank == 0 else "rank 0's earlier background save failed"
+        assert expected in str(exc), str(exc)
+    else:
+        raise AssertionError("an uncollected background failure was not raised at the next save_async")
+    assert not (root / "next.safetensors").exists()
+    from torch.distributed.device_mesh import init_device_mesh
+
+    sharded_model = _sharded_model(0, init_device_mesh("cpu", (dist.get_world_size(),)))
+    try:
+        torchplace.save_async(root / "sharded", model=sharded_model)
+    except torchplace.CheckpointError as exc:
+        assert "sharded model" in str(exc) and "torchplace.save" in str(exc), str(exc)
+    else:
+        raise AssertionError("save_async accepted a sharded model")
+    dist.barrier()
+
+
 def main() -> None:
     rank, world, root = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        for name, check in (("replicated", replicated), ("failure", failure), ("sharded", sharded)):
+        for name, check in (("replicated", replicated), ("failure", failure), ("sharded", sharded),
+                            ("background", background)):
             directory = root / name
             if rank == 0:
                 directory.mkdir()

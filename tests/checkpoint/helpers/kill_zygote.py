@@ -2,7 +2,9 @@
 
 Reads lines from stdin:
     fork PATH START MODE   fork a writer saving generations START+1, START+2, ... forever
-                           (MODE "file": always PATH; "dir": PATH/step-N.safetensors with keep_last=2);
+                           (MODE "file": always PATH; "dir": PATH/step-N.safetensors with keep_last=2;
+                           "async": always PATH, through save_async, the next call changing the
+                           tensors while the previous save is written);
                            answers with the writer's pid
     reap PID               wait for the (killed) writer; answers "reaped"
 """
@@ -32,7 +34,9 @@ def _writer(path: str, start: int, mode: str) -> None:
         gen += 1
         n = 20_000 + (gen % 5) * 7_000  # sizes vary, so a torn file would show
         state = {"w": w[:n].fill_(float(gen)), "b": b.fill_(float(gen)), "pad": PAD}
-        if mode == "file":
+        if mode == "async":
+            torchplace.save_async(path, model=state, extra={"gen": gen}, rng_state=False)
+        elif mode == "file":
             torchplace.save(path, model=state, extra={"gen": gen}, rng_state=False)
         else:
             torchplace.save(os.path.join(path, f"step-{gen:09d}.safetensors"), model=state, extra={"gen": gen},
@@ -42,6 +46,7 @@ def _writer(path: str, start: int, mode: str) -> None:
 def main() -> None:
     scratch = tempfile.mkdtemp()  # one warm-up save, so forked writers start with everything imported
     torchplace.save(os.path.join(scratch, "warm"), model={"w": torch.zeros(3)}, rng_state=False, keep_last=1)
+    torchplace.save_async(os.path.join(scratch, "warm"), model={"w": PAD}, rng_state=False).result()
     shutil.rmtree(scratch)
     for line in sys.stdin:
         cmd, *args = line.split()

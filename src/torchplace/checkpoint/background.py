@@ -1,0 +1,365 @@
+"""`torchplace.save_async`: checkpoints written while training goes on.
+
+    pending = torchplace.save_async(f"ckpt/step-{step:06d}.safetensors", model=model, optimizer=opt,
+                                    extra={"step": step}, keep_last=3)
+    ...                    # train on: the file will hold the state as it was at the call
+    pending.result()       # the path, or the save's CheckpointError
+
+At the call, the state is collected and encoded as `save` does, and every tensor's bytes are copied
+into a host staging buffer laid out exactly like the file's data region (from a GPU: one copy
+into pinned memory, on a side stream that first waits for the work queued on the current one;
+the call returns once that copy is complete, so training may change the model at once). A writer
+thread then does what `save` does from there: checksums, temporary file, fsync, rename, rotation.
+
+Memory: the staging buffer holds the state's tensor bytes, rounded up to 1 MiB (states up to
+256 MiB) or to 256 MiB slabs (larger states); one buffer per save in flight (`max_in_flight`,
+default 1: a save called while the previous one still writes waits for it first). Buffers are
+kept and reused by the next save (pinned once, never per save); they grow only when the state
+does. Before allocating, save_async checks that much memory is available (psutil) and refuses
+with the numbers otherwise.
+
+Errors: `SaveFuture.result()` raises the write's CheckpointError; an error nobody collected is
+raised by the next save_async (which then saves nothing), and at interpreter exit pending saves
+are waited for and uncollected errors printed. In a process group every rank calls save_async;
+the RNG states are gathered at the call, rank 0 copies and writes, the other ranks' futures are
+done at once, and a failure of rank 0's write is raised on every rank at the next save_async.
+Sharded models (FSDP, DTensor) are refused: use `save`, which writes shards in parallel via DCP.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from ..errors import CheckpointError
+from ..units import format_bytes
+from . import distributed as tpdist
+from .fileio import Planned, plan_file, write_planned
+from .rotation import rotate
+from .saving import capture_rng, check_request, collect_state, series_info
+from .stream import byte_view, default_workers, write_region
+
+SLAB_BYTES = 256 * 2**20  # a multiple of format.CHUNK_BYTES, and a power of two (pinned memory is cached in those)
+SMALL_ROUND = 2**20
+HEADROOM_BYTES = 512 * 2**20  # host memory left free after allocating staging buffers
+MAX_BACKGROUND_WORKERS = 4  # writer threads: enough for a disk, few enough to leave the CPU to training
+
+
+class HostStaging:
+    """A reusable host copy of one state's data region: one buffer, or equal slabs of SLAB_BYTES.
+
+    Pinned when the state lives on a CUDA device, so the device-to-host copy runs at the link's speed
+    without a bounce. Kept between saves; grows (allocating only the difference) when a state outgrows it.
+    """
+
+    def __init__(self) -> None:
+        self.slabs: list[torch.Tensor] = []
+        self.pinned = False
+        self._streams: dict[torch.device, Any] = {}
+
+    @property
+    def capacity(self) -> int:
+        return sum(s.numel() for s in self.slabs)
+
+    def _layout(self, nbytes: int, pinned: bool) -> tuple[list[torch.Tensor], list[int]]:
+        """(slabs to keep, sizes of slabs to allocate) for holding NBYTES, pinned if PINNED."""
+        usable = self.slabs if self.pinned or not pinned else []  # pageable slabs cannot take fast device copies
+        if sum(s.numel() for s in usable) >= nbytes:
+            return usable, []
+        if nbytes <= SLAB_BYTES:  # one buffer, replaced by a bigger one
+            return [], [-(-nbytes // SMALL_ROUND) * SMALL_ROUND]
+        whole = [s for s in usable if s.numel() == SLAB_BYTES]  # slabs of a larger state, kept
+        return whole, [SLAB_BYTES] * (-(-nbytes // SLAB_BYTES) - len(whole))
+
+    def need(self, nbytes: int, pinned: bool) -> int:
+        """Bytes that `ensure(nbytes, pinned)` would allocate (0: the buffers are reused)."""
+        return sum(self._layout(nbytes, pinned)[1])
+
+    def ensure(self, nbytes: int, pinned: bool) -> None:
+        """Make room for NBYTES, allocating only what the kept buffers lack."""
+        keep, sizes = self._layout(nbytes, pinned)
+        if not sizes:
+            return
+        if not keep:
+            self.pinned = pinned
+        self.slabs = keep  # dropped buffers go back to torch's (pinned) host cache
+        self.slabs += [torch.empty(n, dtype=torch.uint8, pin_memory=self.pinned) for n in sizes]
+
+    def stream(self, device: torch.device) -> Any:
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device=device)
+        return self._streams[device]
+
+    def copy_in(self, planned: Planned) -> None:
+        """Copy every tensor of PLANNED to its place in the data region; return once all copies are done."""
+        size = self.slabs[0].numel() if self.slabs else 1
+        used: dict[torch.device, Any] = {}
+        for e in planned.entries:
+            if not e.nbytes:
+                continue
+            t = planned.tensors[e.key]
+            cuda = t.device.type == "cuda"
+            if cuda and t.device not in used:  # the side stream sees everything queued before this call
+                used[t.device] = self.stream(t.device)
+                used[t.device].wait_stream(torch.cuda.current_stream(t.device))
+            with torch.cuda.stream(used[t.device]) if cuda else nullcontext():
+                src = byte_view(t)
+                pos = e.start
+                while pos < e.end:
+                    k, at = divmod(pos, size)
+                    n = min(e.end - pos, size - at)
+                    self.slabs[k][at:at + n].copy_(src[pos - e.start:pos - e.start + n], non_blocking=cuda)
+                    pos += n
+        for s in used.values():
+            s.synchronize()
+
+
+def memory_problem(need: int, available: int, *, headroom: int = HEADROOM_BYTES) -> str | None:
+    """Why NEED more bytes of host memory cannot be taken when AVAILABLE are free, or None."""
+    if need <= 0 or available - need >= headroom:
+        return None
+    return (f"needs {format_bytes(need)} more host memory for its staging copy of the state, but "
+            f"{format_bytes(available)} is available (and {format_bytes(headroom)} is left free for the rest)")
+
+
+class SaveFuture:
+    """The outcome of one `save_async`: `result()` waits for the file; `done()` asks without waiting.
+
+    Timings of the call itself: `stall_s` (what training waited: `wait_s` for an earlier save to
+    finish, then `copy_s` to copy the state) and `allocated_bytes` (host memory the call allocated: 0
+    once the staging buffers are reused)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.wait_s = self.copy_s = 0.0
+        self.allocated_bytes = 0
+        self.written_here = True
+        self._event = threading.Event()
+        self._error: CheckpointError | None = None
+        self._collected = False
+
+    @property
+    def stall_s(self) -> float:
+        return self.wait_s + self.copy_s
+
+    def done(self) -> bool:
+        """True once the file is complete (or the save failed)."""
+        return self._event.is_set()
+
+    def exception(self, timeout: float | None = None) -> CheckpointError | None:
+        """Wait like result(); return the save's error (now collected) or None."""
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"the background save of {self.path} was still writing after {timeout} s")
+        self._collected = True
+        return self._error
+
+    def result(self, timeout: float | None = None) -> Path:
+        """Wait (at most TIMEOUT seconds: then TimeoutError) for the file; return its path or raise its error."""
+        error = self.exception(timeout)
+        if error is not None:
+            raise error
+        return self.path
+
+    def _finish(self, error: CheckpointError | None) -> None:
+        self._error = error
+        self._event.set()
+
+    def __repr__(self) -> str:
+        state = "writing" if not self.done() else "failed" if self._error else "done"
+        return f"SaveFuture({str(self.path)!r}, {state})"
+
+
+class BackgroundSaver:
+    """Background saves of one process: staging buffers kept for reuse, saves written one after another."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._idle: list[HostStaging] = []
+        self._pending: list[SaveFuture] = []
+        self._failed: list[SaveFuture] = []
+        self._tail: threading.Event | None = None  # set when the newest submitted save has ended
+
+    def acquire(self, max_in_flight: int) -> tuple[HostStaging, float]:
+        """Wait until fewer than MAX_IN_FLIGHT saves are pending; a staging buffer and the seconds waited."""
+        start = time.perf_counter()
+        with self._cond:
+            while len(self._pending) >= max_in_flight:
+                self._cond.wait()
+            del self._idle[max_in_flight:]  # more kept than may be in use: give the memory back
+            staging = self._idle.pop() if self._idle else HostStaging()
+        return staging, time.perf_counter() - start
+
+    def give_back(self, staging: HostStaging) -> None:
+        with self._cond:
+            self._idle.append(staging)
+            self._cond.notify_all()
+
+    def uncollected(self) -> SaveFuture | None:
+        """The oldest failed save whose error nobody has seen (marked seen now), or None."""
+        with self._cond:
+            self._failed = [f for f in self._failed if not f._collected]
+            if not self._failed:
+                return None
+            failed = self._failed.pop(0)
+            failed._collected = True
+            return failed
+
+    def submit(self, fut: SaveFuture, staging: HostStaging, planned: Planned, meta: dict[str, Any],
+               keep_last: int | None, rotate_after: bool, workers: int) -> None:
+        with self._cond:
+            before, self._tail = self._tail, threading.Event()
+            tail = self._tail
+            self._pending.append(fut)
+
+        def run() -> None:
+            error: CheckpointError | None = None
+            try:
+                if before is not None:  # saves reach the disk (and the rotation series) in call order
+                    before.wait()
+                target = fut.path
+
+                def data(sink: Any, offset: int, chunk: int, n: int | None) -> list[str]:
+                    return write_region(sink, offset, staging.slabs, planned.data_bytes, chunk, workers=n)
+
+                write_planned(target, planned, info={**meta, **series_info(target, rotate_after)}, workers=workers,
+                              data=data)
+                if rotate_after:
+                    rotate(target, keep_last)
+            except CheckpointError as exc:
+                error = exc
+            except BaseException as exc:  # reported through the future, never lost in a thread
+                error = CheckpointError(f"the background save of {fut.path} failed: {type(exc).__name__}: {exc}")
+                error.__cause__ = exc
+            with self._cond:
+                self._pending.remove(fut)
+                if error is not None:
+                    self._failed.append(fut)
+                self._idle.append(staging)
+                self._cond.notify_all()
+            fut._finish(error)
+            tail.set()
+
+        threading.Thread(target=run, name="torchplace-save-async", daemon=True).start()
+
+    def at_exit(self) -> None:
+        """Wait for pending saves; print the errors nobody collected."""
+        with self._cond:
+            pending = list(self._pending)
+        if pending:
+            names = ", ".join(str(f.path) for f in pending)
+            print(f"torchplace: waiting for {len(pending)} background checkpoint save(s) to finish: {names}",
+                  file=sys.stderr, flush=True)
+        for fut in pending:
+            fut._event.wait()
+        while (failed := self.uncollected()) is not None:
+            print(f"torchplace: a background checkpoint save failed and its error was never collected: "
+                  f"{failed._error}", file=sys.stderr, flush=True)
+
+
+_saver: BackgroundSaver | None = None
+_saver_lock = threading.Lock()
+
+
+def default_saver() -> BackgroundSaver:
+    """This process's BackgroundSaver (made on first use, with the exit handler that waits for it)."""
+    global _saver
+    with _saver_lock:
+        if _saver is None:
+            _saver = BackgroundSaver()
+            atexit.register(_saver.at_exit)
+        return _saver
+
+
+def _raise_uncollected(failed: SaveFuture, target: Path) -> None:
+    raise CheckpointError(f"an earlier background save failed and its error was never collected, so this "
+                          f"save_async({str(target)!r}) saved nothing: {failed._error} (Call SaveFuture.result() "
+                          "to collect a save's error; call save_async again to save now.)") from failed._error
+
+
+def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] | None = None,
+               optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
+               extra: Mapping[str, Any] | None = None, keep_last: int | None = None, latest: bool = False,
+               rng_state: bool = True, allow_pickle: bool = False, max_in_flight: int = 1,
+               workers: int | None = None, **more_state: Any) -> SaveFuture:
+    """`torchplace.save`, written in the background: return once the state is copied, as a SaveFuture.
+
+    Takes save's arguments and keeps its guarantees (atomic, fsync, checksums, keep_last / latest,
+    rank 0 writes). The file holds the state at the call: training may change the model as soon as
+    this returns. max_in_flight: saves that may be writing at once (default 1: a call waits for the
+    previous save to finish first); each needs a host copy of the state's tensors (see the module
+    docstring). workers: writer threads (default: up to 4).
+
+    Raises at the call what save raises before writing (bad arguments, state that cannot be encoded),
+    CheckpointError when the host memory for the copy is not available, and CheckpointError for an
+    earlier save's error that nobody collected. Errors while writing come from SaveFuture.result().
+    """
+    target = check_request(path, keep_last, more_state)
+    if not isinstance(max_in_flight, int) or isinstance(max_in_flight, bool) or max_in_flight < 1:
+        raise ValueError(f"max_in_flight={max_in_flight!r}: allow at least 1 save in flight.")
+    if isinstance(model, nn.Module) and tpdist.is_sharded(model):
+        raise CheckpointError(f"save_async({str(target)!r}) got a sharded model (FSDP or DTensor parameters), which "
+                              "it does not save in the background yet. Fix: use torchplace.save (every rank writes "
+                              "its shards in parallel through torch.distributed.checkpoint), or "
+                              "torch.distributed.checkpoint.async_save.")
+    saver = default_saver()
+    rank, world_size = tpdist.world()
+    rotate_after = keep_last is not None or latest
+    staging: HostStaging | None = None
+    waited = 0.0
+    if rank == 0:
+        staging, waited = saver.acquire(max_in_flight)
+    try:
+        failed = saver.uncollected() if rank == 0 else None
+        if world_size > 1:  # every rank learns of rank 0's failure
+            message = tpdist.broadcast(str(failed._error) if failed is not None else None)
+            if message is not None and failed is None:
+                raise CheckpointError(f"rank 0's earlier background save failed, so this save_async({str(target)!r}) "
+                                      f"saved nothing on any rank: {message} (Call save_async again to save now.)")
+        if failed is not None:
+            _raise_uncollected(failed, target)
+        rng_tree = capture_rng(rng_state, world_size)
+        fut = SaveFuture(target)
+        fut.wait_s = waited
+        if staging is None:  # another rank: rank 0 writes
+            fut.written_here = False
+            fut._finish(None)
+            return fut
+        start = time.perf_counter()
+        tree, meta = collect_state(model, optimizer, scheduler, scaler, extra, more_state, rng_tree,
+                                   {"world_size": world_size, "rotation": rotate_after})
+        planned = plan_file(tree, allow_pickle=allow_pickle)
+        del tree
+        pinned = torch.cuda.is_available() and any(t.device.type == "cuda" for t in planned.tensors.values())
+        need = staging.need(planned.data_bytes, pinned)
+        problem = memory_problem(need, _available_memory())
+        if problem:
+            raise CheckpointError(f"save_async({str(target)!r}) {problem}; nothing was saved. Fix: free host memory, "
+                                  f"lower max_in_flight (now {max_in_flight}), or use torchplace.save, which needs no "
+                                  "host copy.")
+        staging.ensure(planned.data_bytes, pinned)
+        fut.allocated_bytes = need
+        staging.copy_in(planned)
+        planned.tensors = {}  # the copy is taken: keep none of the caller's tensors alive
+        fut.copy_s = time.perf_counter() - start
+    except BaseException:
+        if staging is not None:
+            saver.give_back(staging)
+        raise
+    n = workers or min(MAX_BACKGROUND_WORKERS, default_workers(planned.data_bytes))
+    saver.submit(fut, staging, planned, meta, keep_last, rotate_after, n)
+    return fut
+
+
+def _available_memory() -> int:
+    import psutil
+
+    return int(psutil.virtual_memory().available)

@@ -1,0 +1,196 @@
+"""save_async on the CPU: the file holds the state at the call, buffers are reused, errors reach the caller."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import torchplace
+from torchplace.checkpoint.background import SLAB_BYTES, HostStaging, memory_problem
+
+
+def _trained() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(8, 64)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def _wait_done(fut: torchplace.SaveFuture) -> None:
+    """Wait for FUT to end without collecting its error."""
+    deadline = time.monotonic() + 60
+    while not fut.done():
+        assert time.monotonic() < deadline, "the background save never ended"
+        time.sleep(0.005)
+
+
+def test_the_file_holds_the_state_at_the_call(tmp_path: Path) -> None:
+    model, opt = _trained()
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    exp_avg = opt.state_dict()["state"][0]["exp_avg"].clone()
+    losses = [1.0, 0.5]
+    pending = torchplace.save_async(tmp_path / "c.safetensors", model=model, optimizer=opt,
+                                    extra={"losses": losses}, rng_state=False)
+    with torch.no_grad():  # training goes on at once: every tensor and the extras change
+        for p in model.parameters():
+            p.mul_(-3.0)
+    model(torch.randn(8, 64)).sum().backward()
+    opt.step()
+    losses.append(0.25)
+    assert pending.result(timeout=60) == tmp_path / "c.safetensors" and pending.done()
+    ck = torchplace.load(tmp_path / "c.safetensors")
+    assert ck.extra == {"losses": [1.0, 0.5]}
+    for key, value in weights.items():
+        assert torch.equal(ck["model"][key], value), key
+    assert torch.equal(ck["optimizer"]["state"][0]["exp_avg"], exp_avg)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.safetensors"]  # no temporary file left
+
+
+def test_it_loads_into_objects_like_save(tmp_path: Path) -> None:
+    model, opt = _trained()
+    torchplace.save_async(tmp_path / "a", model=model, optimizer=opt, extra={"step": 3}).result(timeout=60)
+    torchplace.save(tmp_path / "b", model=model, optimizer=opt, extra={"step": 3})
+    other, other_opt = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)), None
+    other_opt = torch.optim.AdamW(other.parameters(), lr=1.0)
+    ck = torchplace.load(tmp_path / "a", model=other, optimizer=other_opt)
+    assert ck.extra == {"step": 3} and ck.rng_restored == ["python", "numpy", "cpu"]
+    a, b = torchplace.checkpoint.inspect(tmp_path / "a"), torchplace.checkpoint.inspect(tmp_path / "b")
+    assert [(t.key, t.dtype, t.shape) for t in a.tensors] == [(t.key, t.dtype, t.shape) for t in b.tensors]
+    for x, y in zip(model.state_dict().values(), other.state_dict().values()):
+        assert torch.equal(x, y)
+
+
+def test_staging_buffers_are_reused_and_grow_only_with_the_state(tmp_path: Path) -> None:
+    mib = 2**20
+    small, large = {"w": torch.ones(24 * mib // 4)}, {"w": torch.ones(24 * mib // 4), "v": torch.ones(16 * mib // 4)}
+    first = torchplace.save_async(tmp_path / "1", model=small, rng_state=False)
+    first.result(timeout=60)
+    second = torchplace.save_async(tmp_path / "2", model=small, rng_state=False)
+    second.result(timeout=60)
+    assert second.allocated_bytes == 0  # the first save's buffer, reused
+    bigger = torchplace.save_async(tmp_path / "3", model=large, rng_state=False)
+    bigger.result(timeout=60)
+    assert bigger.allocated_bytes == 40 * mib  # the state grew: a buffer for all of it (the old one goes)
+    again = torchplace.save_async(tmp_path / "4", model=small, rng_state=False)
+    again.result(timeout=60)
+    assert again.allocated_bytes == 0
+    assert torch.equal(torchplace.load(tmp_path / "4")["model"]["w"], small["w"])
+
+
+def test_large_states_grow_by_whole_slabs_and_keep_the_slabs_they_have() -> None:
+    staging = HostStaging()
+    assert staging.need(3 * 2**20 + 1, pinned=False) == 4 * 2**20  # small: one buffer, whole MiB
+    staging.ensure(3 * 2**20 + 1, pinned=False)
+    first = staging.slabs[0].data_ptr()
+    staging.ensure(2**20, pinned=False)
+    assert staging.slabs[0].data_ptr() == first  # smaller states reuse it
+    assert staging.need(SLAB_BYTES + 1, pinned=False) == 2 * SLAB_BYTES  # large: whole slabs, the small one goes
+
+
+def test_the_next_save_waits_for_the_one_in_flight(tmp_path: Path) -> None:
+    model, _ = _trained()
+    first = torchplace.save_async(tmp_path / "1", model=model)
+    second = torchplace.save_async(tmp_path / "2", model=model)  # max_in_flight=1: returns after `first` ended
+    assert first.done()
+    second.result(timeout=60)
+
+
+def test_max_in_flight_allows_more_and_writes_in_call_order(tmp_path: Path) -> None:
+    model, _ = _trained()
+    futures = [torchplace.save_async(tmp_path / f"step-{i}", model=model, extra={"i": i}, keep_last=2,
+                                     max_in_flight=3) for i in range(5)]
+    assert [f.result(timeout=60).name for f in futures] == [f"step-{i}" for i in range(5)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-3", "step-4"]
+    assert torchplace.load(tmp_path).extra == {"i": 4}
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_bad_max_in_flight_is_refused(tmp_path: Path, bad: object) -> None:
+    with pytest.raises(ValueError, match="max_in_flight"):
+        torchplace.save_async(tmp_path / "c", extra={"a": 1}, max_in_flight=bad)  # type: ignore[arg-type]
+
+
+def test_save_checks_apply_at_the_call(tmp_path: Path) -> None:
+    with pytest.raises(torchplace.CheckpointError, match="reserved"):
+        torchplace.save_async(tmp_path / "latest", extra={"a": 1})
+    with pytest.raises(TypeError, match="reserved"):
+        torchplace.save_async(tmp_path / "c", rng={"a": 1})
+    with pytest.raises(torchplace.CheckpointError, match="meta device"):
+        torchplace.save_async(tmp_path / "c", model={"w": torch.empty(3, device="meta")})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_write_is_raised_by_result(tmp_path: Path) -> None:
+    pending = torchplace.save_async(tmp_path / "missing" / "c", extra={"a": 1})
+    with pytest.raises(torchplace.CheckpointError, match=r"does not exist.*Fix: create it"):
+        pending.result(timeout=60)
+    assert pending.done()
+    torchplace.save_async(tmp_path / "c", extra={"a": 2}).result(timeout=60)  # collected: the next one saves
+
+
+def test_an_uncollected_failure_is_raised_by_the_next_save(tmp_path: Path) -> None:
+    pending = torchplace.save_async(tmp_path / "missing" / "c", extra={"a": 1})
+    _wait_done(pending)
+    with pytest.raises(torchplace.CheckpointError, match=r"earlier background save failed.*saved nothing.*does not "
+                                                         r"exist"):
+        torchplace.save_async(tmp_path / "next", extra={"a": 2})
+    assert not (tmp_path / "next").exists()
+    torchplace.save_async(tmp_path / "next", extra={"a": 2}).result(timeout=60)  # raised once
+    assert torchplace.load(tmp_path / "next").extra == {"a": 2}
+
+
+def test_a_full_disk_during_the_background_write(tiny_tmpfs: Path) -> None:
+    old = torchplace.save(tiny_tmpfs / "c", model={"w": torch.full((1000,), 1.0)}, rng_state=False)
+    pending = torchplace.save_async(old, model={"w": torch.full((1_000_000,), 2.0)}, rng_state=False)  # 4 MB > 1 MiB
+    with pytest.raises(torchplace.CheckpointError, match=r"could not save .*c: the file system .* is full.*ENOSPC"):
+        pending.result(timeout=60)
+    assert torch.equal(torchplace.load(old)["model"]["w"], torch.full((1000,), 1.0))
+    assert [p.name for p in tiny_tmpfs.iterdir()] == ["c"]
+    _wait_done(torchplace.save_async(old, model={"w": torch.full((1_000_000,), 3.0)}, rng_state=False))
+    with pytest.raises(torchplace.CheckpointError, match=r"never collected.*is full"):  # ... or at the next save
+        torchplace.save_async(old, extra={"a": 1})
+
+
+def test_memory_check_says_what_is_needed_and_what_is_free() -> None:
+    assert memory_problem(0, 0) is None
+    assert memory_problem(2**30, 8 * 2**30) is None
+    problem = memory_problem(10 * 2**30, 4 * 2**30)
+    assert problem is not None and "10.0 GiB" in problem and "4.0 GiB is available" in problem
+
+
+def _run(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def test_pending_saves_finish_at_exit(tmp_path: Path) -> None:
+    out = _run("import torch, torchplace\n"
+               "torchplace.save_async('c', model={'w': torch.arange(4_000_000.0)}, extra={'a': 1})\n", tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "waiting for 1 background checkpoint save(s) to finish" in out.stderr or out.stderr == ""
+    ck = torchplace.load(tmp_path / "c")
+    assert ck.extra == {"a": 1} and torch.equal(ck["model"]["w"], torch.arange(4_000_000.0))
+
+
+def test_an_uncollected_failure_is_reported_at_exit(tmp_path: Path) -> None:
+    out = _run("import torchplace\ntorchplace.save_async('missing/c', extra={'a': 1})\n", tmp_path)
+    assert "a background checkpoint save failed and its error was never collected" in out.stderr, out.stderr
+    assert "does not exist" in out.stderr
+
+
+def test_runtime_save_async(tmp_path: Path) -> None:
+    rt = torchplace.setup("cpu", threads=None, verbose=False)
+    try:
+        model, _ = _trained()
+        assert rt.save_async(tmp_path / "c", model=model).result(timeout=60) == tmp_path / "c"
+    finally:
+        rt.close()
+    assert os.path.getsize(tmp_path / "c") > 64 * 64 * 4
