@@ -17,7 +17,9 @@ import torch
 
 
 # set by pytest, or by torch itself on a lazy import (torch._dynamo sets the inductor cache dir)
-_NOT_OURS = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
+# KMP_*: set at import by libraries that load Intel's OpenMP (transformers' dependencies on the GPU machine)
+_NOT_OURS = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "KMP_DUPLICATE_LIB_OK",
+             "KMP_INIT_AT_FORK"}
 
 
 @pytest.fixture(autouse=True)
@@ -60,7 +62,7 @@ def _alive_children(me: psutil.Process) -> list[psutil.Process]:
 
 def _describe(child: psutil.Process) -> str:
     try:
-        return f"pid {child.pid}: {' '.join(child.cmdline())[:160]}"
+        return f"pid {child.pid} ({child.name()}): {' '.join(child.cmdline())[:160]}"
     except psutil.Error:
         return f"pid {child.pid}"
 

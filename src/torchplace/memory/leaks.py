@@ -78,7 +78,9 @@ class MemoryTracker:
     def __enter__(self) -> "MemoryTracker":
         self._frame = sys._getframe(1)
         if self.record_origins:
-            torch.cuda.memory._record_memory_history(max_entries=100_000)
+            # Python frames only: origins are user lines, and C++ stacks are symbolised by a pool of
+            # addr2line processes that torch keeps for the rest of the program
+            torch.cuda.memory._record_memory_history(stacks="python", max_entries=100_000)
         if self.warmup_steps == 0:
             self._baseline()
         return self
@@ -253,13 +255,41 @@ def _message(r: LeakReport, steady: bool) -> str:
 
 def track_memory(device: DeviceSpec = None, *, tolerance_bytes: int | None = None, warmup_steps: int = 2,
                  strict: bool | None = None, record_origins: bool = False) -> MemoryTracker:
-    """A leak detector for a loop over steps (see module docstring).
+    """A leak detector for a loop over steps (see the module docstring).
 
-    DEVICE defaults to this process's device (`torchplace.device()`). TOLERANCE_BYTES is the
-    growth allowed over the whole run (default 1 MiB on CUDA, 16 MiB on the CPU, whose
-    resident set is noisier). `record_origins=True` records CUDA allocation stacks while
-    tracking, so the report says where leaked tensors were made (it slows allocations, and
-    turns torch's history recording off again on exit).
+    Call `tracker.step()` once per step; each step reads one cheap number. On exit it flags memory
+    that grew in both halves of the run beyond the tolerance, and new tensors holding autograd
+    graphs (the classic `losses.append(loss)`), naming what holds them.
+
+    Args:
+        device: any `torchplace.device` spec (default: this process's device, `torchplace.device()`).
+        tolerance_bytes: growth allowed over the whole run (default 1 MiB on CUDA, 16 MiB on the
+            CPU, whose resident set is noisier).
+        warmup_steps: steps before the baseline (optimizer state and caches appear in the first).
+        strict: raise `MemoryLeakError` instead of warning (default: follow strict mode).
+        record_origins: record CUDA allocation stacks while tracking, so the report says where
+            leaked tensors were made (slows allocations).
+
+    Returns:
+        A `MemoryTracker` context manager: `step()`, and `check()` for the report so far.
+
+    Raises:
+        MemoryLeakError: on exit, a leak was found under strict mode (otherwise a
+            `MemoryLeakWarning` is issued).
+        DeviceError: the device does not exist here.
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+
+        model = torch.nn.Linear(8, 1)
+        with tp.track_memory("cpu") as tracker:
+            for _ in range(6):
+                model(torch.randn(4, 8)).sum().backward()
+                tracker.step()
+        print(tracker.check())  # None: memory stayed flat
+        ```
     """
     from ..placement.resolve import device as resolve_device
 
