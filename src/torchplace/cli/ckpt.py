@@ -62,38 +62,27 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _render_info(info: Any, *, show_all: bool) -> None:
-    from rich.markup import escape
-    from rich.table import Table
+    from .render import console, line, show_table
 
-    from .render import console
-
-    console.print(f"[bold]{escape(info.path)}[/]  made by [cyan]{escape(info.tool)}[/]  "
-                  f"{format_bytes(info.size_bytes)} on disk, {len(info.tensors)} tensors "
-                  f"({format_bytes(info.tensor_bytes)})")
+    console.print(line((info.path, "bold"), "  made by ", (info.tool, "cyan"),
+                       f"  {format_bytes(info.size_bytes)} on disk, {len(info.tensors)} tensors "
+                       f"({format_bytes(info.tensor_bytes)})"))
     for key, value in info.metadata.items():
-        console.print(f"  {key}: {escape(str(value))}")
+        console.print(f"  {key}: {value}")
     if info.contents:
-        table = Table(title="contents")
-        table.add_column("entry")
-        table.add_column("summary")
-        for key, value in info.contents.items():
-            table.add_row(escape(str(key)), escape(value))
-        console.print(table)
+        show_table("contents", ["entry", "summary"], [[str(k), str(v)] for k, v in info.contents.items()],
+                   ids=["entry"])
     shown = info.tensors if show_all else info.tensors[:_TENSORS_SHOWN]
     if shown:
-        table = Table(title="tensors")
-        for col in ("key", "dtype", "shape", "size", "saved on"):
-            table.add_column(col, justify="right" if col == "size" else "left")
-        for t in shown:
-            shape = "x".join(map(str, t.shape)) or "scalar"
-            table.add_row(escape(t.key), t.dtype, shape, format_bytes(t.nbytes), t.saved_on or "?")
-        console.print(table)
+        rows = [[t.key, t.dtype, "x".join(map(str, t.shape)) or "scalar", format_bytes(t.nbytes), t.saved_on or "?"]
+                for t in shown]
+        show_table("tensors", ["key", "dtype", "shape", "size", "saved on"], rows, ids=["key"], right=["size"])
         if len(shown) < len(info.tensors):
-            console.print(f"[dim]... {len(info.tensors) - len(shown)} more (--all lists them)[/]")
+            console.print(f"... {len(info.tensors) - len(shown)} more (--all lists them)", style="dim")
     if info.verified:
-        console.print("[green]every checksum matches[/]")
+        console.print("every checksum matches", style="green")
     for note in info.notes:
-        console.print(f"[yellow]note:[/] {escape(note)}")
+        console.print(line(("note:", "yellow"), f" {note}"))
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -105,14 +94,12 @@ def _convert(args: argparse.Namespace) -> int:
                     "stripped_prefix": result.stripped_prefix, "tensors": result.tensors,
                     "weights_only": result.weights_only, "notes": result.notes})
         return 0
-    from rich.markup import escape
-
-    from .render import console
+    from .render import console, line
 
     stripped = f", stripped {result.stripped_prefix!r}" if result.stripped_prefix else ""
     what = "model weights (plain safetensors)" if result.weights_only else "tensors"
-    console.print(escape(f"wrote {result.path}: {result.tensors} {what} from a {result.source_tool} checkpoint, "
-                         f"on the CPU{stripped}"))
+    console.print(f"wrote {result.path}: {result.tensors} {what} from a {result.source_tool} checkpoint, "
+                  f"on the CPU{stripped}")
     for note in result.notes:
-        console.print(f"[yellow]note:[/] {escape(note)}")
+        console.print(line(("note:", "yellow"), f" {note}"))
     return 0

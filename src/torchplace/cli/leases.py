@@ -35,27 +35,19 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"lease_dir": str(leases.path), "leases": records})
         return 0
-    from rich.table import Table
-
-    from .render import console
+    from .render import console, show_table
 
     if not records:
         console.print(f"No GPU is leased ({leases.path}).")
         return 0
-    table = Table(title=f"GPU leases in {leases.path}")
-    table.add_column("GPU", justify="right")
-    table.add_column("UUID", overflow="fold")
-    if args.all:
-        table.add_column("held")
-    for column in ("pid", "user", "since"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("command", overflow="fold")
+    headers = ["GPU", "UUID", *(["held"] if args.all else []), "pid", "user", "since", "command"]
+    rows = []
     for rec in records:
         holder = rec["holder"] or {}
         gpu = "?" if rec["physical_index"] is None else str(rec["physical_index"])
         held = ["yes" if rec["held"] else "no"] if args.all else []
         since = (holder.get("since") or "").replace("T", " ")[:19]
-        table.add_row(gpu, rec["uuid"], *held, str(holder.get("pid") or ""), holder.get("user") or "",
-                      since, holder.get("command") or "")
-    console.print(table)
+        rows.append([gpu, rec["uuid"], *held, str(holder.get("pid") or ""), holder.get("user") or "", since,
+                     holder.get("command") or ""])
+    show_table(f"GPU leases in {leases.path}", headers, rows, ids=["UUID", "pid", "since"], right=["GPU"])
     return 0

@@ -1,53 +1,136 @@
-"""Rich rendering shared by the CLI commands (tables, findings, bench results)."""
+"""Rich rendering shared by the CLI commands (tables, findings, bench results).
+
+Two rules hold for everything printed here (issue 18):
+- Markup is off. Notes, GPU names, commands and paths can hold brackets (`pip install
+  'torchplace[bench]'`), so text is never parsed for `[style]` tags; colour is given with
+  `Text.assemble` and `style=` instead.
+- Ids are never cut. On a terminal a table wraps its other columns first and, when even that
+  cannot keep every id whole, prints its rows as plain `header value` lines that wrap between
+  fields. Into a pipe or a file nothing wraps: the width is unlimited, so `torchplace map | cat`
+  and `torchplace doctor > report.txt` keep each UUID and each value on one line whatever
+  COLUMNS says.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..units import format_bytes
 
-console = Console()
+#: The width of output that goes to a pipe or a file: no line is ever wrapped there.
+PIPE_WIDTH = 100_000
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A console with markup, emoji codes and highlighting off; unlimited width unless a terminal."""
+    settings: dict[str, Any] = {"stderr": stderr, "markup": False, "emoji": False, "highlight": False}
+    probe = Console(**settings)
+    if probe.is_terminal:
+        return probe
+    return Console(width=PIPE_WIDTH, soft_wrap=True, **settings)
+
+
+console = make_console()
+
+
+def line(*parts: str | tuple[str, str]) -> Text:
+    """One line from plain strings and (text, style) pairs; nothing in it is read as markup."""
+    return Text.assemble(*parts)
+
+
+def show_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str | Text]], *,
+               ids: Sequence[str] = (), right: Sequence[str] = (), out: Console | None = None) -> None:
+    """Print a table whose id columns (IDS, by header) are never cut or wrapped.
+
+    Other columns wrap first, between words; if the terminal is too narrow for that, each row is
+    printed as `header value` fields packed into lines, a field never split across two."""
+    out = out or console
+    cells = [[str(header), *(str(row[i]) for row in rows)] for i, header in enumerate(headers)]
+    natural = [max(cell_len(text) for text in column) for column in cells]
+    least = [width if header in ids else max((cell_len(w) for text in column for w in text.split()), default=1)
+             for header, width, column in zip(headers, natural, cells)]
+    room = out.width - (3 * len(headers) + 1)  # a border before each column and after the last, padding 1+1
+    if sum(least) > room:
+        _rows_as_fields(title, headers, rows, out)
+        return
+    fits = sum(natural) <= room
+    widths = list(natural)
+    while sum(widths) > room:  # narrow the column with the most room to give, one cell at a time
+        i = max(range(len(widths)), key=lambda k: widths[k] - least[k])
+        widths[i] -= 1
+    table = Table(title=title)
+    for header, width in zip(headers, widths):
+        table.add_column(header, justify="right" if header in right else "left", no_wrap=header in ids,
+                         overflow="fold", width=None if fits else width)
+    for row in rows:
+        table.add_row(*row)
+    out.print(table)
+
+
+def _rows_as_fields(title: str, headers: Sequence[str], rows: Sequence[Sequence[str | Text]], out: Console) -> None:
+    """Each row as `header value` fields, packed into lines no wider than the terminal."""
+    out.print(title, style="bold")
+    for row in rows:
+        lines: list[Text] = []
+        current = Text("  ")
+        for header, cell in zip(headers, row):
+            if not str(cell):
+                continue
+            field = Text.assemble((str(header), "dim"), " ", cell) if header else Text.assemble(cell)
+            if current.cell_len > 2 and current.cell_len + 3 + field.cell_len > out.width:
+                lines.append(current)
+                current = Text("    ")
+            elif current.cell_len > 4 or (current.cell_len > 2 and not lines):
+                current.append("   ")
+            current.append_text(field)
+        lines.append(current)
+        for text in lines:
+            out.print(text, overflow="ignore", crop=False, no_wrap=True)
 
 
 def bench_table(result: Any) -> None:
     """Print a benchmark result: one row per variant, its value and ratio, then targets."""
-    table = Table(title=f"torchplace bench {result.name}")
-    table.add_column("variant")
-    table.add_column("value", justify="right")
-    table.add_column("unit")
     ratio_label = f"vs {result.baseline}" if result.baseline else "ratio"
-    table.add_column(ratio_label, justify="right")
-    for row in result.rows:
-        table.add_row(row.variant, f"{row.value:.4g}", row.unit, "" if row.ratio is None else f"{row.ratio:.2f}x")
-    console.print(table)
+    rows = [[row.variant, f"{row.value:.4g}", row.unit, "" if row.ratio is None else f"{row.ratio:.2f}x"]
+            for row in result.rows]
+    show_table(f"torchplace bench {result.name}", ["variant", "value", "unit", ratio_label], rows,
+               ids=["variant"], right=["value", ratio_label])
     for target in result.targets:
-        mark = "[green]met[/]" if target.met else "[red]missed[/]"
-        console.print(f"target {target.name}: {target.measured:.4g} {target.op} {target.limit:.4g} {mark}")
+        mark = ("met", "green") if target.met else ("missed", "red")
+        console.print(line(f"target {target.name}: {target.measured:.4g} {target.op} {target.limit:.4g} ", mark))
     for note in result.notes:
-        console.print(f"note: {note}")
+        console.print(line(("note:", "yellow"), f" {note}"))
     machine = result.machine
-    console.print(f"[dim]{machine.get('date')} {machine.get('hostname')} torch {machine.get('torch')} "
-                  f"{', '.join(machine.get('gpus') or ['no GPU'])}[/]")
+    console.print(f"{machine.get('date')} {machine.get('hostname')} torch {machine.get('torch')} "
+                  f"{', '.join(machine.get('gpus') or ['no GPU'])}", style="dim")
 
 
-def _gpu_table(facts: Any, title: str) -> Table:
+def _gpu_rows(facts: Any) -> list[list[str | Text]]:
     vis = facts.visible
-    table = Table(title=title)
-    for col in ("physical", "cuda", "name", "uuid", "bus id", "memory used / total", "util", "processes"):
-        table.add_column(col, justify="right" if col in ("physical", "util") else "left")
+    rows: list[list[str | Text]] = []
     for gpu in facts.topology.gpus:
         logical = vis.logical_of(gpu.physical_index)
         procs = "?" if gpu.processes is None else str(len(gpu.processes))
         if gpu.processes:
             procs += " (" + ", ".join(f"{p.pid}{'/' + p.user if p.user else ''}" for p in gpu.processes[:3]) + ")"
-        table.add_row(str(gpu.physical_index), f"cuda:{logical}" if logical is not None else "[dim]hidden[/]",
-                      gpu.name or "?", gpu.uuid, gpu.pci_bus_id or "?",
-                      f"{format_bytes(gpu.memory_used_bytes, 'GiB')} / {format_bytes(gpu.memory_total_bytes, 'GiB')}",
-                      "?" if gpu.utilization is None else f"{gpu.utilization}%", procs)
-    return table
+        rows.append([str(gpu.physical_index), f"cuda:{logical}" if logical is not None else Text("hidden", "dim"),
+                     gpu.name or "?", gpu.uuid, gpu.pci_bus_id or "?",
+                     f"{format_bytes(gpu.memory_used_bytes, 'GiB')} / {format_bytes(gpu.memory_total_bytes, 'GiB')}",
+                     "?" if gpu.utilization is None else f"{gpu.utilization}%", procs])
+    return rows
+
+
+_GPU_HEADERS = ["physical", "cuda", "name", "uuid", "bus id", "memory used / total", "util", "processes"]
+
+
+def _gpu_table(facts: Any, title: str) -> None:
+    show_table(title, _GPU_HEADERS, _gpu_rows(facts), ids=["uuid", "bus id", "cuda"], right=["physical", "util"])
 
 
 def _env_line(facts: Any) -> str:
@@ -60,51 +143,76 @@ def _env_line(facts: Any) -> str:
 def render_map(facts: Any, notes: list[str]) -> None:
     console.print(_env_line(facts))
     if facts.topology.gpus:
-        console.print(_gpu_table(facts, "physical <-> logical"))
+        _gpu_table(facts, "physical <-> logical")
     elif not notes:
         console.print("No GPU found.")
     for note in notes:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(line(("note:", "yellow"), f" {note}"))
 
 
-def _links_table(facts: Any) -> Table | None:
+def _links_table(facts: Any) -> None:
     topo = facts.topology
     if len(topo.gpus) < 2:
-        return None
-    table = Table(title="interconnect (NV# = NVLink count; PIX/PXB/PHB/NODE/SYS = PCIe path)")
-    table.add_column("")
-    for gpu in topo.gpus:
-        table.add_column(f"GPU{gpu.physical_index}")
+        return
+    headers = [""] + [f"GPU{gpu.physical_index}" for gpu in topo.gpus]
+    rows = []
     for a in topo.gpus:
         cells = []
         for b in topo.gpus:
             link = topo.link(a.physical_index, b.physical_index)
             cells.append("X" if a.physical_index == b.physical_index else (link.label() if link else "?"))
-        table.add_row(f"GPU{a.physical_index}", *cells)
-    return table
+        rows.append([f"GPU{a.physical_index}", *cells])
+    show_table("interconnect", headers, rows, ids=headers)
+    console.print("NV# = NVLink count; PIX/PXB/PHB/NODE/SYS = PCIe path", style="dim")
+
+
+def _known(*pairs: tuple[str, Any]) -> tuple[str, list[str]]:
+    """'name value' for each known value, two spaces apart, and the names whose value is unknown."""
+    shown = [f"{name} {value}" for name, value in pairs if value is not None]
+    return "  ".join(shown), [name for name, value in pairs if value is None]
+
+
+def _machine_lines(facts: Any) -> list[str]:
+    """The versions and host lines; a snapshot's unrecorded fields are named once, not printed as None."""
+    v, topo, host = facts.versions, facts.topology, facts.host
+    live = facts.source == "live"
+    cpus = None
+    if host.cpu_count is not None:
+        cpus = f"{host.usable_cpus} of {host.cpu_count}"
+    bytes_or_none = (lambda n: None if n is None else format_bytes(n, "GiB"))
+    first, missing = _known(("python", v.python), ("torch", v.torch or ("not installed" if live else None)),
+                            ("built with CUDA", v.torch_cuda or ("none" if v.torch else None)),
+                            ("cuDNN", v.cudnn), ("NCCL", v.nccl))
+    cuda = f"{topo.driver_version}  (CUDA {topo.cuda_driver_version or '?'})" if topo.driver_version else \
+        ("none" if live else None)
+    second, missing2 = _known(("driver", cuda), ("CPUs usable", cpus),
+                              ("memory", bytes_or_none(host.memory_total_bytes)),
+                              ("/dev/shm", bytes_or_none(host.shm_total_bytes)))
+    lines = [text for text in (first, second) if text]
+    unknown = missing + missing2
+    if unknown:
+        where = "the snapshot does not record" if not live else "unknown"
+        lines.append(f"{where}: {', '.join(unknown)}")
+    return lines
 
 
 def render_report(report: Any) -> None:
     facts = report.facts
-    v, topo, host = facts.versions, facts.topology, facts.host
-    console.print(f"[bold]torchplace doctor[/] ({'this machine' if facts.source == 'live' else facts.source})")
-    console.print(f"python {v.python}  torch {v.torch or 'not installed'}  built with CUDA {v.torch_cuda or 'none'}"
-                  f"  cuDNN {v.cudnn or '?'}  NCCL {v.nccl or '?'}")
-    console.print(f"driver {topo.driver_version or 'none'}  (CUDA {topo.cuda_driver_version or '?'})  "
-                  f"CPUs usable {host.usable_cpus} of {host.cpu_count}  "
-                  f"memory {format_bytes(host.memory_total_bytes, 'GiB')}  "
-                  f"/dev/shm {format_bytes(host.shm_total_bytes, 'GiB')}")
+    topo = facts.topology
+    console.print(line(("torchplace doctor", "bold"),
+                       f" ({'this machine' if facts.source == 'live' else facts.source})"))
+    for text in _machine_lines(facts):
+        console.print(text)
     console.print(_env_line(facts))
     if topo.gpus:
-        console.print(_gpu_table(facts, "GPUs"))
-        links = _links_table(facts)
-        if links is not None:
-            console.print(links)
+        _gpu_table(facts, "GPUs")
+        _links_table(facts)
     colors = {"error": "red", "warning": "yellow", "info": "cyan"}
     if not report.findings:
-        console.print("[green]No problems found.[/]")
+        console.print("No problems found.", style="green")
     for f in report.findings:
-        console.print(f"[{colors[f.severity]}]{f.severity.upper()}[/] {f.title}\n    {f.detail}")
+        console.print(line((f.severity.upper(), colors[f.severity]), f" {f.title}"))
+        console.print(f"    {f.detail}")
         if f.fix:
-            console.print(f"    [bold]fix:[/] {f.fix}")
-    console.print(f"[dim]{report.elapsed_s * 1000:.0f} ms; CUDA was not initialized.[/]")
+            console.print(line("    ", ("fix:", "bold"), f" {f.fix}"))
+    console.print(f"{report.elapsed_s * 1000:.0f} ms; CUDA was not initialized.", style="dim")
