@@ -172,11 +172,41 @@ def precision_for(device: DeviceSpec, dtype: str | torch.dtype | None = None, *,
                   tf32: bool | None = None, strict: bool | None = None) -> PrecisionPolicy:
     """The precision policy for DEVICE from its real capability; DTYPE forces a choice.
 
-    `capability=(major, minor)` plans for a CUDA device without touching it (from a snapshot's
-    `GpuRecord.compute_capability`); otherwise the device is resolved and queried. An explicit
-    DTYPE (or, without one, TORCHPLACE_PRECISION=bf16/fp16/fp32 in the environment) is
-    respected; when it cannot run natively here the policy says so with a `PrecisionWarning`
-    (a `PrecisionError` under strict mode).
+    bf16 where the hardware runs it natively (Ampere and later, recent CPUs), fp16 with a
+    GradScaler where only fp16 is fast (Volta, Turing), fp32 where neither helps; TF32 matmuls on
+    where supported.
+
+    Args:
+        device: any `torchplace.device` spec.
+        dtype: "bf16", "fp16", "fp32" or a torch dtype to force; by default TORCHPLACE_PRECISION
+            from the environment, else the best for the device.
+        capability: `(major, minor)` to plan for a CUDA device without touching it (from a
+            snapshot's `GpuRecord.compute_capability`).
+        name: the GPU's name, for the reasons given (with `capability`).
+        tf32: force TF32 matmuls on or off (default: on where the hardware has it).
+        strict: raise `PrecisionError` instead of warning when DTYPE cannot run natively
+            (default: follow strict mode).
+
+    Returns:
+        A `PrecisionPolicy`: `dtype`, `grad_scaler` (needed or not), `reason`, `autocast()`
+        (checked on its first use), `make_grad_scaler()` and `apply_tf32()`.
+
+    Raises:
+        DeviceError: the device does not exist, or `capability` was given for a non-CUDA device.
+        PrecisionError: DTYPE cannot run natively here, under strict mode.
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+
+        policy = tp.precision_for("cpu")
+        print(policy.dtype, policy.grad_scaler, policy.reason)
+        planned = tp.precision_for("cuda:0", capability=(7, 0), name="Tesla V100")  # fp16 + GradScaler
+        print(planned.dtype, planned.grad_scaler)
+        with policy.autocast():
+            torch.nn.Linear(4, 2)(torch.randn(3, 4))
+        ```
     """
     import torch
 

@@ -221,22 +221,51 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
          restore_rng: bool = True, trust_pickle: bool = False, **more_state: Any) -> Checkpoint:
     """Load a checkpoint onto DEVICE and into the objects given; return what was found and done.
 
-    path: a checkpoint file, a directory (its newest complete checkpoint; a damaged newest one is
-    reported with a warning and the next is used; its `latest` pointer file means the same), a
-    sharded checkpoint, or another tool's file
-    (torch.save, Lightning, accelerate's save_state directory, safetensors).
-    device: where tensors go ("cpu", "cuda:0", a torch.device, ...; resolved and validated). With a
-    model, the model is moved there first; without one, tensors go to the model's own devices, or
-    to the CPU. model/optimizer/scheduler/scaler/**more_state: objects whose load_state_dict is
-    called, the model first so the optimizer's state lands on its parameters' devices. The saved
-    keys are matched against the model's: as saved when they match, else with wrapper prefixes
-    (`module.`, `_orig_mod.`, Lightning's `model.` and `_forward_module.`) removed or added, at
-    the start or inside, whichever makes every key match (the choice is in the result's notes);
-    module versions (`_metadata`) are kept. Without a model, only torch.compile's `_orig_mod.` is
-    removed (a leading `module.` may be a real submodule). strict: passed to the
-    model's load_state_dict. restore_rng: restore the RNG states that make sense here (the
-    result says which were skipped and why). trust_pickle: allow files that need pickle (which
-    runs code from the file); only for files from someone you trust.
+    The saved keys are matched against the model's: as saved when they match, else with wrapper
+    prefixes (`module.`, `_orig_mod.`, Lightning's `model.` and `_forward_module.`) removed or
+    added, whichever makes every key match (the choice is in the result's notes). Without a model,
+    only torch.compile's `_orig_mod.` is removed (a leading `module.` may be a real submodule).
+
+    Args:
+        path: a checkpoint file, a directory (its newest complete checkpoint; a damaged newest one
+            is reported with a warning and the next is used; its `latest` pointer means the same),
+            a sharded checkpoint, or another tool's file (torch.save, Lightning, accelerate's
+            save_state directory, safetensors).
+        device: where tensors go ("cpu", "cuda:0", a torch.device, ...; resolved and validated).
+            With a model, the model is moved there first; without one, tensors go to the model's
+            own devices, or to the CPU.
+        model: loaded first, so the optimizer's state lands on its parameters' devices.
+        optimizer: its `load_state_dict` is called with the saved state.
+        scheduler: as `optimizer`.
+        scaler: as `optimizer`.
+        strict: passed to the model's `load_state_dict`.
+        restore_rng: restore the RNG states that make sense here (the result says which were
+            skipped and why).
+        trust_pickle: allow files that need pickle, which runs code from the file; only for files
+            from someone you trust.
+        **more_state: more objects whose `load_state_dict` is called, or names of plain values.
+
+    Returns:
+        A `Checkpoint`: the state by key (`ck["model"]`, `ck.extra`), the tool that wrote the file
+        (`tool`), the prefix that was stripped and `notes` on every choice made.
+
+    Raises:
+        CheckpointError: PATH does not exist or holds no checkpoint, a torn, corrupt or unknown
+            file, a checksum mismatch, keys or shapes that do not fit the model, or a file that
+            needs pickle without `trust_pickle=True`.
+        DeviceError: DEVICE does not exist here.
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+
+        model = torch.nn.Linear(4, 2)
+        tp.save("ckpt.safetensors", model=model, extra={"step": 7})
+        fresh = torch.nn.Linear(4, 2)
+        ck = tp.load("ckpt.safetensors", device="cpu", model=fresh)
+        print(ck.extra["step"], torch.equal(fresh.weight, model.weight))
+        ```
     """
     objects = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, **more_state}
     for name, obj in objects.items():

@@ -161,10 +161,34 @@ def _other_processes(dev: torch.device) -> list[str]:
 class diagnose_oom(contextlib.ContextDecorator):  # noqa: N801 - used like a function
     """Turn an out-of-memory failure inside the block (or decorated function) into a diagnosis.
 
-    Raises `OutOfMemoryDiagnosis` (a torch.OutOfMemoryError) whose message is the report;
-    the report is also kept on `.report`. Other exceptions pass through untouched. On entry it
-    maps RESERVE_BYTES of address space that it unmaps on a failure, so that under RLIMIT_AS or
+    The report says what held memory at that moment (largest tensors, other processes on the GPU,
+    the process's limits) and what to try. Other exceptions pass through untouched. On entry it
+    maps `reserve_bytes` of address space that it unmaps on a failure, so that under RLIMIT_AS or
     strict overcommit the report itself still has room to be built.
+
+    Args:
+        device: the device to report on (default: the one that ran out).
+        top: how many of the largest live tensors to list.
+        reserve_bytes: address space kept for building the report (0: none).
+
+    Raises:
+        OutOfMemoryDiagnosis: a `torch.OutOfMemoryError` (so existing `except` clauses work)
+            whose message is the report, kept on `.report`; the original is its `__cause__`.
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+
+        @tp.diagnose_oom()
+        def step(n):
+            return torch.empty(n, dtype=torch.uint8)
+
+        try:
+            step(1 << 62)  # far more than any machine has
+        except torch.OutOfMemoryError as err:
+            print(str(err).splitlines()[0])
+        ```
     """
 
     def __init__(self, device: DeviceSpec = None, *, top: int = 5, reserve_bytes: int = RESERVE_BYTES) -> None:
@@ -200,11 +224,35 @@ def find_batch_size(fn: Callable[[int], Any], start: int = 1, *, max_size: int |
                     device: DeviceSpec = None) -> int:
     """The largest batch size for which `fn(batch_size)` runs without running out of memory.
 
-    FN should run one full step (forward, backward, optimizer) at that batch size. Doubling from
-    START finds a size that fails, bisection the boundary; each failure is followed by a
-    garbage collection and (on CUDA) `torch.cuda.empty_cache()`. The answer leaves no headroom
-    for fragmentation or longer inputs: take a margin below it. Raises `OutOfMemoryDiagnosis`
-    when even a batch of 1 does not fit.
+    Doubling from START finds a size that fails, bisection the boundary; each failure is followed
+    by a garbage collection and (on CUDA) `torch.cuda.empty_cache()`. The answer leaves no headroom
+    for fragmentation or longer inputs: take a margin below it.
+
+    Args:
+        fn: runs one full step (forward, backward, optimizer) at the batch size it is given.
+        start: the first size tried.
+        max_size: never try more than this.
+        device: the device whose out-of-memory errors count (default: any).
+
+    Returns:
+        The largest size that ran.
+
+    Raises:
+        OutOfMemoryDiagnosis: even START does not fit.
+        ValueError: not 1 <= START <= MAX_SIZE.
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+
+        def step(batch_size):
+            if batch_size > 48:  # stands in for a real step running out of memory
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            torch.randn(batch_size, 8).sum()
+
+        print(tp.find_batch_size(step, start=4, max_size=256))  # 48
+        ```
     """
     if start < 1 or (max_size is not None and max_size < start):
         raise ValueError(f"start={start} and max_size={max_size}: need 1 <= start <= max_size.")

@@ -113,8 +113,29 @@ def _grouped(infos: list[LiveTensor]) -> list[str]:
 
 
 def memory_report(device: DeviceSpec = None, *, top: int = 10) -> MemoryReport:
-    """Memory of DEVICE (default: the CPU and every CUDA device this process has used) and its
-    TOP largest live tensors, with the op that made them and what holds them."""
+    """Memory of DEVICE and its largest live tensors, with the op that made them and what holds them.
+
+    Args:
+        device: any `torchplace.device` spec (default: the CPU and every CUDA device this process
+            has used).
+        top: how many of the largest live tensors to list.
+
+    Returns:
+        A `MemoryReport`: `devices` (in use, reserved, limit per device), `largest` and
+        `graph_holders` (tensors that keep an autograd graph alive); `text()` renders it.
+
+    Raises:
+        DeviceError: the device does not exist here.
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+
+        weights = torch.zeros(1024, 1024)  # 4 MiB, held by the name `weights`
+        print(tp.memory_report("cpu", top=3).text())
+        ```
+    """
     devices = _devices(device)
     kinds = {d.type for d in devices}
     tensors = live_tensors(lambda t: t.device.type in kinds and (device is None or _same(t.device, devices)))

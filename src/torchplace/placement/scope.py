@@ -40,10 +40,31 @@ def current_index(device_type: str = "cuda") -> int | None:
 
 
 class on(contextlib.ContextDecorator):
-    """Make `device` current inside the block (or decorated function) and restore it on exit.
+    """Make DEVICE current inside the block (or decorated function), restored on exit.
 
-    `factories=True` also makes factory calls without a device (torch.zeros(3)) allocate there,
-    through torch's own `torch.device` context, which costs a little on every op.
+    Unlike `torch.cuda.set_device`, the change cannot leak: the previous current device of this
+    thread is restored however the block ends.
+
+    Args:
+        device: any `torchplace.device` spec.
+        factories: also make factory calls without a device (`torch.zeros(3)`) allocate on it,
+            through torch's own `torch.device` context (costs a little on every op).
+
+    Returns:
+        A context manager that also works as a decorator.
+
+    Raises:
+        DeviceError: the device does not exist here.
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+
+        with tp.on("cpu", factories=True):
+            x = torch.zeros(3)  # allocated on the device of the block
+        print(x.device)
+        ```
     """
 
     def __init__(self, device: DeviceSpec, *, factories: bool = False) -> None:
@@ -195,8 +216,32 @@ def guard(fn: None = None, *, action: str = ..., device_type: str = ...) -> Guar
 def guard(fn: Callable[..., Any] | None = None, *, action: str = "warn", device_type: str = "cuda") -> Any:
     """Detect code that changes the current device without restoring it.
 
-    Use as `@guard`, `@guard(action="raise")` or `with guard(): ...`. On a leak the previous
-    device is restored and a DeviceLeakWarning is issued (action="warn") or DeviceLeakError raised.
+    On a leak the previous device is restored, then a `DeviceLeakWarning` is issued
+    (`action="warn"`, the default) or a `DeviceLeakError` raised (`action="raise"`).
+
+    Args:
+        fn: the function to guard when used as a bare decorator (`@guard`).
+        action: "warn" (restore, then warn) or "raise" (restore, then raise).
+        device_type: the device type whose current device is watched (default "cuda").
+
+    Returns:
+        The guarded function (as a decorator), or a context manager (`with guard(): ...`).
+
+    Raises:
+        DeviceLeakError: with `action="raise"`, when the block left another device current.
+        ValueError: `action` is neither "warn" nor "raise".
+
+    Example:
+        ```python
+        import torchplace as tp
+
+        @tp.guard(action="raise")
+        def train_step(batch):
+            return batch  # a helper calling torch.cuda.set_device(1) here would be caught
+
+        with tp.guard():
+            train_step(1)
+        ```
     """
     g = Guard(action=action, device_type=device_type)
     return g(fn) if fn is not None else g

@@ -162,13 +162,38 @@ def cpu_span(cpus: list[int]) -> str:
 def configure_threads(intra_op: int | None = None, inter_op: int | None = None, *,
                       local_world_size: int | None = None, gpu: DeviceSpec = None, bind: bool = False,
                       set_env: bool = True) -> ThreadPlan:
-    """Plan threads from this host's facts and apply the plan; returns it (with `applied`).
+    """Plan CPU threads from this host's facts and apply the plan; return it.
 
-    `local_world_size` defaults to LOCAL_WORLD_SIZE (torchrun) or SLURM_NTASKS_PER_NODE.
-    `gpu` (a device spec such as "cuda:0") names the GPU this process drives; its NUMA node is
-    reported from NVML without starting CUDA, and `bind=True` pins every thread of this process
-    to the CPUs nearest it. Call it early: before the first parallel op, so torch can still
-    size its inter-op pool, and before large allocations, so they land on the bound node.
+    Usable CPUs are the smallest of the CPU count, this process's affinity and the cgroup quota
+    (a container's `--cpus`), shared among the processes of this node. Call it early: before the
+    first parallel op, so torch can still size its inter-op pool, and before large allocations,
+    so they land on the bound NUMA node.
+
+    Args:
+        intra_op: threads per op (default: usable CPUs / local processes).
+        inter_op: threads running independent ops (default: from the plan).
+        local_world_size: processes on this node (default LOCAL_WORLD_SIZE from torchrun, or
+            SLURM_NTASKS_PER_NODE, else 1).
+        gpu: the GPU this process drives ("cuda:0" or an index); its NUMA node is read from NVML
+            without starting CUDA.
+        bind: pin every thread of this process to the CPUs nearest `gpu`.
+        set_env: also set OMP_NUM_THREADS and MKL_NUM_THREADS for child processes.
+
+    Returns:
+        A `ThreadPlan` (usable CPUs, physical cores, intra-op and inter-op threads, the environment
+        set, the CPUs bound, `notes`), with `applied` saying what was done.
+
+    Raises:
+        ValueError: a thread count or `local_world_size` below 1.
+        DeviceError: `gpu` names a GPU that is not visible, or is not a CUDA device.
+
+    Example:
+        ```python
+        import torchplace as tp
+
+        plan = tp.configure_threads()  # e.g. 4 intra-op threads of 8 usable CPUs over 2 processes
+        print(plan.intra_op, plan.inter_op, plan.usable_cpus)
+        ```
     """
     host = read_host()
     gpu_cpus, gpu_node = _gpu_cpus(gpu) if gpu is not None else (None, None)
