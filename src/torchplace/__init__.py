@@ -35,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     # placement: moving data (issue 3)
     "to_device": "torchplace.placement.transfer",
     "DeviceLoader": "torchplace.placement.loader",
+    "packed_collate": "torchplace.placement.collate",
     "place": "torchplace.placement.split",
     # checks (issue 4)
     "strict": "torchplace.checks.strict",
@@ -70,7 +71,7 @@ __all__ = [
     "CheckpointError", "DeviceError", "DeviceLeakError", "DeviceLoader", "DeviceMismatchError",
     "DistributedError", "Facts", "LeaseError", "Runtime", "SaveFuture", "SnapshotError", "TorchplaceError",
     "TorchplaceWarning", "configure_threads", "deterministic", "device", "diagnose_oom", "dist", "explain",
-    "find_batch_size", "guard", "load", "memory_report", "on", "pick", "place", "precision_for",
+    "find_batch_size", "guard", "load", "memory_report", "on", "packed_collate", "pick", "place", "precision_for",
     "read_facts", "save", "save_async", "seed_everything", "setup", "strict", "to_device", "track_memory",
     "visible_devices", "watch",
 ]
@@ -140,6 +141,7 @@ if _typing.TYPE_CHECKING:  # static checkers see the real objects; at run time t
     from .hardware.facts import Facts, read_facts
     from .hardware.visible import visible_devices
     from .memory import diagnose_oom, find_batch_size, memory_report, track_memory
+    from .placement.collate import packed_collate
     from .placement.loader import DeviceLoader
     from .placement.resolve import device
     from .placement.scope import guard, on

@@ -18,7 +18,8 @@ modules that raise them re-export theirs (`torchplace.memory.MemoryLeakError`, .
     ├── StrictWarning                       a device mistake strict mode reports as a warning
     ├── DeviceLeakWarning                   a changed current device that torchplace restored
     ├── PrecisionWarning                    a precision that works but wastes speed or falls back
-    └── MemoryLeakWarning                   a probable leak found by track_memory
+    ├── MemoryLeakWarning                   a probable leak found by track_memory
+    └── PackingWarning                      tensors packed_collate left out of a batch's one buffer
 
 `warnings.filterwarnings("error", category=TorchplaceWarning)` turns every one into an error.
 """
@@ -216,3 +217,7 @@ class PrecisionWarning(TorchplaceWarning):
 
 class MemoryLeakWarning(TorchplaceWarning):
     """A probable leak found by `track_memory` (raised as MemoryLeakError under strict mode)."""
+
+
+class PackingWarning(TorchplaceWarning):
+    """Tensors `packed_collate` could not pack into a batch's buffer (they are copied one by one)."""

@@ -24,6 +24,7 @@ from typing import Any, Callable, NamedTuple
 import torch
 
 from . import _hostcopy, _pack
+from .collate import PackedBatch, pin_buffer
 from .transfer import _Mover, _other_to, pin_tensor
 from .traverse import _walk
 
@@ -94,6 +95,8 @@ class Stager:
     # -- one batch ------------------------------------------------------------------------------
 
     def __call__(self, batch: Any) -> Staged:
+        if type(batch) is PackedBatch:
+            return self._packed(batch)
         leaves, small, key, big, others = self._collect(batch)
         moved = list(leaves)
         keep: list[torch.Tensor] = []
@@ -150,6 +153,44 @@ class Stager:
             wait()
             buf.copy_(staging, non_blocking=True)  # one copy; the pinned block is reused only after it
             del staging
+        return self._finish(out, keep, source_read)
+
+    def _packed(self, batch: PackedBatch) -> Staged:
+        """A batch packed in the DataLoader's workers (`packed_collate`): one copy of its buffer, views
+        of the device buffer in its slots, its other tensors and objects moved as in `__call__`."""
+        keep: list[torch.Tensor] = []
+        direct = False  # True when a copy reads the caller's own pinned memory
+        src = batch.buffer
+        if self.streams and not src.is_pinned():  # a DataLoader without pin_memory: pinned by the helpers,
+            buf = pin_buffer(src).to(self.device, non_blocking=True)  # a block torch keeps until the copy is done
+        else:
+            buf, direct = self._one(src)
+        keep.append(buf)
+
+        def tensor(t: torch.Tensor) -> torch.Tensor:
+            nonlocal direct
+            if t.device == self.device:
+                return t
+            moved, reads_source = self._one(t)
+            keep.append(moved)
+            direct = direct or reads_source
+            return moved
+
+        def other(x: Any) -> Any:
+            if not self.streams:
+                return self._mover.other(x)
+            with self._consumer_stream():
+                return _other_to(x, self.device, False)
+
+        out = batch.rebuild(buf, tensor, other)
+        source_read = None
+        if direct:
+            source_read = self._spin_event()
+            source_read.record(self.side)
+        return self._finish(out, keep, source_read)
+
+    def _finish(self, out: Any, keep: list[torch.Tensor], source_read: Any) -> Staged:
+        """The transform, record_stream for the consumer's stream, and the ready event."""
         if not self.streams:
             return Staged(self.transform(out) if self.transform else out, None, None, [], None)
         if self.transform is not None:

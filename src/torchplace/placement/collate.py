@@ -1,0 +1,317 @@
+"""`packed_collate`: pack each batch's small tensors into one buffer inside the DataLoader's workers.
+
+A batch of many small tensors (recommender features, detection targets, graph batches) costs the
+training process a Python object and a few calls per tensor at every stage: unpickling what a
+worker sent, pinning, copying, handing out. Packed in the worker, the batch reaches the training
+process as one uint8 buffer (in shared memory, so sending it copies nothing), a small layout record
+and the batch's skeleton; the DataLoader's pin-memory step pins one buffer (`PackedBatch` has a
+`pin_memory()` method, which `torch.utils.data` calls instead of walking the batch); DeviceLoader
+(or `to_device`, or `PackedBatch.to`) makes one copy of the buffer and rebuilds the batch as views
+of the device buffer.
+
+The layout groups tensors by dtype and trailing shape: a group's tensors sit one after another
+(so each starts on its dtype's boundary) and a group starts on a 64-byte boundary. One `split`
+(or `unbind`, for 0-dim tensors) per group makes all its views, however many tensors there are
+and whatever their first dimension (variable-length sparse features included). Tensors larger
+than `max_tensor_bytes` keep their own copy, as do tensors that cannot be viewed back from bytes
+(non-contiguous, needing grad, sparse, subclasses, not on the host): DeviceLoader moves those as
+it moves any tensor, and the first batch with such a tensor says why, once (`PackingWarning`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..errors import PackingWarning
+from ..units import parse_size
+from . import _hostcopy, _pack
+from .traverse import _walk
+
+_Tensor = torch.Tensor
+_CACHE_SIZE = 64  # layouts kept per process; ever-changing shapes start it over when full
+_layouts: dict[tuple, tuple] = {}
+_warned: set[str] = set()
+# Stands where a packed tensor was in the skeleton: a tensor, so the traversal's fast paths for
+# dicts and lists see it; on "meta", so it has no bytes to send. One per process: a pickle keeps
+# identity, so every slot of a batch unpickles as one object, which `PackedBatch.slot` names.
+_SLOT = torch.empty(0, device="meta")
+
+
+class PackedBatch:
+    """A batch whose small tensors live in one uint8 `buffer`; `to(device)` gives the batch back.
+
+    `layout` says where each packed tensor is (see `_layout`), `skeleton` is the batch with each
+    packed tensor replaced by `slot` (large and unpackable tensors and every other value stay in
+    it), and `note` says why some tensors were left out of the buffer (None when none were).
+    """
+
+    __slots__ = ("buffer", "count", "layout", "note", "skeleton", "slot")
+
+    def __init__(self, buffer: torch.Tensor, layout: tuple, skeleton: Any, slot: torch.Tensor, count: int,
+                 note: str | None = None) -> None:
+        self.buffer, self.layout, self.skeleton, self.slot, self.count, self.note = (
+            buffer, layout, skeleton, slot, count, note)
+
+    def __reduce__(self) -> tuple:
+        return (PackedBatch, (self.buffer, self.layout, self.skeleton, self.slot, self.count, self.note))
+
+    def __repr__(self) -> str:
+        return (f"PackedBatch({self.count} tensors in {self.buffer.numel()} bytes on {self.buffer.device}"
+                f"{', pinned' if self.buffer.is_pinned() else ''})")
+
+    def pin_memory(self, device: Any = None) -> PackedBatch:
+        """The same batch with the buffer and every other host tensor page-locked (DataLoader calls this)."""
+        from .transfer import pin
+
+        return PackedBatch(pin_buffer(self.buffer), self.layout, pin(self.skeleton), self.slot, self.count, self.note)
+
+    def is_pinned(self) -> bool:
+        return self.buffer.is_pinned()
+
+    def to(self, device: Any, non_blocking: bool | None = None) -> Any:
+        """The batch on DEVICE: one copy of the buffer, views of it, every other tensor moved by `to_device`."""
+        from .transfer import target_device, to_device
+
+        dev = target_device(device)
+        buf = to_device(self.buffer, dev, non_blocking=non_blocking)
+        return self.rebuild(buf, lambda t: to_device(t, dev, non_blocking=non_blocking),
+                            lambda x: to_device(x, dev, non_blocking=non_blocking))
+
+    def unpack(self) -> Any:
+        """The batch where the buffer is (host): the packed tensors as views of it."""
+        return self.rebuild(self.buffer, lambda t: t, lambda x: x)
+
+    def rebuild(self, buf: torch.Tensor, tensor: Callable[[torch.Tensor], Any], other: Callable[[Any], Any]) -> Any:
+        """The skeleton with views of BUF in the slots, TENSOR(t) for its tensors, OTHER(x) for objects
+        with their own `.to()`. Says once why tensors were left out of the buffer, if some were."""
+        if self.note is not None:
+            _say(self.note)
+        nxt: Callable[[], torch.Tensor] = iter(views(buf, self.layout, self.count)).__next__
+        slot = self.slot
+
+        def fn(t: torch.Tensor) -> Any:
+            return nxt() if t is slot else tensor(t)
+
+        return _walk(self.skeleton, fn, other)
+
+
+class PackedCollate:
+    """The collate function `packed_collate` returns: COLLATE_FN, then the small tensors packed."""
+
+    def __init__(self, collate_fn: Callable[[Any], Any] | None, max_tensor_bytes: int) -> None:
+        self.collate_fn = collate_fn
+        self.max_tensor_bytes = max_tensor_bytes
+
+    def __call__(self, samples: Any) -> Any:
+        if self.collate_fn is None:
+            batch = _default_collate(samples)
+        else:
+            batch = self.collate_fn(samples)
+        return pack(batch, self.max_tensor_bytes)
+
+    def __repr__(self) -> str:
+        name = getattr(self.collate_fn, "__name__", None) or repr(self.collate_fn)
+        return f"packed_collate({'default_collate' if self.collate_fn is None else name})"
+
+
+def packed_collate(collate_fn: Callable[[Any], Any] | None = None, *,
+                   max_tensor_bytes: int | str = _pack.MAX_TENSOR_BYTES) -> PackedCollate:
+    """A DataLoader collate function that packs each batch's small tensors into one buffer, in the worker.
+
+    For batches of many small tensors (recommender features, detection targets, graph batches):
+    the packing runs in the DataLoader's worker processes, so the training process receives one
+    buffer per batch, pins one buffer (`pin_memory=True`) and, through `DeviceLoader`, makes one
+    copy per batch and hands out the batch as COLLATE_FN made it, its packed tensors views of one
+    device buffer. Tensors above MAX_TENSOR_BYTES keep their own copy; tensors that cannot be
+    viewed back from bytes (non-contiguous, requiring grad, sparse, subclasses) too, and the first
+    batch with one says why (`PackingWarning`). Iterating the DataLoader directly gives
+    `PackedBatch` objects: `torchplace.to_device(batch, device)` (or `batch.to(device)`) unpacks one.
+
+    Args:
+        collate_fn: makes the batch from the samples (default: torch's `default_collate`; give
+            `torch.utils.data.default_convert` with `batch_size=None`, when the dataset returns batches).
+        max_tensor_bytes: the largest tensor to pack, in bytes or as a size such as "256KiB".
+
+    Returns:
+        The collate function to pass as `DataLoader(..., collate_fn=...)` (picklable, for any start method).
+
+    Raises:
+        ValueError: `max_tensor_bytes` is not a size >= 0.
+        TypeError: `collate_fn` is not callable.
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+        from torch.utils.data import DataLoader
+
+        samples = [{"ids": torch.tensor([i, i + 1]), "mask": torch.tensor(i % 2 == 0)} for i in range(8)]
+        loader = DataLoader(samples, batch_size=4, collate_fn=tp.packed_collate())
+        for batch in tp.DeviceLoader(loader, "cpu"):
+            print(batch["ids"].shape, batch["mask"].dtype)
+        ```
+    """
+    limit = parse_size(max_tensor_bytes) if isinstance(max_tensor_bytes, str) else max_tensor_bytes
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError(f"packed_collate(max_tensor_bytes={max_tensor_bytes!r}): give the size of the largest "
+                         "tensor to pack, in bytes (an int >= 0) or as a size such as '256KiB'.")
+    if collate_fn is not None and not callable(collate_fn):
+        raise TypeError(f"packed_collate({collate_fn!r}): collate_fn must be a function that makes a batch from "
+                        "a list of samples (or None for torch's default_collate).")
+    return PackedCollate(collate_fn, limit)
+
+
+def pack(batch: Any, max_tensor_bytes: int = _pack.MAX_TENSOR_BYTES) -> Any:
+    """BATCH as a PackedBatch, or BATCH itself when it holds fewer than two tensors to pack.
+
+    In a DataLoader worker the buffer is made in shared memory, so sending it copies nothing.
+    """
+    small: list[torch.Tensor] = []
+    left_out: dict[str, int] = {}
+
+    def fn(t: torch.Tensor) -> torch.Tensor:
+        if _pack.packable(t, max_tensor_bytes):
+            small.append(t)
+            return _SLOT
+        why = _why_not(t, max_tensor_bytes)
+        if why is not None:
+            left_out[why] = left_out.get(why, 0) + 1
+        return t
+
+    skeleton = _walk(batch, fn, _keep)
+    note = None
+    if left_out:
+        reasons = "; ".join(f"{n} {why}" for why, n in left_out.items())
+        note = (f"packed_collate left tensors out of the packed buffer ({reasons}); they travel and are copied "
+                "one by one, as without packing. Fix: make them contiguous plain host tensors without "
+                "requires_grad in the dataset or collate_fn, or ignore this if they are few.")
+    if len(small) < 2:  # nothing to gain: the batch goes as it is
+        if note is not None:
+            _say(note)
+        return batch
+    key = tuple([(t.dtype, t.shape) for t in small])
+    plan = _layouts.get(key)
+    if plan is None:
+        if len(_layouts) >= _CACHE_SIZE:
+            _layouts.clear()
+        plan = _layouts[key] = _layout(key)
+    total = plan[0]
+    if torch.utils.data.get_worker_info() is not None:  # one shared-memory block, sent as it is
+        buf = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(total))
+    else:
+        buf = torch.empty(total, dtype=torch.uint8)
+    _pack.copy(views(buf, plan, len(small)), small)
+    return PackedBatch(buf, plan, skeleton, _SLOT, len(small), note)
+
+
+def views(buf: torch.Tensor, plan: tuple, count: int) -> list[torch.Tensor]:
+    """The packed tensors, in batch order, as views of BUF (one split or unbind per group)."""
+    _, ordered, groups = plan
+    if ordered:  # one group holding the tensors in batch order: its split is the answer
+        dtype, rows, offset, nbytes, sizes, _ = groups[0]
+        region = buf[offset:offset + nbytes].view(dtype).view(rows)
+        return list(region.unbind(0) if sizes is None else region.split(sizes))
+    out: list[Any] = [None] * count
+    for dtype, rows, offset, nbytes, sizes, positions in groups:
+        region = buf[offset:offset + nbytes].view(dtype).view(rows)
+        for i, view in zip(positions, region.unbind(0) if sizes is None else region.split(sizes)):
+            out[i] = view
+    return out
+
+
+def _layout(key: tuple) -> tuple:
+    """(total bytes, ordered, groups) for tensors of KEY's (dtype, shape)s, grouped by dtype and trailing shape.
+
+    A group is (dtype, shape of its rows, byte offset, bytes, first-dimension sizes or None for
+    0-dim tensors, positions in the batch). Plain tuples: the record is pickled with every batch.
+    """
+    members: dict[tuple, list[int]] = {}
+    for i, (dtype, shape) in enumerate(key):
+        members.setdefault((dtype, tuple(shape[1:]) if len(shape) else None), []).append(i)
+    groups, end = [], 0
+    for (dtype, trailing), positions in members.items():
+        end = -(-end // _pack.ALIGN) * _pack.ALIGN
+        if trailing is None:
+            sizes, rows = None, (len(positions),)
+        else:
+            sizes = tuple(key[i][1][0] for i in positions)
+            rows = (sum(sizes), *trailing)
+        numel = 1
+        for n in rows:
+            numel *= n
+        nbytes = numel * dtype.itemsize
+        groups.append((dtype, rows, end, nbytes, sizes, tuple(positions)))
+        end += nbytes
+    total = max(-(-end // _pack.ALIGN) * _pack.ALIGN, _pack.ALIGN)
+    ordered = len(groups) == 1
+    return (total, ordered, tuple(groups))
+
+
+def pin_buffer(buf: torch.Tensor) -> torch.Tensor:
+    """A page-locked copy of host buffer BUF (BUF if pinned already), copied by the helper threads."""
+    if buf.is_pinned() or buf.device.type != "cpu":
+        return buf
+    out = torch.empty(buf.numel(), dtype=torch.uint8, pin_memory=True)
+    n = buf.numel()
+    chunk = _hostcopy.CHUNK_BYTES
+    if n < _hostcopy.PARALLEL_BYTES:
+        return out.copy_(buf)
+    dst, src = out.split(chunk), buf.split(chunk)
+    _hostcopy.start(dst, src, [d.numel() for d in dst])()
+    return out
+
+
+def _say(note: str) -> None:
+    """Warn NOTE once per process."""
+    if note not in _warned:
+        _warned.add(note)
+        warnings.warn(note, PackingWarning, stacklevel=4)
+
+
+def _keep(x: Any) -> Any:
+    """Objects with their own `.to()` stay whole in the skeleton; DeviceLoader moves them with it."""
+    return x
+
+
+def _why_not(t: torch.Tensor, max_bytes: int) -> str | None:
+    """Why T is not packed, or None when it is only large (large tensors are meant to keep their copy)."""
+    if type(t) is not torch.Tensor:
+        return f"{type(t).__name__} (a tensor subclass)"
+    if not t.is_cpu:
+        return f"on {t.device}"
+    if t.layout is not torch.strided:
+        return f"{t.layout} (not strided)"
+    if t.requires_grad:
+        return "requiring grad"
+    if t.dtype not in _pack._DTYPES:
+        return f"of dtype {t.dtype}"
+    if t.nbytes > max_bytes:
+        return None
+    if not t.is_contiguous():
+        return "non-contiguous"
+    return None
+
+
+def _default_collate(samples: Any) -> Any:
+    """torch's default_collate, made to stack into ordinary memory even in a worker.
+
+    In a worker, default_collate puts each stacked tensor in its own shared-memory block so that
+    sending it copies nothing; packed, those tensors are not sent, only copied into the one shared
+    buffer, so the blocks would be made (a file, a mapping, page faults) for nothing.
+    """
+    from torch.utils.data import default_collate
+    from torch.utils.data._utils import worker
+
+    info = getattr(worker, "_worker_info", None)
+    if info is None:
+        return default_collate(samples)
+    worker._worker_info = None
+    try:
+        return default_collate(samples)
+    finally:
+        worker._worker_info = info
+
