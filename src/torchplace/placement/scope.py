@@ -50,8 +50,7 @@ class on(contextlib.ContextDecorator):
         factories: also make factory calls without a device (`torch.zeros(3)`) allocate on it,
             through torch's own `torch.device` context (costs a little on every op).
 
-    Returns:
-        A context manager that also works as a decorator.
+    A context manager that also works as a decorator.
 
     Raises:
         DeviceError: the device does not exist here.
