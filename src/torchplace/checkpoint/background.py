@@ -134,9 +134,27 @@ def memory_problem(need: int, available: int, *, headroom: int = HEADROOM_BYTES)
 class SaveFuture:
     """The outcome of one `save_async`: `result()` waits for the file; `done()` asks without waiting.
 
-    Timings of the call itself: `stall_s` (what training waited: `wait_s` for an earlier save to
-    finish, then `copy_s` to copy the state) and `allocated_bytes` (host memory the call allocated: 0
-    once the staging buffers are reused)."""
+    Attributes:
+        path: the checkpoint being written.
+        wait_s: seconds the call waited for an earlier save to finish (`max_in_flight`).
+        copy_s: seconds the call spent copying the state to host memory.
+        allocated_bytes: host memory the call allocated (0 once the staging buffers are reused).
+
+    `stall_s` is what training waited: `wait_s + copy_s`. `result(timeout=None)` returns the path
+    or raises the save's `CheckpointError` (`TimeoutError` past TIMEOUT); `exception()` returns
+    that error instead of raising it.
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+
+        model = torch.nn.Linear(4, 2)
+        future = tp.save_async("async.safetensors", model=model)
+        print(f"training waited {future.stall_s * 1e3:.1f} ms")
+        print(future.result(timeout=60), future.done())
+        ```
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -290,17 +308,52 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
                extra: Mapping[str, Any] | None = None, keep_last: int | None = None, latest: bool = False,
                rng_state: bool = True, allow_pickle: bool = False, max_in_flight: int = 1,
                workers: int | None = None, **more_state: Any) -> SaveFuture:
-    """`torchplace.save`, written in the background: return once the state is copied, as a SaveFuture.
+    """`torchplace.save`, written in the background: return once the state is copied.
 
-    Takes save's arguments and keeps its guarantees (atomic, fsync, checksums, keep_last / latest,
-    rank 0 writes). The file holds the state at the call: training may change the model as soon as
-    this returns. max_in_flight: saves that may be writing at once (default 1: a call waits for the
-    previous save to finish first); each needs a host copy of the state's tensors (see the module
-    docstring). workers: writer threads (default: up to 4).
+    Keeps save's guarantees (atomic, fsync, checksums, `keep_last` / `latest`, rank 0 writes). The
+    file holds the state at the call: training may change the model as soon as this returns. Each
+    save in flight needs a host copy of the state's tensors (see the module docstring).
 
-    Raises at the call what save raises before writing (bad arguments, state that cannot be encoded),
-    CheckpointError when the host memory for the copy is not available, and CheckpointError for an
-    earlier save's error that nobody collected. Errors while writing come from SaveFuture.result().
+    Args:
+        path: the file to write, as for `save`.
+        model: as for `save`.
+        optimizer: as for `save`.
+        scheduler: as for `save`.
+        scaler: as for `save`.
+        extra: as for `save`.
+        keep_last: as for `save`.
+        latest: as for `save`.
+        rng_state: as for `save`.
+        allow_pickle: as for `save`.
+        max_in_flight: saves that may be writing at once (default 1: a call waits for the previous
+            save to finish first).
+        workers: writer threads (default: up to 4).
+        **more_state: as for `save`.
+
+    Returns:
+        A `SaveFuture`; its `result()` returns PATH once the file is complete.
+
+    Raises:
+        CheckpointError: at the call, what `save` raises before writing (bad arguments, state that
+            cannot be encoded), host memory for the copy that is not available, or an earlier
+            save's error that nobody collected. Errors while writing come from
+            `SaveFuture.result()`.
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        pending = None
+        for step in range(1, 4):
+            model(torch.randn(8, 4)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            pending = tp.save_async(f"step-{step}.safetensors", model=model, optimizer=opt, keep_last=2)
+        print(pending.result())  # wait for the last one before exiting
+        ```
     """
     target = check_request(path, keep_last, more_state)
     if not isinstance(max_in_flight, int) or isinstance(max_in_flight, bool) or max_in_flight < 1:

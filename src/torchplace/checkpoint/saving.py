@@ -109,20 +109,48 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
          rng_state: bool = True, allow_pickle: bool = False, **more_state: Any) -> Path:
     """Save what is needed to resume training to PATH, atomically; return PATH.
 
-    model, optimizer, scheduler, scaler: the objects (or their state dicts). extra: plain data
-    (numbers, strings, lists, dicts, tensors) such as the step or a config. **more_state: more
-    named objects with state_dict() (an EMA model, a data sampler) or plain values; `load` gives
-    them back by name. rng_state: also save the Python, numpy, CPU and CUDA generator states.
-    keep_last=N: also update the directory's `latest` pointer and delete all but the newest N
-    checkpoints saved this way (latest=True updates the pointer and keeps all); these carry a
-    sequence number that orders them, never the clock. The name `latest` is reserved for the
-    pointer. allow_pickle: store values that only pickle can (loading them will need trust_pickle=True).
+    The file is written next to PATH and renamed into place once complete, so a crash leaves the
+    previous file intact. Tensors are stored as safetensors with checksums, with the device each
+    came from, so the checkpoint loads anywhere (a GPU job's file on a laptop and back).
 
-    Raises CheckpointError if the file cannot be written completely (full disk, read-only or
-    missing directory), if PATH is named `latest`, or if rotation would replace a `latest` that is
-    not a pointer; the previous file at PATH is then untouched. In a process group every
-    rank must call save; rank 0 writes and every rank returns only once the file is complete.
-    `torchplace.save_async` does the same with training going on while the file is written.
+    Args:
+        path: the file to write (".safetensors" or ".tpck"); its directory must exist.
+        model: a module or its state dict.
+        optimizer: an optimizer or its state dict.
+        scheduler: a learning-rate scheduler or its state dict.
+        scaler: a GradScaler or its state dict.
+        extra: plain data (numbers, strings, lists, dicts, tensors) such as the step or a config.
+        keep_last: also update the directory's `latest` pointer and delete all but the newest N
+            checkpoints saved this way (ordered by a sequence number, never the clock).
+        latest: update the `latest` pointer and keep every checkpoint.
+        rng_state: also save the Python, numpy, CPU and CUDA generator states.
+        allow_pickle: store values that only pickle can (loading them needs `trust_pickle=True`).
+        **more_state: more named objects with `state_dict()` (an EMA model, a sampler) or plain
+            values; `load` gives them back by name.
+
+    Returns:
+        PATH, as a `pathlib.Path`.
+
+    Raises:
+        CheckpointError: the file cannot be written completely (full disk, read-only or missing
+            directory), PATH is named `latest`, or rotation would replace a `latest` that is not a
+            pointer; the previous file at PATH is then untouched.
+
+    In a process group every rank must call save; rank 0 writes and every rank returns once the
+    file is complete. `torchplace.save_async` does the same with training going on while the file
+    is written.
+
+    Example:
+        ```python
+        import os
+        import torch
+        import torchplace as tp
+
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.Adam(model.parameters())
+        os.makedirs("runs", exist_ok=True)
+        tp.save("runs/step-000100.safetensors", model=model, optimizer=opt, extra={"step": 100}, keep_last=3)
+        ```
     """
     target = check_request(path, keep_last, more_state)
     _, world_size = tpdist.world()
