@@ -139,6 +139,7 @@ class SaveFuture:
         wait_s: seconds the call waited for an earlier save to finish (`max_in_flight`).
         copy_s: seconds the call spent copying the state to host memory.
         allocated_bytes: host memory the call allocated (0 once the staging buffers are reused).
+        pinned: whether the staging copy is in pinned memory (a state on a CUDA device).
 
     `stall_s` is what training waited: `wait_s + copy_s`. `result(timeout=None)` returns the path
     or raises the save's `CheckpointError` (`TimeoutError` past TIMEOUT); `exception()` returns
@@ -160,6 +161,7 @@ class SaveFuture:
         self.path = path
         self.wait_s = self.copy_s = 0.0
         self.allocated_bytes = 0
+        self.pinned = False
         self.written_here = True
         self._event = threading.Event()
         self._error: CheckpointError | None = None
@@ -399,7 +401,7 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
                                   f"lower max_in_flight (now {max_in_flight}), or use torchplace.save, which needs no "
                                   "host copy.")
         staging.ensure(planned.data_bytes, pinned)
-        fut.allocated_bytes = need
+        fut.allocated_bytes, fut.pinned = need, staging.pinned
         staging.copy_in(planned)
         planned.tensors = {}  # the copy is taken: keep none of the caller's tensors alive
         fut.copy_s = time.perf_counter() - start
