@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # locally; elsewhere pip takes PyPI's build. Override: make run TORCH_SPEC='torch>=2.6'
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test setup clean
+.PHONY: run test docs setup clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,15 @@ run: $(BIN)/.installed
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q
+
+# the docs site (mkdocs.yml) into build/site; --strict fails on a broken link, anchor or docstring.
+# CI (.ci/run) runs it after `make test`; `$(BIN)/mkdocs serve` previews it while editing
+docs: $(BIN)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+$(BIN)/.docs-installed: $(BIN)/.installed
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[docs]"
+	touch $@
 
 clean:
 	rm -rf $(VENV)

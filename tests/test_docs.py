@@ -1,6 +1,6 @@
 """Every code block of the docs marked runnable runs, so the docs cannot rot.
 
-Pages: README.md and docs/*.md. A fenced block is runnable when its info string says so:
+Pages: README.md and every .md under docs/. A fenced block is runnable when its info string says so:
 
     ```python runnable                  run as a program (like `python example.py`), must exit 0
     ```python runnable file=demo.py     only written to demo.py, for a later console block to run
@@ -46,7 +46,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 DEFAULT_TIMEOUT = 60.0
 _FENCE = re.compile(r"^(`{3,})(.*)$")
 _LANGS = {"python", "console"}
