@@ -2,12 +2,16 @@
 
     python examples/train.py --quick                       # CPU, GPU or other accelerator: whatever is here
     python examples/train.py --resume --device cpu         # continue the latest checkpoint on the CPU
+    torchplace run --gpus 2 --max-restarts 3 -- python examples/train.py   # a killed worker: the job continues
     torchplace run --gpus 2 -- python examples/train.py    # two GPUs, one process each (DDP)
 
 The data set (3 interleaved spirals, 6000 points) ships with the repository. Every device
 decision is made once by `torchplace.setup()`; batches arrive through `DeviceLoader`; the
 precision policy picks bf16/fp16/fp32 from the hardware; checkpoints are atomic, portable and
-rotated, and a resumed run continues the same loss curve (bit for bit on the same device).
+rotated, written in the background while the next epoch trains (`save_async`), and a resumed
+run continues the same loss curve (bit for bit on the same device). When
+torchrun restarts the workers after a failure, setup() sees it and the run continues from the
+newest checkpoint instead of starting over.
 """
 
 from __future__ import annotations
@@ -57,7 +61,9 @@ def main(argv: list[str] | None = None) -> list[float]:
     args = parser.parse_args(argv)
     epochs = 3 if args.quick else args.epochs
 
-    rt = tp.setup(args.device, args.precision, seed=args.seed)
+    # resume="auto": when torchrun restarts the workers (--max-restarts), continue from the newest checkpoint
+    rt = tp.setup(args.device, args.precision, seed=args.seed, checkpoint_dir=args.ckpt_dir,
+                  resume=True if args.resume else "auto")
     tensors = load_file(str(DATA))
     x, y = tensors["x"], tensors["y"]
     data = torch.utils.data.TensorDataset(x, y)
@@ -73,13 +79,14 @@ def main(argv: list[str] | None = None) -> list[float]:
     start = 0
     ckpt_dir = Path(args.ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    if args.resume:
-        ck = rt.load(ckpt_dir, model=model, optimizer=opt, scheduler=sched, scaler=scaler)
+    ck = rt.resume(model=model, optimizer=opt, scheduler=sched, scaler=scaler)
+    if ck is not None:
         start, losses = ck["extra"]["epoch"] + 1, list(ck["extra"]["losses"])
         if rt.is_main:
             saved_on = ck.metadata.get("primary_device", "?")
             print(f"resumed {ck.path.name} (saved on {saved_on}) at epoch {start} on {rt.device}")
 
+    pending = None  # the checkpoint being written in the background
     last = min(epochs, args.stop_after + 1) if args.stop_after is not None else epochs
     with Progress(disable=not rt.is_main) as progress:
         task = progress.add_task("train", total=(last - start))
@@ -101,12 +108,16 @@ def main(argv: list[str] | None = None) -> list[float]:
                 torch.distributed.all_reduce(total)
                 total /= rt.world_size
             losses.append(round(total.item() / count, 6))
-            rt.save(ckpt_dir / f"epoch{epoch:03d}.tpck", model=model, optimizer=opt, scheduler=sched,
-                    scaler=scaler, extra={"epoch": epoch, "losses": losses}, keep_last=2)
+            # returns once the state is copied; the file holds this moment's state while training goes on
+            pending = rt.save_async(ckpt_dir / f"epoch{epoch:03d}.tpck", model=model, optimizer=opt,
+                                    scheduler=sched, scaler=scaler, extra={"epoch": epoch, "losses": losses},
+                                    keep_last=2)
             progress.advance(task)
             if rt.is_main:
                 progress.console.print(f"epoch {epoch}: loss {losses[-1]:.4f}")
 
+    if pending is not None:
+        pending.result()  # the last checkpoint is on disk (or its CheckpointError is raised here)
     model.eval()
     with torch.no_grad(), rt.autocast(check=False):
         correct = (model(x.to(rt.device)).argmax(1).cpu() == y).float().mean().item()

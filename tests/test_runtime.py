@@ -44,3 +44,25 @@ def test_setup_can_turn_strict_mode_on(restore_threads):
         assert rt.strict == "warn" and strict_mod.is_enabled()
     finally:
         strict_mod.disable()
+
+
+def test_setup_continues_from_the_newest_checkpoint_when_torchrun_restarted_the_worker(
+        tmp_path, monkeypatch, restore_threads):
+    model = torch.nn.Linear(2, 2)
+    tp.save(tmp_path / "step1.tpck", model=model, extra={"step": 1}, keep_last=2)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    tp.save(tmp_path / "step2.tpck", model=model, extra={"step": 2}, keep_last=2)
+    # a one-process torchrun job (world size 1: no group) that torchrun restarted once
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "TORCHELASTIC_RUN_ID": "t",
+                        "TORCHELASTIC_RESTART_COUNT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    rt = tp.setup("cpu", checkpoint_dir=tmp_path, verbose=False)
+    assert rt.resume_from == tmp_path / "step2.tpck" and rt.checkpoint_dir == tmp_path
+    assert any("restarted by the launcher: continuing from" in d for d in rt.decisions)
+    other = torch.nn.Linear(2, 2)
+    ck = rt.resume(model=other)
+    assert ck.extra["step"] == 2 and torch.equal(other.weight, model.weight)
+    assert tp.setup("cpu", checkpoint_dir=tmp_path, resume=False, verbose=False).resume(model=other) is None
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")  # the first attempt starts from the beginning
+    assert tp.setup("cpu", checkpoint_dir=tmp_path, verbose=False).resume_from is None

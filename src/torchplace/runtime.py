@@ -33,7 +33,40 @@ T = TypeVar("T")
 
 @dataclass
 class Runtime:
-    """What setup() decided, with helpers bound to it."""
+    """What `setup()` decided, with helpers bound to it.
+
+    Attributes:
+        device: this process's device.
+        precision: the `PrecisionPolicy` (dtype, GradScaler or not, and why).
+        threads: the `ThreadPlan`, or None when torch's thread defaults were left alone.
+        dist: this rank's `DistInfo`, or None for a single process without a process group.
+        seed: the seed used, or None.
+        strict: "warn" or "error" when strict mode is on, else None.
+        decisions: one line per decision, with its reason.
+        checkpoint_dir: the folder the run saves its checkpoints into, or None.
+        resume_from: the checkpoint `setup()` decided to continue from (None: from the start).
+
+    Methods `to`, `loader`, `autocast`, `grad_scaler`, `save`, `save_async`, `load` and `explain`
+    call the library's functions with this runtime's device and precision; `resume(model=...,
+    optimizer=...)` loads `resume_from`; `rank`, `world_size` and `is_main` describe the process;
+    `close()` tears down a process group that `setup()` made.
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+        from torch.utils.data import DataLoader, TensorDataset
+
+        rt = tp.setup("cpu", verbose=False)
+        model = torch.nn.Linear(4, 1).to(rt.device)
+        data = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4)
+        for (x,) in rt.loader(data):
+            with rt.autocast():
+                model(x).sum().backward()
+        rt.save("rt-ckpt.safetensors", model=model)
+        print(rt.is_main, rt.world_size, rt.decisions[0])
+        ```
+    """
 
     device: torch.device
     precision: PrecisionPolicy
@@ -42,6 +75,8 @@ class Runtime:
     seed: int | None = None
     strict: Literal["warn", "error"] | None = None
     decisions: list[str] = field(default_factory=list)
+    checkpoint_dir: Path | None = None  # where the run's checkpoints go (setup's checkpoint_dir)
+    resume_from: Path | None = None  # the checkpoint setup() decided to continue from (None: from the start)
 
     @property
     def rank(self) -> int:
@@ -94,6 +129,14 @@ class Runtime:
         kwargs.setdefault("device", self.device)
         return load(path, **kwargs)
 
+    def resume(self, model: torch.nn.Module | None = None, **objects: Any) -> Checkpoint | None:
+        """Load the checkpoint setup() chose to continue from (`resume_from`) onto this runtime's
+        device and into MODEL and the objects given (optimizer=, scheduler=, scaler=, ...); None
+        when the run starts from the beginning. Every rank calls it and loads the same file."""
+        if self.resume_from is None:
+            return None
+        return self.load(self.resume_from, model=model, **objects)
+
     def explain(self, model: torch.nn.Module, *inputs: Any, **kwargs: Any) -> Explanation:
         """`torchplace.explain`: which tensor or module sits on the wrong device, and where."""
         from .checks.explain import explain
@@ -122,19 +165,76 @@ def _describe_device(dev: torch.device) -> str:
     return f"device {visible.describe()}" if visible else f"device {dev}"
 
 
+def _decide_resume(resume: bool | Literal["auto"], checkpoint_dir: str | os.PathLike[str] | None,
+                   info: DistInfo | None, restart_count_here: bool, decisions: list[str]) -> Path | None:
+    """What every rank agreed to continue from: each reads the folder, rank 0's view wins, and
+    views that differ (folders not shared between nodes) are refused."""
+    from .checkpoint.resume import decide_resume, newest_name
+
+    mine = newest_name(checkpoint_dir) if resume is not False and checkpoint_dir is not None else None
+    found, hosts = [mine], []
+    if info is not None and info.world_size > 1 and resume is not False and checkpoint_dir is not None:
+        import json
+
+        from .distributed.health import gather_text
+
+        rows = [json.loads(r) for r in gather_text("resume", json.dumps([mine, info.hostname]))]
+        found, hosts = [r[0] for r in rows], [r[1] for r in rows]
+    restarted = restart_count_here or (info is not None and info.restarted)
+    decision = decide_resume(resume, checkpoint_dir, restarted, found, hosts)
+    if decision.reason:
+        decisions.append(f"resume: {decision.reason}")
+    return decision.path
+
+
 def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "auto",
           threads: int | Literal["auto"] | None = "auto", strict: bool | Literal["error", "warn"] = False,
           seed: int | None = None, *, distributed: bool | Literal["auto"] = "auto",
+          checkpoint_dir: str | os.PathLike[str] | None = None, resume: bool | Literal["auto"] = "auto",
           verbose: bool = True) -> Runtime:
     """Decide device, precision, threads, strictness and seeds once; return the Runtime.
 
-    device: any `torchplace.device` spec; under torchrun (or SLURM) "auto" is this rank's GPU and
-        the process group is initialized (`distributed=False` skips that).
-    precision: "auto" (from the device's real capability), "bf16", "fp16" or "fp32".
-    threads: "auto" (from affinity, cgroup quota and local world size), an int (intra-op
-        threads), or None to leave torch's defaults.
-    strict: False, True/"error" or "warn": strict mode for the whole program.
-    seed: seeds Python, NumPy, torch and every device (`torchplace.seed_everything`).
+    One call at the entry of a program. Every decision is recorded with its reason
+    (`Runtime.decisions`) and printed once, on rank 0.
+
+    Args:
+        device: any `torchplace.device` spec; under torchrun (or SLURM) "auto" is this rank's GPU
+            and the process group is initialized.
+        precision: "auto" (from the device's real capability), "bf16", "fp16", "fp32" or a dtype.
+        threads: "auto" (from affinity, cgroup quota and local world size), an int (intra-op
+            threads), or None to leave torch's defaults.
+        strict: False, True/"error" or "warn": strict mode for the whole program.
+        seed: seeds Python, NumPy, torch and every device (`torchplace.seed_everything`).
+        distributed: "auto" (a process group when launched with several processes, or adopt one
+            another library made), True (always), False (never).
+        checkpoint_dir: the folder the run saves its checkpoints into (`rt.checkpoint_dir`).
+        resume: where the run starts, for `rt.resume(model=..., optimizer=...)`: "auto" continues
+            from the newest complete checkpoint in checkpoint_dir when the launcher restarted the
+            job (torchrun's `--max-restarts`, on any node) and starts from the beginning otherwise;
+            True continues from it now (one must exist); False always starts from the beginning.
+            Every rank continues from the file rank 0 found; a rank that sees another folder is
+            refused.
+        verbose: print the decisions (rank 0, stderr).
+
+    Returns:
+        The `Runtime`.
+
+    Raises:
+        DeviceError: the device does not exist here.
+        DistributedError: the launch environment is inconsistent or ranks do not join.
+        PrecisionError: a precision the device cannot run, under strict mode.
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+
+        rt = tp.setup("cpu", seed=0, verbose=False)
+        model = torch.nn.Linear(4, 2).to(rt.device)
+        with rt.autocast():
+            loss = model(rt.to(torch.randn(3, 4))).sum()
+        print(rt.summary())
+        ```
     """
     from .placement.resolve import device as resolve_device
     from .amp import precision_for
@@ -183,7 +283,9 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
         enable(make_config(mode))
         decisions.append(f"strict mode: {mode}s on device mistakes")
 
-    runtime = Runtime(dev, policy, plan, info, seed, mode, decisions)
+    resume_from = _decide_resume(resume, checkpoint_dir, info, launch.restart_count > 0, decisions)
+    runtime = Runtime(dev, policy, plan, info, seed, mode, decisions,
+                      Path(checkpoint_dir) if checkpoint_dir is not None else None, resume_from)
     if verbose and runtime.is_main:
         print(runtime.summary(), file=sys.stderr)
     return runtime

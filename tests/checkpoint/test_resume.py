@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -67,3 +68,37 @@ def test_resume_after_n_steps_is_bit_identical(tmp_path: Path, make_net) -> None
     for a, b in zip(straight[0].state_dict().values(), model.state_dict().values()):
         assert torch.equal(a, b)
     assert sched.get_last_lr() == straight[2].get_last_lr() and scaler.get_scale() == straight[3].get_scale()
+
+
+# --------------------------------------------------------------------------- the resume decision
+
+
+def test_decide_resume_continues_after_a_restart_only_when_asked_to(tmp_path: Path) -> None:
+    from torchplace.checkpoint.resume import decide_resume
+
+    ck = tmp_path / "ck"
+    fresh = decide_resume("auto", ck, restarted=False, found=["epoch003.tpck"])
+    assert fresh.path is None and fresh.reason == ""
+    again = decide_resume("auto", ck, restarted=True, found=["epoch003.tpck", "epoch003.tpck"])
+    assert again.path == ck / "epoch003.tpck" and "restarted by the launcher" in again.reason
+    early = decide_resume("auto", ck, restarted=True, found=[None, None])  # killed before the first save
+    assert early.path is None and "no complete checkpoint yet" in early.reason
+    assert decide_resume(False, ck, restarted=True, found=["a.tpck"]).path is None
+    assert decide_resume(True, ck, restarted=False, found=["a.tpck"]).path == ck / "a.tpck"
+    blind = decide_resume("auto", None, restarted=True, found=[None])
+    assert blind.path is None and "no checkpoint_dir was given" in blind.reason
+
+
+@pytest.mark.parametrize("resume,directory,found,match", [
+    (True, None, [None], r"resume=True needs the folder"),
+    (True, "ck", [None], r"resume=True, but ck holds no complete torchplace checkpoint"),
+    ("yes", "ck", [None], r"resume='yes' is not understood"),
+    ("auto", "ck", ["epoch004.tpck", "epoch004.tpck", None],
+     r"Rank 0 sees epoch004.tpck .* but rank 2 on node2 sees none .*not one shared file system"),
+])
+def test_decide_resume_refuses_what_cannot_work(directory, resume, found, match) -> None:
+    from torchplace.checkpoint.resume import decide_resume
+    from torchplace.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match=match):
+        decide_resume(resume, directory, restarted=True, found=found, hosts=["node0", "node1", "node2"])

@@ -90,6 +90,14 @@ def explain(exc: BaseException | str, launch: LaunchEnv | None = None,
             f"within {m.group(1)} s. The others did not start, crashed before connecting, or were given "
             "another MASTER_ADDR/MASTER_PORT or WORLD_SIZE. Fix: check that every rank was launched "
             "with the same values (torchrun or `torchplace run` sets them together), and their logs.")
+    m = re.search(r"connectFullMesh failed.*?remote=\[?([^\]\s]+)\]?:(\d+)", text, re.S)
+    if m:  # gloo's peer-to-peer mesh, not the store: a peer's published address does not answer
+        return DistributedError(
+            f"{_rank(launch)} reached the rendezvous store, but could not connect to another rank's gloo "
+            f"address {m.group(1)}:{m.group(2)} (connection refused or timed out). That rank died while the "
+            "group formed, or its address is not reachable from here (another network interface, a "
+            "firewall). Fix: read the other ranks' logs; across hosts set GLOO_SOCKET_IFNAME to the "
+            "interface that reaches them.")
     m = re.search(r"client socket has timed out after (\d+)ms while trying to connect to \(([^,]+), (\d+)\)", text)
     if m or ("Connection refused" in text and "connect" in text):
         host, cport = (m.group(2), m.group(3)) if m else (launch.master_addr if launch else "?", port)

@@ -13,7 +13,10 @@ What `init` does, in order, and why:
    against the visible GPUs, and sets it as the current device explicitly.
 3. Joins a rendezvous store (rank 0 hosts it, or torchrun's agent does) and, through it,
    compares every rank's WORLD_SIZE, backend and GPU before creating the group (`join`). A
-   missing rank is named within `join_timeout`, a mismatch at once, on every rank.
+   missing rank is named within `join_timeout`, a mismatch at once, on every rank. Each start of
+   the group (torchrun restarts workers on the same store) is an attempt with its own keys, so
+   restarted workers never read the killed attempt's peer addresses (`join`'s docstring says how
+   the ranks agree on it).
 4. Creates the group with a backend that serves CPU and CUDA tensors ("cpu:gloo,cuda:nccl")
    and passes the device as `device_id`, so NCCL connects now rather than at the first
    collective, plus a small gloo group for the health check's monitored barrier.
@@ -39,7 +42,7 @@ from ..hardware.accelerator import accelerator
 from ..hardware.launch_env import LaunchEnv, check, read_launch_env
 from .failures import explain, explained
 from .health import HealthReport, StragglerReport, health_check, stragglers
-from .join import join, make_store
+from .join import Joined, attempt_prefix, join, make_store
 from .group_state import LOCK, STATE, DistInfo, seconds
 
 __all__ = ["DistInfo", "HealthReport", "StragglerReport", "init", "health_check", "stragglers",
@@ -128,16 +131,21 @@ def init(*, backend: str | None = None, device: str | torch.device | None = None
         join_s = seconds(join_timeout, 300.0)
         with explained(launch):
             store = dist.HashStore() if single else _connect_store(launch, rank, world, join_s)
-        own = dist.PrefixStore(f"torchplace/{launch.restart_count}/", store)
-        if not single:
-            join(own, launch, rank, world, dev, chosen, join_s)
+        if single:
+            joined = Joined(attempt=1, restarted=launch.restart_count > 0,
+                            store=dist.PrefixStore(attempt_prefix(1), store))
+        else:
+            joined = join(store, launch, rank, world, dev, chosen, join_s)
+        own = joined.store
         kwargs: dict[str, Any] = {}
         if timeout is not None:
             kwargs["timeout"] = _dt.timedelta(seconds=seconds(timeout, 0))
         if dev.type != "cpu":
             kwargs["device_id"] = dev
         with explained(launch):
-            dist.init_process_group(chosen, store=store, rank=rank, world_size=world, **kwargs)
+            # on the attempt's own keys: a restarted attempt must not read the killed one's peer addresses
+            dist.init_process_group(chosen, store=dist.PrefixStore("group/", own), rank=rank, world_size=world,
+                                    **kwargs)
             try:
                 gloo = dist.group.WORLD if chosen == "gloo" else dist.new_group(backend="gloo")
             except BaseException:
@@ -146,7 +154,8 @@ def init(*, backend: str | None = None, device: str | torch.device | None = None
         STATE.info = DistInfo(rank=rank, world_size=world, local_rank=local_rank,
                                local_world_size=launch.local_world_size if not single else 1,
                                device=dev, backend=chosen, launcher=launch.launcher,
-                               node_rank=launch.node_rank, hostname=socket.gethostname())
+                               node_rank=launch.node_rank, hostname=socket.gethostname(),
+                               attempt=joined.attempt - 1, restarted=joined.restarted or joined.attempt > 1)
         STATE.launch, STATE.store, STATE.gloo = launch, own, gloo
         STATE.checks, STATE.broken = 0, False
         if not STATE.atexit_registered:

@@ -31,6 +31,10 @@ class DistInfo:
         hostname: this host's name.
         adopted: the group was made by another library (Lightning Fabric, Accelerate);
             torchplace only uses it.
+        attempt: how many earlier starts of the group this job's rendezvous store saw (0 on the
+            first; torchrun's `--max-restarts` makes more), agreed by every rank.
+        restarted: the launcher restarted the job's workers, on any node (TORCHELASTIC_RESTART_COUNT
+            above 0 on some rank, or a later attempt): `setup()` resumes from a checkpoint then.
 
     `is_main` is True on rank 0 (log, save checkpoints, print).
 
@@ -53,6 +57,8 @@ class DistInfo:
     node_rank: int | None = None
     hostname: str = ""
     adopted: bool = False  # the group was made by another library; torchplace only uses it
+    attempt: int = 0  # starts of the group on this rendezvous store before this one (torchrun restarts)
+    restarted: bool = False  # the launcher restarted this job's workers (on any node): resume, don't start over
 
     @property
     def is_main(self) -> bool:

@@ -132,6 +132,23 @@ def _gather_on_store(tag: str, payload: str, timeout_s: float, rank0_share: floa
     return answer["values"], []
 
 
+def gather_text(tag: str, text: str, timeout: float = 60.0) -> list[str]:
+    """Every rank's TEXT, by rank, on every rank (call it on every rank, in the same order).
+
+    Through the rendezvous store, off the device streams, with a deadline: a rank that does not
+    post within `timeout` is named in the DistributedError. For small facts (a file name, a host),
+    not for data.
+    """
+    me = require()
+    STATE.checks += 1
+    rows, missing = _gather_on_store(f"{tag}/{STATE.checks}", text, timeout)
+    if rows is None:
+        raise DistributedError(
+            f"rank {me.rank}: {', '.join(f'rank {r}' for r in missing)} did not post {tag!r} within "
+            f"{timeout:.0f} s. Fix: run the same steps on every rank; if one is stuck, health_check() names it.")
+    return rows
+
+
 def health_check(timeout: float | _dt.timedelta = 60.0) -> HealthReport:
     """Check that every rank answers and that an all-reduce on the device gives the right sum.
 

@@ -3,6 +3,18 @@
 Rank 0 compares the announcements (WORLD_SIZE, backend, GPU) and publishes a verdict, so a
 mismatch or a missing rank is reported on every rank by name, within a deadline, instead of
 as a hang inside init_process_group or the first collective.
+
+Attempts. torchrun's agent store outlives the workers: when `--max-restarts` restarts them, the
+new workers meet on the same store, where the killed attempt's keys (gloo's peer addresses, our
+announcements) are still set. A restarted worker that reads them connects to a dead peer
+("Gloo connectFullMesh failed ... Connection refused"). So every start of the group is an
+*attempt* with its own key space, `torchplace/<attempt>/`, and the process group is made on that
+prefix too. TORCHELASTIC_RESTART_COUNT cannot name the attempt: an agent whose worker failed
+counts a restart, while the other nodes' agents restart theirs as a membership change, which
+torchrun does not count, so the counts differ between nodes. The attempt is agreed through the
+store instead: rank 0 opens the next one (an atomic counter); every other rank joins the newest
+attempt in which its rank is still free (a taken slot means its own previous incarnation was
+there) and moves on when a newer one opens.
 """
 
 from __future__ import annotations
@@ -13,6 +25,7 @@ import os
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,6 +33,24 @@ import torch.distributed as dist
 
 from ..errors import DistributedError
 from ..hardware.launch_env import LaunchEnv
+
+#: the store key counting attempts (rank 0 of each start of the group adds one)
+ATTEMPTS_KEY = "torchplace/attempts"
+
+
+def attempt_prefix(number: int) -> str:
+    """The key space of attempt NUMBER (1 for the first start of the group on this store)."""
+    return f"torchplace/{number}/"
+
+
+@dataclass(frozen=True)
+class Joined:
+    """What the join agreed on: the attempt (1 = first on this store), whether any rank was
+    restarted by its launcher, and the attempt's own store (a PrefixStore)."""
+
+    attempt: int
+    restarted: bool
+    store: Any
 
 
 def make_store(launch: LaunchEnv, rank: int, world: int, timeout_s: float) -> Any:
@@ -34,60 +65,46 @@ def make_store(launch: LaunchEnv, rank: int, world: int, timeout_s: float) -> An
     return dist.TCPStore(addr, port, world, rank == 0, timeout, wait_for_workers=False, multi_tenant=True)
 
 
-def join(store: Any, launch: LaunchEnv, rank: int, world: int, dev: torch.device, backend: str,
-          timeout_s: float) -> None:
-    """Every rank announces itself; rank 0 compares them all and publishes a verdict.
+def join(base: Any, launch: LaunchEnv, rank: int, world: int, dev: torch.device, backend: str,
+         timeout_s: float) -> Joined:
+    """Every rank announces itself in this attempt; rank 0 compares them all and publishes a verdict.
 
-    Catches, before any collective: two processes with the same RANK, ranks that disagree on
-    WORLD_SIZE or backend, two ranks on one GPU, and ranks that never come (named).
+    Catches, before any collective: ranks that disagree on WORLD_SIZE or backend, two ranks on
+    one GPU, and ranks that never come (named). Returns the attempt everyone joined.
     """
     me = {"rank": rank, "world_size": world, "backend": backend, "host": socket.gethostname(),
-          "pid": os.getpid(), "device": str(dev), "gpu": _device_uuid(dev), "local_rank": launch.local_rank}
-    if store.add(f"claims/{rank}", 1) > 1:
-        message = (f"Two processes claim RANK={rank} (one is pid {os.getpid()} on {me['host']}). Each "
-                   f"process needs its own RANK in 0..{world - 1}. Fix: let torchrun or `torchplace run` "
-                   "assign ranks, or check the RANK values your launcher passes.")
-        store.set("error", message)
-        raise DistributedError(message)
-    store.set(f"rank/{rank}", json.dumps(me))
-    deadline = time.monotonic() + timeout_s
+          "pid": os.getpid(), "device": str(dev), "gpu": _device_uuid(dev), "local_rank": launch.local_rank,
+          "restart_count": launch.restart_count}
     started = time.monotonic()
+    deadline = started + timeout_s
     delay, next_notice = 0.01, started + 30.0
     keys = [f"rank/{r}" for r in range(world)]
+    number, store = 0, None
+    if rank == 0:
+        number = int(base.add(ATTEMPTS_KEY, 1))
+        store = dist.PrefixStore(attempt_prefix(number), base)
+        store.set("rank/0", json.dumps(me))
+    tried: set[int] = set()
     while True:
-        if store.check(["error"]):
-            raise DistributedError(store.get("error").decode())
-        if rank == 0:
-            if store.check(keys):
-                verdict = _compare([json.loads(store.get(k)) for k in keys], me)
-                store.set("verdict", verdict)
-                if verdict:
-                    raise DistributedError(verdict)
-                return
-        else:
-            if store.check(["verdict"]):
-                verdict = store.get("verdict").decode()
-                if verdict:
-                    raise DistributedError(verdict)
-                return
-            if store.check(["rank/0"]):
-                problem = _compare_pair(json.loads(store.get("rank/0")), me)
-                if problem:
-                    store.set("error", problem)
-                    raise DistributedError(problem)
+        if rank != 0:
+            newest = int(base.add(ATTEMPTS_KEY, 0))
+            if newest > number and newest not in tried:  # rank 0 of a newer attempt started: go there
+                tried.add(newest)
+                candidate = dist.PrefixStore(attempt_prefix(newest), base)
+                if int(candidate.add(f"claims/{rank}", 1)) == 1:
+                    number, store = newest, candidate
+                    store.set(f"rank/{rank}", json.dumps(me))
+        if store is not None and rank != 0 and store.check(["missing"]) and \
+                rank in json.loads(store.get("missing")):
+            store = None  # a failed earlier attempt that named this rank missing: wait for the next one
+        if store is not None:
+            done = _step(store, rank, keys, me)
+            if done is not None:
+                return Joined(attempt=number, restarted=done, store=store)
         now = time.monotonic()
         grace = 0.0 if rank == 0 else 3.0  # let rank 0's own verdict arrive first
         if now > deadline + grace:
-            missing = [r for r in range(world) if not store.check([f"rank/{r}"])]
-            named = ", ".join(map(str, missing[:32])) + (" ..." if len(missing) > 32 else "")
-            message = (f"{len(missing)} of WORLD_SIZE={world} ranks did not join within {timeout_s:.0f} s: "
-                       f"rank(s) {named} (rendezvous {launch.master_addr}:{launch.master_port}). They did "
-                       "not start, crashed before init(), or were launched with another MASTER_ADDR/"
-                       "MASTER_PORT or WORLD_SIZE. Fix: read their logs; start every rank with the same "
-                       "launcher command.")
-            if rank == 0:
-                store.set("error", message)
-            raise DistributedError(message)
+            raise DistributedError(_missing_message(store, launch, world, timeout_s, rank, tried))
         if rank == 0 and launch.local_rank in (0, None) and now > next_notice:
             missing = [r for r in range(world) if not store.check([f"rank/{r}"])]
             print(f"torchplace.dist.init: waiting for rank(s) {missing[:32]} to join "
@@ -95,6 +112,55 @@ def join(store: Any, launch: LaunchEnv, rank: int, world: int, dev: torch.device
             next_notice = now + 30.0
         time.sleep(delay)
         delay = min(delay * 1.5, 0.2)
+
+
+def _step(store: Any, rank: int, keys: list[str], me: dict[str, Any]) -> bool | None:
+    """One look at the attempt: None while undecided, else whether any rank was restarted.
+    Raises the verdict or an error another rank published."""
+    if store.check(["error"]):
+        raise DistributedError(store.get("error").decode())
+    if rank == 0:
+        if not store.check(keys):
+            return None
+        entries = [json.loads(store.get(k)) for k in keys]
+        problem = _compare(entries, me)
+        restarted = any(int(e.get("restart_count") or 0) > 0 for e in entries)
+        store.set("verdict", json.dumps({"error": problem, "restarted": restarted}))
+        if problem:
+            raise DistributedError(problem)
+        return restarted
+    if store.check(["verdict"]):
+        verdict = json.loads(store.get("verdict"))
+        if verdict["error"]:
+            raise DistributedError(verdict["error"])
+        return bool(verdict["restarted"])
+    if store.check(["rank/0"]):
+        problem = _compare_pair(json.loads(store.get("rank/0")), me)
+        if problem:
+            store.set("error", problem)
+            raise DistributedError(problem)
+    return None
+
+
+def _missing_message(store: Any, launch: LaunchEnv, world: int, timeout_s: float, rank: int,
+                     tried: set[int]) -> str:
+    where = f"rendezvous {launch.master_addr}:{launch.master_port}"
+    if store is None:
+        seen = (f"attempt(s) {sorted(tried)} had this rank's slot taken already (by this rank's previous "
+                "incarnation, or by another process with the same RANK)" if tried else "no attempt opened")
+        return (f"Rank {rank} of WORLD_SIZE={world} found no start of the group to join within {timeout_s:.0f} s "
+                f"({where}: {seen}); rank 0 did not start, crashed before init(), or uses another "
+                "MASTER_ADDR/MASTER_PORT. Fix: read rank 0's log; start every rank with the same launcher command.")
+    missing = [r for r in range(world) if not store.check([f"rank/{r}"])]
+    named = ", ".join(map(str, missing[:32])) + (" ..." if len(missing) > 32 else "")
+    message = (f"{len(missing)} of WORLD_SIZE={world} ranks did not join within {timeout_s:.0f} s: "
+               f"rank(s) {named} ({where}). They did not start, crashed before init(), or were launched "
+               "with another MASTER_ADDR/MASTER_PORT or WORLD_SIZE. Fix: read their logs; start every rank "
+               "with the same launcher command.")
+    if rank == 0:
+        store.set("missing", json.dumps(missing))
+        store.set("error", message)
+    return message
 
 
 def _device_uuid(dev: torch.device) -> str | None:
