@@ -11,12 +11,11 @@ reader in the repository would.
 from __future__ import annotations
 
 import inspect
-import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
+import test_docs
 from test_docs import Runner, base_env, prepare
 
 import torchplace
@@ -86,13 +85,7 @@ def test_docstring_has_every_section(name: str):
     assert not lacking, f"torchplace.{name}'s docstring lacks {', '.join(lacking)}"
 
 
-@pytest.fixture(scope="module")
-def runner():
-    r = Runner(spawn=os.environ.get("TORCHPLACE_DOCS_SPAWN") == "1" or sys.platform != "linux")
-    if not r.spawn:
-        r._server()
-    yield r
-    r.close()
+runner = test_docs.runner  # the docs' block server fixture, one per module
 
 
 @pytest.mark.parametrize("name", sorted(n for n in PUBLIC if _examples(PUBLIC[n])))
