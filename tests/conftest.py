@@ -15,7 +15,6 @@ import psutil
 import pytest
 import torch
 
-
 # set by pytest, or by torch itself on a lazy import (torch._dynamo sets the inductor cache dir)
 # KMP_*: set at import by libraries that load Intel's OpenMP (transformers' dependencies on the GPU machine)
 _NOT_OURS = {"PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "KMP_DUPLICATE_LIB_OK",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 import pytest
-
 from test_example import train
 
 pytestmark = pytest.mark.gpu

@@ -8,8 +8,9 @@ without `verify`, and `convert`. FIFOs and devices must be refused at once (the 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch

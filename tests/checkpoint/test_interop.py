@@ -24,6 +24,7 @@ from torchplace.checkpoint import convert, inspect
 from torchplace.checkpoint.format import read_header
 from torchplace.cli import main
 
+
 @pytest.fixture(autouse=True)
 def _lightning_env(monkeypatch) -> None:
     """Importing lightning sets PYTORCH_NVML_BASED_CUDA_CHECK; put it back after each test."""

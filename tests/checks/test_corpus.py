@@ -3,10 +3,10 @@ user line; explain() names the ones its forward run or static checks can see; no
 
 from __future__ import annotations
 
+import corpus
 import pytest
 import torch
 
-import corpus
 from torchplace.bench import diagnose
 from torchplace.checks.culprits import misplaced_state
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import corpus
 import pytest
 import torch
 
-import corpus
 from torchplace.bench import diagnose
 
 pytestmark = pytest.mark.gpu

@@ -6,10 +6,10 @@ import json
 
 import pytest
 import torch
+from checks_programs import Scaled, Toy, WithBuffer, batch_on, late_submodule
 from torch import nn
 
 import torchplace as tp
-from checks_programs import Scaled, Toy, WithBuffer, batch_on, late_submodule
 
 
 def kinds(result):

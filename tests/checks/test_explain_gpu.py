@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from checks_programs import Toy, batch_on
 from torch import nn
 
 import torchplace as tp
-from checks_programs import Toy, batch_on
 
 pytestmark = pytest.mark.gpu
 CUDA0, CUDA1 = torch.device("cuda:0"), torch.device("cuda:1")

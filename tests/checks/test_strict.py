@@ -8,12 +8,28 @@ import warnings
 
 import pytest
 import torch
+from checks_programs import (
+    Toy,
+    amp_forward,
+    at,
+    batch_on,
+    clean_inference,
+    clean_training,
+    cuda_without_index,
+    forward_loss,
+    init_on_meta,
+    line_of,
+    mask_without_device,
+    module_cuda,
+    restoring_helper,
+    scoped_helper,
+    to_cuda_device,
+    to_cuda_string,
+    zeros_on_cuda,
+)
 from torch import nn
 
 import torchplace as tp
-from checks_programs import (Toy, amp_forward, at, batch_on, clean_inference, clean_training, cuda_without_index,
-                             forward_loss, init_on_meta, line_of, mask_without_device, module_cuda,
-                             restoring_helper, scoped_helper, to_cuda_device, to_cuda_string, zeros_on_cuda)
 from torchplace.checks import StrictWarning, deferred, strict_config
 from torchplace.checks.placement import implicit_device
 from torchplace.checks.strict import config_from_env, disable, enable_from_env, make_config

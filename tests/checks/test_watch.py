@@ -5,10 +5,20 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from checks_programs import (
+    FILE,
+    Scaled,
+    Toy,
+    WithBuffer,
+    WithConstant,
+    at,
+    batch_on,
+    clean_training,
+    forward_loss,
+    late_submodule,
+)
 
 import torchplace as tp
-from checks_programs import (FILE, Scaled, Toy, WithBuffer, WithConstant, at, batch_on, clean_training,
-                             forward_loss, late_submodule)
 
 
 def mismatch(fn, *args, model=None):

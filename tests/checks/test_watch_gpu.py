@@ -6,10 +6,9 @@ import math
 
 import pytest
 import torch
+from checks_programs import Scaled, Toy, WithConstant, at, batch_on, clean_training, forward_loss, late_submodule
 
 import torchplace as tp
-from checks_programs import (Scaled, Toy, WithConstant, at, batch_on, clean_training, forward_loss,
-                             late_submodule)
 
 pytestmark = pytest.mark.gpu
 CUDA0, CUDA1 = torch.device("cuda:0"), torch.device("cuda:1")

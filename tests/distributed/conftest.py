@@ -8,11 +8,9 @@ import json
 from pathlib import Path
 
 import pytest
-
 from snapshots import load_snapshot_dict, snapshot_path  # tests/snapshots.py (pythonpath = tests)
 
 from torchplace.hardware.topology import Topology
-
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import copy
 
 import pytest
+from snapshots import load_snapshot_dict
 
-from torchplace.doctor.registry import Finding, check, run_checks, CHECKS
+from torchplace.doctor.registry import CHECKS, Finding, check, run_checks
 from torchplace.hardware.facts import Facts
 from torchplace.hardware.topology import GpuProcess, MigInstance
-
-from snapshots import load_snapshot_dict
 
 BASE = load_snapshot_dict("h200x2")
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import copy
 
+from snapshots import load_snapshot_dict
+
 from torchplace.doctor.checks_policy import check_bf16_emulated, check_numa_placement, check_thread_oversubscription
 from torchplace.hardware.facts import Facts
-
-from snapshots import load_snapshot_dict
 
 
 def facts(env=None, capability=None, gpu_cpus=None, **host) -> Facts:

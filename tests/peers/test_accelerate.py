@@ -9,7 +9,7 @@ docs/moving-data.md ("Beside accelerate and Lightning").
 from __future__ import annotations
 
 from collections import UserDict, namedtuple
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -86,8 +86,8 @@ def test_difference_a_spec_to_resolve_is_refused_inside_compile():
 
 class QuantTensorBase(NamedTuple):
     value: torch.Tensor
-    scale: Optional[torch.Tensor]
-    zero_point: Optional[torch.Tensor]
+    scale: torch.Tensor | None
+    zero_point: torch.Tensor | None
 
 
 class Second(QuantTensorBase):

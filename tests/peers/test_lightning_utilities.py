@@ -16,7 +16,7 @@ import dataclasses
 from collections import OrderedDict, defaultdict, namedtuple
 from dataclasses import InitVar
 from functools import cached_property
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -53,9 +53,9 @@ class WithClassVar:
 @dataclasses.dataclass
 class WithInitVar:
     dummy: Any
-    override: InitVar[Optional[Any]] = None
+    override: InitVar[Any | None] = None
 
-    def __post_init__(self, override: Optional[Any]) -> None:
+    def __post_init__(self, override: Any | None) -> None:
         if override is not None:
             self.dummy = override
 
@@ -67,9 +67,9 @@ _CLASS_TENSOR = torch.tensor(0)
 class WithClassAndInitVar:
     class_var: ClassVar[torch.Tensor] = _CLASS_TENSOR
     dummy: Any
-    override: InitVar[Optional[Any]] = torch.tensor(1)
+    override: InitVar[Any | None] = torch.tensor(1)
 
-    def __post_init__(self, override: Optional[Any]) -> None:
+    def __post_init__(self, override: Any | None) -> None:
         if override is not None:
             self.dummy = override
 

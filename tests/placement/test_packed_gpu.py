@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from placement.test_collate import RecsysBatches, Samples, _recsys_batch, _sample, assert_same
 from torch.utils.data import DataLoader, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory
 
 import torchplace as tp
 from torchplace.placement.collate import PackedBatch, pack
-
-from placement.test_collate import RecsysBatches, Samples, _recsys_batch, _sample, assert_same
 
 pytestmark = pytest.mark.gpu
 

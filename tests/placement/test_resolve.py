@@ -8,14 +8,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from snapshots import load_snapshot_dict
 
 import torchplace as tp
 from torchplace.errors import DeviceError
 from torchplace.hardware.topology import Topology
 from torchplace.hardware.visible import map_visible
 from torchplace.placement.resolve import Machine, cuda_device_count, resolve
-
-from snapshots import load_snapshot_dict
 
 X2 = Topology.from_dict(load_snapshot_dict("h200x2"))
 U0, U1 = (g.uuid for g in X2.gpus)

@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 import torch._dynamo  # noqa: F401 - the first dispatch mode imports it, and it writes TORCHINDUCTOR_CACHE_DIR
+from snapshots import load_snapshot_dict
 
 from torchplace import precision_for
 from torchplace.amp import cpu_features
@@ -16,8 +17,6 @@ from torchplace.checks.autocast import FirstStepCheck
 from torchplace.errors import DeviceError, DeviceMismatchError, PrecisionError, PrecisionWarning
 from torchplace.hardware.topology import Topology
 from torchplace.policy.precision import decide_cpu, decide_cuda, normalize_dtype
-
-from snapshots import load_snapshot_dict
 
 # Every compute capability NVIDIA has shipped, with a GPU of it, and what the policy must pick:
 # (dtype, GradScaler, TF32).

@@ -10,8 +10,14 @@ import torch
 from torchplace import configure_threads
 from torchplace.errors import DeviceError
 from torchplace.hardware.host import HostFacts, cgroup_cpu_limit, cpu_cores, numa_nodes, parse_cpulist
-from torchplace.policy.threads import (ThreadPlan, apply_plan, cpu_span, env_local_world_size, oversubscription,
-                                       plan_threads)
+from torchplace.policy.threads import (
+    ThreadPlan,
+    apply_plan,
+    cpu_span,
+    env_local_world_size,
+    oversubscription,
+    plan_threads,
+)
 
 # a 2-socket host as Linux numbers it: 2 x 16 cores x 2 hardware threads; CPU n and n+32 are SMT
 # siblings (same (package, core)); NUMA node 0 = CPUs 0-15 and 32-47, node 1 = the rest

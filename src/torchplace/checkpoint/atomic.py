@@ -17,8 +17,9 @@ import secrets
 import socket
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import CheckpointError
 from ..hardware.host import pid_exists

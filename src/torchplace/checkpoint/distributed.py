@@ -20,8 +20,9 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -30,7 +31,7 @@ from torch import nn
 from ..errors import CheckpointError
 from .atomic import fsync_dir
 from .codec import TensorRef
-from .dcp_reader import check_storage, dcp_load, reader_classes
+from .dcp_reader import dcp_load, reader_classes
 from .state_dicts import unwrap
 
 T = TypeVar("T")

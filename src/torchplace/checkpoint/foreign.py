@@ -15,8 +15,9 @@ import os
 import pickle
 import zipfile
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 

@@ -9,8 +9,9 @@ on the CPU. Other tools' files (torch.save, Lightning, accelerate) go through `f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn

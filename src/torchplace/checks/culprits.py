@@ -6,9 +6,10 @@ the user wrote, and optimizer state left on another device. Runs only after an e
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 

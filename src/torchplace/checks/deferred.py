@@ -9,7 +9,8 @@ so a steady training step (nothing pending) runs without any hook.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

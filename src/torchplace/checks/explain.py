@@ -231,7 +231,7 @@ def _used_at(cls: type, attr: str) -> str | None:
     import ast
     import inspect
 
-    from .frames import TORCH_DIR, _SITE_DIRS, short_path
+    from .frames import _SITE_DIRS, TORCH_DIR, short_path
 
     for klass in cls.__mro__:
         try:

@@ -16,9 +16,10 @@ import linecache
 import os
 import sys
 import sysconfig
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 

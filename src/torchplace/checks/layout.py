@@ -7,9 +7,9 @@ devices. A model on one device is one row however deep it is.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

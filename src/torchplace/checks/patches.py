@@ -7,7 +7,8 @@ torch's own functions are in place, so "off" costs exactly nothing.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
 _INHERITED = object()

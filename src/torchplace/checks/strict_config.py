@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 Action = Literal["warn", "error"]
 ACTIONS = ("warn", "error")
@@ -19,11 +19,11 @@ ACTIONS = ("warn", "error")
 class StrictConfig:
     """One strict block's choices: for each check, "warn", "error", or None (off)."""
 
-    placement: Optional[Action] = "error"
-    leaks: Optional[Action] = "error"
-    autocast: Optional[Action] = "error"
-    factories: Optional[Action] = None
-    syncs: Optional[Action] = None
+    placement: Action | None = "error"
+    leaks: Action | None = "error"
+    autocast: Action | None = "error"
+    factories: Action | None = None
+    syncs: Action | None = None
     model: Any = None  # names the root of module paths in mismatch reports
 
 

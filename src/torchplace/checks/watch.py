@@ -22,7 +22,7 @@ class Watch(ContextDecorator):
     def __init__(self, model: torch.nn.Module | None) -> None:
         self.model = model
 
-    def __enter__(self) -> "Watch":
+    def __enter__(self) -> Watch:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

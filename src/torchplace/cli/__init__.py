@@ -20,7 +20,8 @@ import importlib
 import os
 import sys
 import warnings
-from typing import Any, NoReturn, Sequence
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from .args import UsageError
 

@@ -12,7 +12,7 @@ import argparse
 import math
 import re
 import unicodedata
-from typing import Callable
+from collections.abc import Callable
 
 _ASCII_INT = re.compile(r"[0-9]+")
 _ASCII_FLOAT = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def add_json(parser: argparse.ArgumentParser, text: str = "print JSON") -> None:

@@ -48,15 +48,25 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import LeaseError
-from .lease_folder import (DEFAULT_LEASE_DIR, LEASE_DIR_ENV, LOCK_SUFFIX, lease_dir, lock_name, open_folder,
-                           open_lock, safe_uuid, still_named, user_name)
+from .lease_folder import (
+    DEFAULT_LEASE_DIR,
+    LEASE_DIR_ENV,
+    LOCK_SUFFIX,
+    lease_dir,
+    lock_name,
+    open_folder,
+    open_lock,
+    safe_uuid,
+    still_named,
+    user_name,
+)
 from .lease_holders import HOLDER_INFIX, Holder, is_locked, now_iso, orphan_holder, read_holder, write_note
 
 __all__ = ["DEFAULT_LEASE_DIR", "LEASE_DIR_ENV", "Holder", "Lease", "LeaseDir", "LeaseStatus",
            "held_by_this_process", "lease_dir", "release_all"]
 
 _registry_lock = threading.Lock()
-_held: dict[tuple[str, str], "Lease"] = {}  # (directory, uuid) -> lease held by this process
+_held: dict[tuple[str, str], Lease] = {}  # (directory, uuid) -> lease held by this process
 
 
 @dataclass(frozen=True)
@@ -135,7 +145,7 @@ class Lease:
             fcntl.flock(fd, fcntl.LOCK_UN)  # also for copies inherited by forked children
         os.close(fd)
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         return self
 
     def __exit__(self, *exc: object) -> None:

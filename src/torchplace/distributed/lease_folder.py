@@ -13,8 +13,8 @@ import os
 import pwd
 import re
 import stat
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from ..errors import LeaseError
 

@@ -18,13 +18,15 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..errors import LeaseError
 from ..hardware.topology import GpuRecord, Topology, load_topology
 from .lease import Holder, Lease, LeaseDir
 from .pick_decision import PickRequest, Rejection, choose, my_user, other_users_processes
+
 
 @dataclass(frozen=True)
 class PickedGpu:
@@ -96,7 +98,7 @@ class Picked:
         for lease in self.leases:
             lease.release()
 
-    def __enter__(self) -> "Picked":
+    def __enter__(self) -> Picked:
         return self
 
     def __exit__(self, *exc: object) -> None:

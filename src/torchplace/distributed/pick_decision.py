@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Sequence
+from typing import Any, Literal
 
 from ..errors import LeaseError
 from ..hardware.topology import GpuRecord, Topology
@@ -48,7 +49,7 @@ class PickRequest:
               min_free_memory: int | str | None = None, max_utilization: int | None = None,
               wait: float | str | None = None, lease: bool = True,
               snapshot: str | os.PathLike[str] | None = None, lease_dir: str | os.PathLike[str] | None = None,
-              command: str | None = None, seed: int | None = None) -> "PickRequest":
+              command: str | None = None, seed: int | None = None) -> PickRequest:
         """The request from `pick()`'s arguments; LeaseError for a value that cannot be one."""
         if count != "auto" and (not isinstance(count, int) or count < 1):
             raise LeaseError(f"count={count!r} must be a whole number >= 1 or 'auto'.")

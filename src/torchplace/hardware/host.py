@@ -138,7 +138,7 @@ class HostFacts:
         return snapshot_keys.with_old_keys(asdict(self), snapshot_keys.HOST)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "HostFacts":
+    def from_dict(cls, data: dict[str, Any]) -> HostFacts:
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in snapshot_keys.upgrade(data, snapshot_keys.HOST).items() if k in known})
 

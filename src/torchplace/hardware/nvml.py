@@ -8,8 +8,9 @@ initializes CUDA, so everything built on this module is fork-safe.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"started": False, "error": None, "module": None}

@@ -35,7 +35,7 @@ class Versions:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Versions":
+    def from_dict(cls, data: dict[str, Any]) -> Versions:
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in known})
 

@@ -16,16 +16,17 @@ import contextlib
 import gc
 import mmap
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from ..errors import TorchplaceError
 from ..placement.resolve import DeviceSpec
 from ..units import format_bytes, parse_size
-from .usage import MemoryReport, device_memory, describe_tensors, graph_holders, live_tensors
+from .usage import MemoryReport, describe_tensors, device_memory, graph_holders, live_tensors
 
 RESERVE_BYTES = 32 * 2**20
 _CPU_OOM = "DefaultCPUAllocator: can't allocate memory"
@@ -198,7 +199,7 @@ class diagnose_oom(contextlib.ContextDecorator):  # noqa: N801 - used like a fun
         self.report: OomReport | None = None
         self._reserve: mmap.mmap | None = None
 
-    def __enter__(self) -> "diagnose_oom":
+    def __enter__(self) -> diagnose_oom:
         if self.reserve_bytes and self._reserve is None:
             try:  # address space (and commit charge) only; untouched pages use no RAM
                 self._reserve = mmap.mmap(-1, self.reserve_bytes)

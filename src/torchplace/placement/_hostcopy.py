@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 

@@ -13,8 +13,8 @@ and on the device (to unpack).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -24,7 +24,7 @@ _INTEGRAL = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.i
 _DTYPES = frozenset(d for d in vars(torch).values() if isinstance(d, torch.dtype)
                     and (d.is_floating_point or d.is_complex or d in _INTEGRAL))
 _CACHE_SIZE = 64  # layouts kept; a loader with ever-changing shapes starts over when full
-_layouts: dict[tuple, "Layout"] = {}
+_layouts: dict[tuple, Layout] = {}
 
 
 def packable(t: torch.Tensor, max_bytes: int = MAX_TENSOR_BYTES) -> bool:

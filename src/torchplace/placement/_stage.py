@@ -19,7 +19,8 @@ copy: copies would never overlap compute.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 

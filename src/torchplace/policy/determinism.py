@@ -41,7 +41,7 @@ class SeedState:
     seeded: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def generator(self) -> "torch.Generator":
+    def generator(self) -> torch.Generator:
         """A fresh CPU generator seeded with this seed (for a DataLoader, a sampler, a split)."""
         import torch
 
@@ -118,7 +118,7 @@ class Determinism:
     _catcher: Any = field(default=None, repr=False)
     _log: list[Any] | None = field(default=None, repr=False)
 
-    def __enter__(self) -> "Determinism":
+    def __enter__(self) -> Determinism:
         if self.enabled and self.warn_only:
             self._catcher = warnings.catch_warnings(record=True)
             self._log = self._catcher.__enter__()
