@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # locally; elsewhere pip takes PyPI's build. Override: make run TORCH_SPEC='torch>=2.6'
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: run test docs setup clean
+.PHONY: run test lint docs setup clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,12 @@ run: $(BIN)/.installed
 
 test: $(BIN)/.installed
 	$(BIN)/python -m pytest -q
+	$(MAKE) --no-print-directory lint
+
+# static checks (part of `make test`): ruff on the code, mypy on the library (settings in pyproject.toml)
+lint: $(BIN)/.installed
+	$(BIN)/ruff check src tests examples tools
+	$(BIN)/mypy
 
 # the docs site (mkdocs.yml) into build/site; --strict fails on a broken link, anchor or docstring.
 # CI (.ci/run) runs it after `make test`; `$(BIN)/mkdocs serve` previews it while editing

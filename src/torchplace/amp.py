@@ -14,15 +14,24 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from .checks.strict_config import should_raise
 from .errors import DeviceError, PrecisionError, PrecisionWarning
 from .hardware.accelerator import accelerator
-from .policy.precision import (PRECISION_ENV, PrecisionPlan, capability_label, decide_cpu, decide_cuda, decide_other,
-                               decide_rocm, normalize_dtype)
+from .policy.precision import (
+    PRECISION_ENV,
+    PrecisionPlan,
+    capability_label,
+    decide_cpu,
+    decide_cuda,
+    decide_other,
+    decide_rocm,
+    normalize_dtype,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -47,7 +56,8 @@ def cpu_features() -> tuple[bool, bool, str]:
             return False
 
     isa = torch.backends.cpu.get_cpu_capability()
-    bf16, fp16, names = False, False, []
+    bf16, fp16 = False, False
+    names: list[str] = []
     if query("_is_amx_tile_supported"):
         bf16, names = True, [*names, "AMX"]
     if query("_is_avx512_bf16_supported"):
@@ -65,7 +75,7 @@ def cpu_features() -> tuple[bool, bool, str]:
     return bf16, fp16, label
 
 
-def _cuda_plan(dev: "torch.device", requested: str | None, name: str | None,
+def _cuda_plan(dev: torch.device, requested: str | None, name: str | None,
                tf32: bool | None) -> tuple[PrecisionPlan, tuple[int, int] | None]:
     """Plan for a live CUDA (or ROCm) device; returns the plan and the capability used."""
     import torch
@@ -87,8 +97,8 @@ class PrecisionPolicy:
     `tf32` whether fp32 matmuls may use TF32. `last_check` holds the first autocast step's check.
     """
 
-    device: "torch.device"
-    dtype: "torch.dtype"
+    device: torch.device
+    dtype: torch.dtype
     grad_scaler: bool
     tf32: bool
     reason: str
@@ -105,7 +115,7 @@ class PrecisionPolicy:
 
         return self.dtype != torch.float32
 
-    def make_grad_scaler(self, **kwargs: Any) -> "torch.amp.GradScaler":
+    def make_grad_scaler(self, **kwargs: Any) -> torch.amp.GradScaler:
         """A `torch.amp.GradScaler` for this device, enabled only when the policy needs one."""
         import torch
 
@@ -212,7 +222,7 @@ def precision_for(device: DeviceSpec, dtype: str | torch.dtype | None = None, *,
 
     requested = normalize_dtype(dtype if dtype is not None else os.environ.get(PRECISION_ENV) or None)
     if capability is not None:
-        dev = torch.device(device)
+        dev = torch.device("cuda" if device is None else device)
         if dev.type != "cuda":
             raise DeviceError(f"capability={tuple(capability)} was given for {dev}, but compute capabilities "
                               "describe CUDA devices. Fix: pass a 'cuda' device, or drop capability=.")

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from ..units import format_bytes
 from .registry import Finding, check
 
+if TYPE_CHECKING:
+    from ..hardware.facts import Facts
+
 
 @check
-def check_nvml(facts) -> list[Finding]:
+def check_nvml(facts: Facts) -> list[Finding]:
     """NVML or the driver missing: a fact on a CPU box, a problem where GPUs should be."""
     topo = facts.topology
     if topo.nvml_available:
@@ -23,7 +27,7 @@ def check_nvml(facts) -> list[Finding]:
 
 
 @check
-def check_visible_devices(facts) -> list[Finding]:
+def check_visible_devices(facts: Facts) -> list[Finding]:
     """CUDA_VISIBLE_DEVICES that ends early, names a device twice, or hides everything."""
     vis = facts.visible
     value = vis.cuda_visible_devices
@@ -51,7 +55,7 @@ def check_visible_devices(facts) -> list[Finding]:
 
 
 @check
-def check_device_order(facts) -> list[Finding]:
+def check_device_order(facts: Facts) -> list[Finding]:
     """Integer CUDA_VISIBLE_DEVICES + default FASTEST_FIRST on mixed GPUs: ids differ from nvidia-smi."""
     vis, topo = facts.visible, facts.topology
     value = vis.cuda_visible_devices
@@ -67,7 +71,7 @@ def check_device_order(facts) -> list[Finding]:
 
 
 @check
-def check_torch_build(facts) -> list[Finding]:
+def check_torch_build(facts: Facts) -> list[Finding]:
     """A CPU-only torch on a machine that has GPUs."""
     if facts.topology.gpus and facts.versions.torch and not facts.versions.torch_cuda \
             and not facts.versions.torch_hip:
@@ -80,7 +84,7 @@ def check_torch_build(facts) -> list[Finding]:
 
 
 @check
-def check_busy(facts) -> list[Finding]:
+def check_busy(facts: Facts) -> list[Finding]:
     """Visible GPUs that other processes already use (memory or compute)."""
     out = []
     me = os.getpid()
@@ -104,7 +108,7 @@ def check_busy(facts) -> list[Finding]:
 
 
 @check
-def check_mig(facts) -> list[Finding]:
+def check_mig(facts: Facts) -> list[Finding]:
     """MIG-enabled GPUs: CUDA shows their slices, addressed by MIG UUID."""
     out = []
     for gpu in facts.topology.gpus:
@@ -118,9 +122,9 @@ def check_mig(facts) -> list[Finding]:
 
 
 @check
-def check_unknown_fields(facts) -> list[Finding]:
+def check_unknown_fields(facts: Facts) -> list[Finding]:
     """Fields NVML refused to report (common in containers)."""
-    denied = {}
+    denied: dict[str, list[int]] = {}
     for gpu in facts.topology.gpus:
         for name, why in gpu.unknown.items():
             denied.setdefault(f"{name}: {why}", []).append(gpu.physical_index)
@@ -132,7 +136,7 @@ def check_unknown_fields(facts) -> list[Finding]:
 
 
 @check
-def check_compute_mode(facts) -> list[Finding]:
+def check_compute_mode(facts: Facts) -> list[Finding]:
     """Prohibited or exclusive compute modes: the cause of 'device(s) is/are busy or unavailable'."""
     out = []
     for dev in facts.visible.visible:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..units import format_bytes
 from .registry import Finding, check
+
+if TYPE_CHECKING:
+    from ..hardware.facts import Facts
 
 SHM_MIN = 1 << 30  # DataLoader workers pass each batch through /dev/shm
 MEMLOCK_MIN = 64 << 20
 
 
 @check
-def check_shm(facts) -> list[Finding]:
+def check_shm(facts: Facts) -> list[Finding]:
     total = facts.host.shm_total_bytes
     if total is None or total >= SHM_MIN:
         return []
@@ -22,7 +27,7 @@ def check_shm(facts) -> list[Finding]:
 
 
 @check
-def check_memlock(facts) -> list[Finding]:
+def check_memlock(facts: Facts) -> list[Finding]:
     soft = facts.host.memlock_soft_bytes
     if soft is None or soft >= MEMLOCK_MIN or not facts.topology.gpus:
         return []
@@ -34,7 +39,7 @@ def check_memlock(facts) -> list[Finding]:
 
 
 @check
-def check_omp_threads(facts) -> list[Finding]:
+def check_omp_threads(facts: Facts) -> list[Finding]:
     raw = facts.env.get("OMP_NUM_THREADS")
     if raw is None:
         return []

@@ -6,10 +6,16 @@ doctor says and what `precision_for` / `configure_threads` decide cannot drift a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..errors import PrecisionError
 from ..policy.precision import bf16_native, normalize_dtype
 from ..policy.threads import cpu_span, env_local_world_size, oversubscription
 from .registry import Finding, check
+
+if TYPE_CHECKING:
+    from ..hardware.facts import Facts
+    from ..hardware.topology import GpuRecord
 
 # environment variables through which a run asks for a precision
 PRECISION_ENV = ("TORCHPLACE_PRECISION", "ACCELERATE_MIXED_PRECISION")
@@ -29,13 +35,13 @@ def _requested_precision(env: dict[str, str]) -> tuple[str, str] | None:
     return None
 
 
-def _cc(gpu) -> str:
+def _cc(gpu: GpuRecord) -> str:
     cc = gpu.compute_capability
     return f"{cc[0]}.{cc[1]}" if cc else "?"
 
 
 @check
-def check_bf16_emulated(facts) -> list[Finding]:
+def check_bf16_emulated(facts: Facts) -> list[Finding]:
     """bf16 requested (or merely reported as supported) on visible GPUs that only emulate it."""
     by_index = {g.physical_index: g for g in facts.topology.gpus}
     slow = []
@@ -63,7 +69,7 @@ def check_bf16_emulated(facts) -> list[Finding]:
 
 
 @check
-def check_thread_oversubscription(facts) -> list[Finding]:
+def check_thread_oversubscription(facts: Facts) -> list[Finding]:
     """More CPU threads than usable CPUs, across the processes of this node."""
     host = facts.host
     usable = host.usable_cpus
@@ -98,7 +104,7 @@ def check_thread_oversubscription(facts) -> list[Finding]:
 
 
 @check
-def check_numa_placement(facts) -> list[Finding]:
+def check_numa_placement(facts: Facts) -> list[Finding]:
     """The CPUs this process may run on, against the CPUs NVML says are nearest its GPU."""
     affinity = facts.host.affinity
     vis = facts.visible

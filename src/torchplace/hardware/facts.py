@@ -21,7 +21,7 @@ from .versions import Versions, read_versions
 from .visible import VisibleMap, map_visible
 
 ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "LOCAL_", "SLURM_")
-ENV_NAMES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "ACCELERATE_MIXED_PRECISION")
+ENV_NAMES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "GROUP_WORLD_SIZE", "ACCELERATE_MIXED_PRECISION")
 
 
 def relevant_env(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -44,7 +44,7 @@ class Facts:
         host: CPU and memory facts of this process's view of the machine.
         versions: Python, torch, CUDA runtime and driver versions.
         env: the device-related environment variables that were set.
-        visible: the visible-device map, or None when it could not be built.
+        visible: the visible-device map; built from `env` and `topology` when not given.
 
     Example:
         ```python
@@ -60,7 +60,7 @@ class Facts:
     host: HostFacts
     versions: Versions
     env: dict[str, str] = field(default_factory=dict)
-    visible: VisibleMap | None = None
+    visible: VisibleMap = None  # type: ignore[assignment]  # None only until __post_init__ builds it
 
     def __post_init__(self) -> None:
         if self.visible is None:
@@ -77,7 +77,7 @@ class Facts:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "snapshot",
-                  env: dict[str, str] | None = None) -> "Facts":
+                  env: dict[str, str] | None = None) -> Facts:
         topology = Topology.from_dict(data, source=source)
         try:
             host = safeio.build(HostFacts, snapshot_keys.upgrade(data.get("host") or {}, snapshot_keys.HOST), "host")

@@ -12,8 +12,8 @@ import copy
 import dataclasses
 import functools
 from collections import OrderedDict, UserDict, defaultdict
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -127,7 +127,7 @@ def _rebuild_sequence(x: list | tuple, items: list) -> Any:
     if isinstance(x, tuple):
         if hasattr(cls, "_fields") and hasattr(cls, "_make"):
             try:
-                return cls._make(items)  # type: ignore[attr-defined]
+                return cls._make(items)
             except Exception:  # noqa: BLE001 - a namedtuple-like class with its own _make
                 pass
         for args in ((items,), items):
