@@ -259,7 +259,7 @@ def run_page(page: Path, workdir: Path, runner: Runner, echo: bool = False) -> l
     failures: list[str] = []
     script = Path(sys.executable).parent / "torchplace"  # the console script, where installed
     torchplace = [str(script)] if script.exists() else [sys.executable, "-m", "torchplace"]
-    for n, block in enumerate(blocks_of(page)):
+    for _n, block in enumerate(blocks_of(page)):
         started = time.monotonic()
         if block.lang == "python":
             path = workdir / block.options.get("file", f"block_{block.line}.py")

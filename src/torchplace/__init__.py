@@ -10,7 +10,7 @@ stay fast and never import torch or start CUDA until something needs it.
 import importlib as _importlib
 import typing as _typing
 
-from ._version import __version__
+from ._version import __version__ as __version__
 
 # public name -> module that defines it
 _EXPORTS: dict[str, str] = {
@@ -136,8 +136,17 @@ if _typing.TYPE_CHECKING:  # static checkers see the real objects; at run time t
     from .checks.watch import watch
     from .distributed import group as dist
     from .distributed.pick import pick
-    from .errors import (CheckpointError, DeviceError, DeviceLeakError, DeviceMismatchError, DistributedError,
-                         LeaseError, SnapshotError, TorchplaceError, TorchplaceWarning)
+    from .errors import (
+        CheckpointError,
+        DeviceError,
+        DeviceLeakError,
+        DeviceMismatchError,
+        DistributedError,
+        LeaseError,
+        SnapshotError,
+        TorchplaceError,
+        TorchplaceWarning,
+    )
     from .hardware.facts import Facts, read_facts
     from .hardware.visible import visible_devices
     from .memory import diagnose_oom, find_batch_size, memory_report, track_memory

@@ -19,8 +19,9 @@ import pickle
 import struct
 import zipfile
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -190,7 +191,8 @@ for _name, _field, _value in (("shape_negative", "shape", [-3, -4]), ("shape_boo
                               ("shape_overflow", "shape", [2**64, 0]), ("shape_huge_empty", "shape", [2**62, 2**3, 0]),
                               ("shape_str", "shape", "12"), ("shape_float", "shape", [3.0, 4.0]),
                               ("dtype_unknown", "dtype", "X99"), ("dtype_int", "dtype", 5),
-                              ("offsets_bool", "data_offsets", [False, True]), ("offsets_huge", "data_offsets", [0, 2**70]),
+                              ("offsets_bool", "data_offsets", [False, True]),
+                              ("offsets_huge", "data_offsets", [0, 2**70]),
                               ("offsets_negative", "data_offsets", [-48, 0]), ("offsets_str", "data_offsets", "0-48")):
     tamper(f"index_{_name}", _entry(_field, _value))
 tamper("index_entry_int", lambda index, meta, data: index.__setitem__(_first_key(index), 5))

@@ -19,15 +19,15 @@ from hypothesis import strategies as st
 
 import torchplace
 from torchplace.checkpoint import inspect
-from torchplace.errors import CheckpointError, SnapshotError
 from torchplace.doctor.diagnose import diagnose
+from torchplace.errors import CheckpointError, SnapshotError
 from torchplace.hardware.facts import read_facts
 
 from . import crafting
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.filterwarnings("ignore::RuntimeWarning")]
-FUZZ = settings(max_examples=int(os.environ.get("TORCHPLACE_FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                       HealthCheck.too_slow])
+FUZZ = settings(max_examples=int(os.environ.get("TORCHPLACE_FUZZ_EXAMPLES", "60")), deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70),
                     st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8))
@@ -97,7 +97,8 @@ def test_byte_mutations_of_a_genuine_file(tmp_path: Path, genuine: tuple[Any, An
     _every_reader(path)
 
 
-snapshot_values = st.one_of(json_values, st.fixed_dictionaries({"gpus": st.lists(st.one_of(json_values, st.fixed_dictionaries(
+snapshot_values = st.one_of(json_values, st.fixed_dictionaries({"gpus": st.lists(st.one_of(
+    json_values, st.fixed_dictionaries(
     {"index": json_values, "uuid": json_values}, optional={"mig": json_values, "processes": json_values,
                                                           "compute_capability": json_values,
                                                           "memory_total": json_values})), max_size=3)},

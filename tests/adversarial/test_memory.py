@@ -67,5 +67,6 @@ def test_hostile_inputs_stay_within_memory_bounds(tmp_path: Path) -> None:
         size = path.stat().st_size if path.is_file() and not path.is_char_device() else 0
         budget = max(2 * size, BUDGET_FLOOR)
         assert not got["errors"], f"{name}: {got['errors']}"
-        assert got["grew"] <= budget, f"{name}: peak grew {got['grew'] / 2**20:.0f} MiB (budget {budget / 2**20:.0f} MiB)"
+        assert got["grew"] <= budget, \
+            f"{name}: peak grew {got['grew'] / 2**20:.0f} MiB (budget {budget / 2**20:.0f} MiB)"
         assert got["seconds"] < 20, f"{name} took {got['seconds']:.1f} s"

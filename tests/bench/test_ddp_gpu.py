@@ -17,7 +17,8 @@ def test_bench_ddp_on_two_gpus(run_cli, child_env, lease_dir, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
     variants = {row["variant"] for row in result["rows"]}
-    assert variants == {"compute-bound: 1 GPU", "compute-bound: DataParallel x2", "compute-bound: DDP x2 (torchplace run)",
+    assert variants == {"compute-bound: 1 GPU", "compute-bound: DataParallel x2",
+                        "compute-bound: DDP x2 (torchplace run)",
                         "comm-bound: 1 GPU", "comm-bound: DataParallel x2", "comm-bound: DDP x2 (torchplace run)",
                         "comm-bound: DDP x2 (hand-written)"}
     assert all(row["extra"]["device"].startswith("cuda") for row in result["rows"])

@@ -9,10 +9,22 @@ import warnings
 
 import pytest
 import torch
+from checks_programs import (
+    Toy,
+    amp_forward,
+    at,
+    batch_on,
+    clean_inference,
+    clean_training,
+    cuda_without_index,
+    forward_loss,
+    hot_loop,
+    line_of,
+    pick_gpu,
+    to_cuda_string,
+)
 
 import torchplace as tp
-from checks_programs import (Toy, amp_forward, at, batch_on, clean_inference, clean_training, cuda_without_index,
-                             forward_loss, hot_loop, line_of, pick_gpu, to_cuda_string)
 from torchplace.checks import StrictWarning
 from torchplace.checks.strict import disable, enable_from_env
 from torchplace.placement.scope import DeviceLeakWarning
@@ -93,7 +105,8 @@ def test_scopes_and_torch_cuda_device_are_not_leaks(silent):
 def test_first_device_choice_of_a_process_is_not_a_leak():
     code = ("import torch, torchplace as tp\n"
             "def setup():\n    torch.cuda.set_device(1)\n"
-            "with tp.strict():\n    setup()\n    torch.nn.Linear(2, 2).to('cuda:1')(torch.ones(1, 2, device='cuda:1'))\n"
+            "with tp.strict():\n    setup()\n"
+            "    torch.nn.Linear(2, 2).to('cuda:1')(torch.ones(1, 2, device='cuda:1'))\n"
             "print(torch.cuda.current_device())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from snapshots import snapshot_path
 
 from torchplace.cli import main
-
-from snapshots import snapshot_path
 
 X2 = str(snapshot_path("h200x2"))
 PT = str(Path(__file__).parents[1] / "fixtures" / "checkpoints" / "gpu1-job.pt")
@@ -138,7 +137,8 @@ CASES: list[Case] = [
     _c("ckpt-inspect-verify-text", "ckpt", "inspect", "--verify", "{text}"),
     _c("ckpt-inspect-pickle-untrusted", "ckpt", "inspect", "{pickle}"),
     _c("ckpt-convert-missing", "ckpt", "convert", "/nonexistent.pt", "{out}"),
-    _c("ckpt-convert-onto-a-fifo", "ckpt", "convert", "{pt}", "{fifo}", sub=True),  # never /dev/null: root would replace it
+    # never /dev/null: root would replace it
+    _c("ckpt-convert-onto-a-fifo", "ckpt", "convert", "{pt}", "{fifo}", sub=True),
     _c("ckpt-convert-into-missing-dir", "ckpt", "convert", PT, "/nonexistent/dir/out.safetensors"),
     _c("ckpt-convert-onto-itself", "ckpt", "convert", "{pt}", "{pt}"),  # a copy: the fixture stays intact
     _c("ckpt-convert-onto-itself-via-link", "ckpt", "convert", "{pt}", "{ptlink}"),

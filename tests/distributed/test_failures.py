@@ -22,7 +22,8 @@ def test_port_in_use():
 
 def test_ranks_that_never_connected():
     err = explain("Timed out after 30 seconds waiting for clients. 1/4 clients joined.", LAUNCH)
-    assert str(err).startswith("Only 1 of WORLD_SIZE=4 processes connected to MASTER_ADDR='node0' MASTER_PORT=29500 within 30 s")
+    assert str(err).startswith("Only 1 of WORLD_SIZE=4 processes connected to MASTER_ADDR='node0' "
+                               "MASTER_PORT=29500 within 30 s")
 
 
 def test_store_unreachable():

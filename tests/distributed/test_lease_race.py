@@ -53,7 +53,7 @@ def test_64_pickers_with_random_sigkills_never_share_a_gpu(h200x8_file, lease_di
         holds[uuid].append((start, killed_at[pid], pid))
     for uuid, intervals in holds.items():
         intervals.sort()
-        for (s1, e1, p1), (s2, e2, p2) in zip(intervals, intervals[1:]):
+        for (s1, e1, p1), (s2, _e2, p2) in zip(intervals, intervals[1:]):
             assert s2 >= e1, f"{uuid} leased to pid {p1} and pid {p2} at once ({s1:.3f}-{e1:.3f} vs {s2:.3f})"
     survivors = PICKERS - len(killed_at)
     assert sum(len(v) for v in holds.values()) >= survivors

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from snapshots import load_snapshot_dict, snapshot_path
 
 from torchplace.errors import SnapshotError
 from torchplace.hardware.facts import Facts, read_facts
-from torchplace.hardware.host import parse_cfs, parse_cpu_max, usable_cpus, cgroup_cpu_limit
+from torchplace.hardware.host import cgroup_cpu_limit, parse_cfs, parse_cpu_max, usable_cpus
 from torchplace.hardware.topology import Topology
 from torchplace.hardware.versions import read_versions
-
-from snapshots import load_snapshot_dict, snapshot_path
 
 
 @pytest.mark.parametrize("name", ["h200x1", "h200x2"])
@@ -85,7 +84,8 @@ def test_nvlink_is_read_from_the_h200_pair():
 
 
 def test_snapshots_with_the_keys_before_units_still_load_and_are_written_with_both():
-    """Old snapshots say index / memory_total; new ones say physical_index / memory_total_bytes and keep the old keys."""
+    """Old snapshots say index / memory_total; new ones say physical_index / memory_total_bytes and
+    keep the old keys."""
     old = {"gpus": [{"index": 3, "uuid": "GPU-abc", "memory_total": 80, "memory_used": 1, "memory_free": 79,
                      "mig": [{"uuid": "MIG-1", "memory_total": 10}], "processes": [{"pid": 7, "used_memory": 2}]}],
            "host": {"memory_total": 64, "shm_total": 8, "shm_free": 4, "memlock_soft": None, "memlock_hard": 5}}

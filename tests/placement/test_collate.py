@@ -29,7 +29,8 @@ class Boxes:
 def _sample(i: int) -> dict:
     """Every dtype family, 0-dim, empty, a large tensor, nesting, and values that are not tensors."""
     g = torch.Generator().manual_seed(i)
-    return {"x": torch.randn(3, 4, generator=g), "flag": torch.tensor(i % 2 == 0), "mask": torch.rand(7, generator=g) > 0.5,
+    return {"x": torch.randn(3, 4, generator=g), "flag": torch.tensor(i % 2 == 0),
+            "mask": torch.rand(7, generator=g) > 0.5,
             "half": torch.randn(5, generator=g).half(), "bf16": torch.randn(3, generator=g).bfloat16(),
             "id": torch.tensor(i), "u8": torch.randint(0, 255, (2, 3), dtype=torch.uint8, generator=g),
             "empty": torch.empty(0, 3), "empty_tail": torch.empty(2, 0), "big": torch.randn(70_000, generator=g),
@@ -143,7 +144,7 @@ def test_layout_aligns_each_group_and_each_tensor_to_its_dtype_and_is_cached():
     raw = pack(batch)
     total, _, groups = raw.layout
     assert total % _pack.ALIGN == 0
-    for dtype, _rows, offset, nbytes, _sizes, _ in groups:
+    for _dtype, _rows, offset, nbytes, _sizes, _ in groups:
         assert offset % _pack.ALIGN == 0 and offset + nbytes <= total
     for t in collate.views(raw.buffer, raw.layout, raw.count):
         assert (t.data_ptr() - raw.buffer.data_ptr()) % t.element_size() == 0

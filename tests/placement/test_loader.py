@@ -109,7 +109,7 @@ def test_breaking_out_mid_epoch_cleans_up(background):
             finally:
                 closed.set()
 
-    for i, batch in enumerate(tp.DeviceLoader(Source(), "meta", background=background)):
+    for i, _batch in enumerate(tp.DeviceLoader(Source(), "meta", background=background)):
         if i == 3:
             break
     assert closed.wait(5), "the upstream iterator was not closed after the consumer broke out"
@@ -141,7 +141,8 @@ def test_the_worker_never_runs_more_than_prefetch_ahead():
     it = iter(tp.DeviceLoader(source(), "meta", prefetch=prefetch, background=True))
     for _ in range(n):
         with lock:  # the timeout only guards against a hang
-            assert lock.wait_for(lambda: len(asked_at_pull) >= min(asked + prefetch, n), timeout=60)
+            want = min(asked + prefetch, n)
+            assert lock.wait_for(lambda want=want: len(asked_at_pull) >= want, timeout=60)
             asked += 1
         next(it)
     it.close()

@@ -119,7 +119,7 @@ def test_wrapping_a_real_dataloader(pin_memory):
     loader = DataLoader(Numbers(), batch_size=8, num_workers=2, pin_memory=pin_memory)
     wrapped = tp.DeviceLoader(loader, "cuda:0")
     assert len(wrapped) == 8
-    for epoch in range(2):
+    for _epoch in range(2):
         labels = []
         for batch in wrapped:
             assert batch["x"].device == torch.device("cuda:0")
@@ -236,7 +236,7 @@ def test_break_mid_epoch_frees_the_batches_copied_ahead():
     torch.cuda.synchronize(dev)
     before = torch.cuda.memory_allocated(dev)
     ahead = 0
-    for i, batch in enumerate(tp.DeviceLoader(data, dev, prefetch=3)):
+    for i, batch in enumerate(tp.DeviceLoader(data, dev, prefetch=3)):  # noqa: B007  (held, then deleted below)
         if i == 2:
             deadline = time.monotonic() + 5  # the device is idle: the worker copies ahead at once
             while ahead < 3 * batch_bytes and time.monotonic() < deadline:

@@ -46,7 +46,8 @@ def test_guard_warns_names_the_line_and_restores():
     def step():
         leaky_helper()
 
-    with pytest.warns(DeviceLeakWarning, match=r"changed the current device from cuda:0 to cuda:1.*test_scope_gpu.py:\d+ in leaky_helper"):
+    with pytest.warns(DeviceLeakWarning,
+                      match=r"changed the current device from cuda:0 to cuda:1.*test_scope_gpu.py:\d+ in leaky_helper"):
         step()
     assert torch.cuda.current_device() == 0
 

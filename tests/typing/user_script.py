@@ -18,6 +18,9 @@ from torch import nn
 
 import torchplace as tp
 
+if TYPE_CHECKING:
+    from typing_extensions import reveal_type
+
 SNAPSHOT = Path(__file__).resolve().parents[1] / "fixtures" / "snapshots" / "h200x2.json"
 
 

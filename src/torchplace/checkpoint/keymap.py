@@ -21,9 +21,10 @@ other modules that migrate old checkpoints) is keyed by module path and is renam
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import product
-from typing import Any, Mapping
+from typing import Any
 
 from torch import nn
 
@@ -189,9 +190,10 @@ def match(file_keys: list[str], model: nn.Module) -> KeyMatch:
     model_lead = _common_lead(model_keys)
     model_compiled = bool(_inner_names(model_keys, (), (COMPILED,)))
     inner_options = [frozenset(file_inner[:n]) for n in range(len(file_inner) + 1)]
+    compiled_options = (False, True) if model_compiled else (False,)
     candidates = [Rewrite(file_lead[:a], inner, model_lead[:b], mi)
                   for a, inner, b, mi in product(range(len(file_lead) + 1), inner_options,
-                                                 range(len(model_lead) + 1), (False, True) if model_compiled else (False,))]
+                                                 range(len(model_lead) + 1), compiled_options)]
     for rw in sorted(candidates, key=lambda r: (len(r.file_inner) + r.model_inner, r.cost))[1:]:  # leads first
         side = _model_side(model_keys, rw.model_lead, rw.model_inner)
         if side is None:

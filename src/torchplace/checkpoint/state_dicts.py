@@ -12,7 +12,8 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,7 +37,8 @@ def layout_problem(state: Any) -> str | None:
     model = state.get("model") or {}
     odd = [k for k in model if not isinstance(k, str)]
     if odd:
-        return f"the model's state has a key {odd[0]!r:.60} of type {type(odd[0]).__name__}; state dict keys are strings"
+        return (f"the model's state has a key {odd[0]!r:.60} of type {type(odd[0]).__name__}; "
+                "state dict keys are strings")
     return None
 
 

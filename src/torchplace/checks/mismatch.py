@@ -17,8 +17,18 @@ import torch
 
 from ..errors import DeviceMismatchError
 from . import frames as fr
-from .culprits import (ModuleNames, Operand, contains, expected_device, module_path, operands, origins_of, root_of,
-                       stepping_optimizer_state, trace_assignment)
+from .culprits import (
+    ModuleNames,
+    Operand,
+    contains,
+    expected_device,
+    module_path,
+    operands,
+    origins_of,
+    root_of,
+    stepping_optimizer_state,
+    trace_assignment,
+)
 from .layout import model_devices, module_groups
 from .mismatch_text import is_device_mismatch, op_from_expression, op_from_message
 
@@ -57,7 +67,8 @@ class MismatchReport:
                  + f": {self._summary()}."]
         lines += [f"  {t.describe()}" for t in self.tensors]
         if self.optimizer_state:
-            lines.append("  optimizer state on another device than its parameter: " + "; ".join(self.optimizer_state[:4])
+            lines.append("  optimizer state on another device than its parameter: "
+                         + "; ".join(self.optimizer_state[:4])
                          + (f"; and {len(self.optimizer_state) - 4} more" if len(self.optimizer_state) > 4 else ""))
         shown = {self.site, self.user_site}
         chain = [c for c in self.calls if c not in shown]

@@ -25,9 +25,10 @@ measures both).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from contextlib import ContextDecorator
 from types import TracebackType
-from typing import Any, Mapping, Union
+from typing import Any
 
 import torch
 
@@ -42,7 +43,7 @@ from .patches import PatchSet
 from .strict_config import ACTIONS, Action, StrictConfig
 
 ENV = "TORCHPLACE_STRICT"
-Check = Union[bool, str, None]
+Check = bool | str | None
 
 _PATCHES = PatchSet(lambda: placement_check.patches() + autocast_check.patches() + leak_check.patches())
 _BOUNDARY = PatchSet(boundary.patches)
@@ -58,10 +59,10 @@ class Strict(ContextDecorator):
         self._sync_mode: int | None = None
         self._factories: FactoryCheck | None = None
 
-    def _recreate_cm(self) -> "Strict":  # a decorated function gets a fresh context per call
+    def _recreate_cm(self) -> Strict:  # a decorated function gets a fresh context per call
         return Strict(self.config)
 
-    def __enter__(self) -> "Strict":
+    def __enter__(self) -> Strict:
         strict_config.push(self.config)
         _PATCHES.acquire()
         if self.config.leaks:

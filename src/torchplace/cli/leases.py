@@ -10,7 +10,8 @@ from .options import add_json, add_snapshot, print_json
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("leases", help="list the GPUs leased by torchplace processes and their holders")
     p.add_argument("--all", action="store_true", help="also list lease files nobody holds now")
-    p.add_argument("--dir", metavar="DIR", help="lease directory (default $TORCHPLACE_LEASE_DIR or /tmp/torchplace-leases)")
+    p.add_argument("--dir", metavar="DIR",
+                   help="lease directory (default $TORCHPLACE_LEASE_DIR or /tmp/torchplace-leases)")
     add_snapshot(p, "name GPUs from a captured snapshot instead of this machine")
     p.add_argument("--no-gpu-names", action="store_true", help="do not ask NVML for GPU indices and names")
     add_json(p)

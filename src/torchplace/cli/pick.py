@@ -9,9 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .options import add_json, add_snapshot, print_json
-
 from ..units import format_bytes
+from .options import add_json, add_snapshot, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,10 +19,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "processes, skipping GPUs leased by torchplace processes. Prints "
                                    "the CUDA_VISIBLE_DEVICES value (UUIDs). Holds no lease: use "
                                    "`torchplace run` to keep GPUs for a command.")
-    p.add_argument("--count", "-n", default="1", metavar="N", help="how many GPUs, or 'auto' for all free ones (default 1)")
+    p.add_argument("--count", "-n", default="1", metavar="N",
+                   help="how many GPUs, or 'auto' for all free ones (default 1)")
     p.add_argument("--min-free-memory", metavar="SIZE", help="skip GPUs with less free memory, e.g. 20GiB")
     p.add_argument("--max-utilization", type=int, metavar="PCT", help="skip GPUs busier than PCT percent")
-    p.add_argument("--wait", metavar="DURATION", help="wait this long for GPUs to become free, e.g. 10m (default: no wait)")
+    p.add_argument("--wait", metavar="DURATION",
+                   help="wait this long for GPUs to become free, e.g. 10m (default: no wait)")
     add_snapshot(p, "decide on a captured snapshot instead of this machine")
     add_json(p, "print the choice and the reasons as JSON")
     p.add_argument("--explain", action="store_true", help="also print why each GPU was or was not chosen (stderr)")

@@ -179,7 +179,10 @@ def _machine_lines(facts: Any) -> list[str]:
     cpus = None
     if host.cpu_count is not None:
         cpus = f"{host.usable_cpus} of {host.cpu_count}"
-    bytes_or_none = (lambda n: None if n is None else format_bytes(n, "GiB"))
+
+    def bytes_or_none(n: int | None) -> str | None:
+        return None if n is None else format_bytes(n, "GiB")
+
     first, missing = _known(("python", v.python), ("torch", v.torch or ("not installed" if live else None)),
                             ("built with CUDA", v.torch_cuda or ("none" if v.torch else None)),
                             ("cuDNN", v.cudnn), ("NCCL", v.nccl))

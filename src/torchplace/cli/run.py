@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "GPU 3 alone), auto (every free GPU), or none (CPU processes)")
     p.add_argument("--nproc", type=int, metavar="N", help="processes per node with --gpus none (default 1)")
     p.add_argument("--once", action="store_true",
-                   help="run CMD once even with several GPUs (DataParallel, or a program that spawns its own processes)")
+                   help="run CMD once even with several GPUs "
+                        "(DataParallel, or a program that spawns its own processes)")
     p.add_argument("--wait", metavar="DURATION", help="wait this long for free GPUs, e.g. 10m (default: no wait)")
     p.add_argument("--min-free-memory", metavar="SIZE", help="only GPUs with this much free memory, e.g. 20GiB")
     p.add_argument("--max-utilization", type=int, metavar="PCT", help="only GPUs at most PCT percent busy")

@@ -7,7 +7,6 @@ Indices here are *physical* (NVML's, which is nvidia-smi's and PCI bus order).
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -139,7 +138,7 @@ class Topology:
         return {"schema": SCHEMA_VERSION, **data}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "snapshot") -> "Topology":
+    def from_dict(cls, data: dict[str, Any], source: str = "snapshot") -> Topology:
         """The topology a snapshot describes; SnapshotError naming the field for any value of the wrong type."""
         if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
             raise SnapshotError(f"{source}: a snapshot needs a top-level object with a 'gpus' list. "
@@ -151,7 +150,8 @@ class Topology:
         try:
             gpus = [safeio.build(GpuRecord, snapshot_keys.upgrade(raw, snapshot_keys.GPU), f"gpus[{i}]")
                     for i, raw in enumerate(data["gpus"])]
-            links = [safeio.build(Link, item, f"links[{i}]") for i, item in enumerate(_list(data.get("links"), "links"))]
+            links = [safeio.build(Link, item, f"links[{i}]")
+                     for i, item in enumerate(_list(data.get("links"), "links"))]
             fields_ = {k: safeio.build(_Strings, {"value": data.get(k)}, k).value
                        for k in ("driver_version", "cuda_driver_version", "nvml_error", "captured_at", "hostname")}
         except ValueError as exc:

@@ -258,7 +258,8 @@ def _nbytes(t: torch.Tensor) -> int:
         return 0
 
 
-_GROWS = r"(\[[^\]]*\]\s*=[^=]|\.(append|appendleft|add|extend|update|insert|setdefault|put)\(|\s*\+=|\s*=\s*torch\.(cat|stack))"
+_GROWS = (r"(\[[^\]]*\]\s*=[^=]|\.(append|appendleft|add|extend|update|insert|setdefault|put)\("
+          r"|\s*\+=|\s*=\s*torch\.(cat|stack))")
 
 
 def _growth_line(name: str, origin: Any, frames: list[types.FrameType]) -> str | None:

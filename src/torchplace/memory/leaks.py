@@ -14,7 +14,8 @@ graph-holding tensors piled up (the classic `losses.append(loss)`), and names th
 holds them. When memory grew, it also compares what each holder (dict, list, deque, object
 attribute) held at the baseline with what it holds at the end (two heap walks, never in
 `step()`), and names those that grew by the user's name: "dict `seen` (train.py:42) grew by
-224.0 MiB: 28 tensor(s) of 8.0 MiB added (cpu)". A leak warns (`MemoryLeakWarning`) or, under strict mode, raises `MemoryLeakError`.
+224.0 MiB: 28 tensor(s) of 8.0 MiB added (cpu)". A leak warns (`MemoryLeakWarning`) or, under
+strict mode, raises `MemoryLeakError`.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from typing import Any
 
 import torch
 
-from ..errors import MemoryLeakError, MemoryLeakWarning
 from ..checks.strict_config import should_raise
+from ..errors import MemoryLeakError, MemoryLeakWarning
 from ..placement.resolve import DeviceSpec
 from ..units import format_bytes
 from .holders import Growth, Holding, grown, holdings, name_holder, user_frames
@@ -75,7 +76,7 @@ class MemoryTracker:
         self._holdings: dict[int, Holding] = {}
         self._frame: Any = None  # the frame of the `with` block: its variables name the holders
 
-    def __enter__(self) -> "MemoryTracker":
+    def __enter__(self) -> MemoryTracker:
         self._frame = sys._getframe(1)
         if self.record_origins:
             # Python frames only: origins are user lines, and C++ stacks are symbolised by a pool of

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, TypeAlias
 
 import torch
 
@@ -20,7 +20,7 @@ from ..hardware.accelerator import accelerator
 from ..hardware.topology import Topology
 from ..hardware.visible import VisibleMap, map_visible
 
-DeviceSpec = Union[str, int, torch.device, None]
+DeviceSpec: TypeAlias = str | int | torch.device | None
 
 _FORMS = ('"auto", "cpu", "meta", "cuda", "cuda:N", an int N, a torch.device, "physical:N", '
           'a GPU UUID or unique prefix ("GPU-..."), or another accelerator ("mps", "xpu:0", ...)')
@@ -41,7 +41,7 @@ class Machine:
     notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def live(cls) -> "Machine":
+    def live(cls) -> Machine:
         visible = map_visible()
         has_cuda = torch.backends.cuda.is_built() if hasattr(torch.backends, "cuda") else False
         notes: list[str] = []
@@ -54,7 +54,7 @@ class Machine:
 
     @classmethod
     def from_topology(cls, topology: Topology, cuda_visible_devices: str | None = None,
-                      cuda_device_order: str | None = None, local_rank: int | None = None) -> "Machine":
+                      cuda_device_order: str | None = None, local_rank: int | None = None) -> Machine:
         """A machine as a snapshot describes it, under the given environment values."""
         visible = map_visible(cuda_visible_devices, topology, cuda_device_order)
         return cls(visible.count, visible, True, local_rank)

@@ -30,7 +30,8 @@ def main(maker: str, outdir: Path) -> None:
     value = torch.tensor([float(info.rank + 1)])
     dist.all_reduce(value)
     report = tpdist.health_check(timeout=30)
-    (outdir / f"rank{info.rank}.json").write_text(json.dumps({"rank": info.rank, "world_size": info.world_size, "adopted": info.adopted,
+    (outdir / f"rank{info.rank}.json").write_text(json.dumps({
+                      "rank": info.rank, "world_size": info.world_size, "adopted": info.adopted,
                       "backend": info.backend, "device": str(info.device), "setup_rank": again.rank,
                       "setup_device": str(again.device), "all_reduce": value.item(),
                       "health_world": report.world_size}))
