@@ -112,7 +112,8 @@ def test_a_service_that_is_not_a_store_at_the_master_address_is_named(group, rep
     env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(server.getsockname()[1])}
     try:
-        with pytest.raises(DistributedError, match=r"is not a torch.distributed rendezvous store.*Fix: set MASTER_PORT"):
+        with pytest.raises(DistributedError,
+                           match=r"is not a torch.distributed rendezvous store.*Fix: set MASTER_PORT"):
             tdist.init(env=env, join_timeout=1 if reply is None else 2)
     finally:
         stop.set()
@@ -126,7 +127,8 @@ def test_a_service_that_is_not_a_store_at_the_master_address_is_named(group, rep
 def test_a_device_this_build_lacks_is_named(group):
     if torch.cuda.is_available():
         pytest.skip("this build has CUDA")
-    with pytest.raises(DistributedError, match=r"device='cuda:0' was asked for, but this torch build sees no accelerator"):
+    with pytest.raises(DistributedError,
+                       match=r"device='cuda:0' was asked for, but this torch build sees no accelerator"):
         tdist.init(env={}, device="cuda:0")
 
 
@@ -197,6 +199,12 @@ def test_two_launchers_join_by_c10d_rendezvous(scripts, child_env):
     assert [r["rank"] for r in ranks] == [0, 1]
     assert sorted(r["node_rank"] for r in ranks) == [0, 1]
     assert all(r["world_size"] == 2 and r["local_rank"] == 0 and r["all_reduce"] == 3.0 for r in ranks)
+    assert all((r["attempt"], r["restarted"]) == (0, False) for r in ranks)
+    for r in ranks:  # doctor inside the job shows where this rank stands and where the ranks meet
+        [finding] = r["doctor"]
+        assert finding["title"] == (f"Inside a distributed job started by torchrun: rank {r['rank']} of 2, "
+                                    f"node {r['node_rank']} of 2, local rank 0 of 1")
+        assert "torchrun's agent hosts it and keeps it across restarts" in finding["detail"]
 
 
 # --------------------------------------------------------------------------- ranks started by hand

@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Sequence
+from typing import Any, NoReturn
 
 from ..errors import DistributedError, TorchplaceError
+from ..hardware.launch_env import torchrun_options_from_slurm
 from .pick import Picked, pick_request
 from .pick_decision import PickRequest
 
@@ -39,7 +41,10 @@ _LAUNCHER_MODULES = {"torch.distributed.run": "torchrun", "torch.distributed.lau
 
 
 def launcher_in(cmd: Sequence[str]) -> str | None:
-    """The launcher CMD starts (torchrun, `accelerate launch`, deepspeed, `python -m torch.distributed.run`), or None."""
+    """The launcher CMD starts, or None.
+
+    Launchers: torchrun, `accelerate launch`, deepspeed, `python -m torch.distributed.run`.
+    """
     if not cmd:
         return None
     program = os.path.basename(cmd[0])
@@ -63,7 +68,7 @@ class GpuRequest:
     none: bool = False
 
     @classmethod
-    def parse(cls, text: str | int) -> "GpuRequest":
+    def parse(cls, text: str | int) -> GpuRequest:
         """``2`` = two GPUs; ``0,2`` or ``3,`` or ``GPU-5e3f...`` = those GPUs (physical index
         or UUID); ``auto`` = every GPU that is free now; ``none`` = no GPU (CPU processes)."""
         raw = str(text).strip()
@@ -134,6 +139,12 @@ def plan(cmd: Sequence[str], *, gpus: str | int | GpuRequest = 1, nproc: int | N
     changes: dict[str, str] = {}
     picked = None
     notes: list[str] = []
+    if not once and not any(k in torchrun for k in _MULTINODE_OPTIONS):
+        slurm, sources = torchrun_options_from_slurm()
+        if slurm:  # srun started this launcher once per node: make them one job
+            torchrun.update(slurm)
+            notes.append("SLURM job over several nodes: " + ", ".join(
+                f"--{k.replace('_', '-')} {v} ({sources[k]})" for k, v in slurm.items()))
     if request.none:
         changes["CUDA_VISIBLE_DEVICES"] = ""
         count = nproc or 1

@@ -7,8 +7,9 @@ never raises (the runner turns an exception into an 'internal' finding), and sta
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -16,6 +17,7 @@ SEVERITIES = ("error", "warning", "info")
 CHECK_MODULES = (
     "torchplace.doctor.checks_gpu",
     "torchplace.doctor.checks_host",
+    "torchplace.doctor.checks_launch",
     "torchplace.doctor.checks_policy",
 )
 

@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from ..errors import DistributedError
 
 #: Variables torchrun sets for each worker (the ones this module reads).
-TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                  "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
                  "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE")
 #: Variables srun sets for each task (the ones this module reads).
-SLURM_VARS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NODEID",
-              "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_STEP_NODELIST",
-              "SLURM_JOB_NODELIST", "SLURM_JOB_ID")
+SLURM_VARS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NODEID", "SLURM_NNODES",
+              "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_STEP_TASKS_PER_NODE",
+              "SLURM_TASKS_PER_NODE", "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_JOB_ID")
 
 
 def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -97,6 +97,7 @@ class LaunchEnv:
     master_addr: str | None = None
     master_port: int | None = None
     restart_count: int = 0
+    nnodes: int | None = None
     run_id: str | None = None
     use_agent_store: bool = False
     variables: dict[str, str] = field(default_factory=dict)
@@ -138,6 +139,7 @@ def _read_torchrun(e: Mapping[str, str]) -> LaunchEnv:
         master_addr=e.get("MASTER_ADDR") or None,
         master_port=port,
         restart_count=_int_var(e, "TORCHELASTIC_RESTART_COUNT") or 0,
+        nnodes=_int_var(e, "GROUP_WORLD_SIZE"),
         run_id=e.get("TORCHELASTIC_RUN_ID") or None,
         use_agent_store=e.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
         variables=variables,
@@ -156,6 +158,25 @@ def _read_slurm(e: Mapping[str, str]) -> LaunchEnv:
             local_world = counts[node]
         elif len(set(counts)) == 1:
             local_world = counts[0]
+    addr, port = _slurm_rendezvous(e, derived)
+    return LaunchEnv(
+        launcher="slurm",
+        rank=_int_var(e, "SLURM_PROCID"),
+        world_size=_int_var(e, "SLURM_NTASKS"),
+        local_rank=_int_var(e, "SLURM_LOCALID"),
+        local_world_size=local_world,
+        node_rank=node,
+        nnodes=slurm_nnodes(e),
+        master_addr=addr,
+        master_port=port,
+        variables=variables,
+        derived=derived,
+    )
+
+
+def _slurm_rendezvous(e: Mapping[str, str], derived: dict[str, str]) -> tuple[str | None, int | None]:
+    """MASTER_ADDR and MASTER_PORT for a SLURM job: as set, else the node list's first host and a
+    port from the job id (the same on every task, so no task has to tell the others)."""
     addr = e.get("MASTER_ADDR") or None
     if addr is None:
         nodelist = e.get("SLURM_STEP_NODELIST") or e.get("SLURM_JOB_NODELIST")
@@ -167,18 +188,54 @@ def _read_slurm(e: Mapping[str, str]) -> LaunchEnv:
     if port is None and job is not None:
         port = 15000 + job % 20000  # the same on every task of the job, away from 29500
         derived["MASTER_PORT"] = f"15000 + SLURM_JOB_ID % 20000 (SLURM_JOB_ID={job})"
-    return LaunchEnv(
-        launcher="slurm",
-        rank=_int_var(e, "SLURM_PROCID"),
-        world_size=_int_var(e, "SLURM_NTASKS"),
-        local_rank=_int_var(e, "SLURM_LOCALID"),
-        local_world_size=local_world,
-        node_rank=node,
-        master_addr=addr,
-        master_port=port,
-        variables=variables,
-        derived=derived,
-    )
+    return addr, port
+
+
+def slurm_nnodes(env: Mapping[str, str] | None = None) -> int | None:
+    """The nodes of this SLURM step (SLURM_STEP_NUM_NODES, else SLURM_NNODES / SLURM_JOB_NUM_NODES,
+    else the length of the node list), or None outside SLURM."""
+    e = _env(env)
+    for name in ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"):
+        value = _int_var(e, name)
+        if value is not None:
+            return value
+    nodelist = e.get("SLURM_STEP_NODELIST") or e.get("SLURM_JOB_NODELIST")
+    return len(expand_nodelist(nodelist)) if nodelist else None
+
+
+def torchrun_options_from_slurm(env: Mapping[str, str] | None = None) -> tuple[dict[str, str], dict[str, str]]:
+    """torchrun's multi-node options for a program that srun started once per node.
+
+    `srun --ntasks-per-node=1 torchplace run --gpus 4 -- python train.py` runs one launcher per
+    node; each needs the same --nnodes, a c10d rendezvous on one host and the same --rdzv-id.
+    Returns (options by torchrun's name, where each came from); ({}, {}) outside a SLURM job, on
+    one node, or when srun started more tasks than nodes (then each task is a rank of its own,
+    which `torchplace.dist.init()` reads from SLURM_PROCID).
+    """
+    e = _env(env)
+    if e.get("SLURM_JOB_ID") is None or e.get("SLURM_PROCID") is None:
+        return {}, {}
+    nnodes = slurm_nnodes(e)
+    ntasks = _int_var(e, "SLURM_NTASKS")
+    if nnodes is None or nnodes <= 1:
+        return {}, {}
+    if ntasks is not None and ntasks != nnodes:
+        return {}, {}  # srun started every rank itself (or one per GPU): each task is a rank, not a launcher
+    derived: dict[str, str] = {}
+    addr, port = _slurm_rendezvous(e, derived)
+    if addr is None or port is None:
+        raise DistributedError(
+            f"This SLURM job spans {nnodes} nodes, but neither MASTER_ADDR nor a node list "
+            "(SLURM_STEP_NODELIST / SLURM_JOB_NODELIST) names a host for the rendezvous, or SLURM_JOB_ID "
+            "is missing for its port. Fix: export MASTER_ADDR=$(scontrol show hostnames | head -n1) and "
+            "MASTER_PORT in the sbatch script.")
+    options = {"nnodes": str(nnodes), "rdzv_backend": "c10d", "rdzv_endpoint": f"{addr}:{port}",
+               "rdzv_id": f"slurm-{e['SLURM_JOB_ID']}"}
+    sources = {"nnodes": "SLURM_NNODES", "rdzv_backend": "c10d: elastic, survives restarts",
+               "rdzv_endpoint": f"{derived.get('MASTER_ADDR', 'MASTER_ADDR')}; port: "
+                                f"{derived.get('MASTER_PORT', 'MASTER_PORT')}",
+               "rdzv_id": "SLURM_JOB_ID"}
+    return options, sources
 
 
 _TASKS_RE = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
@@ -197,15 +254,61 @@ def parse_tasks_per_node(value: str) -> list[int]:
     return out
 
 
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Expand SLURM's compressed host list: ``"node[01-03,07],gpu5"`` -> ``["node01", "node02",
+    "node03", "node07", "gpu5"]``. Zero padding follows each range's start; several bracket groups
+    in one name (``"r[1-2]n[1-2]"``) expand like scontrol show hostnames does."""
+    hosts: list[str] = []
+    for item in _split_top(nodelist.strip()):
+        if item:
+            hosts.extend(_expand_name(item, nodelist))
+    return hosts
+
+
+def _split_top(text: str) -> list[str]:
+    """Split at commas outside brackets."""
+    parts, depth, current = [], 0, []
+    for ch in text:
+        if ch == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+            continue
+        depth += (ch == "[") - (ch == "]")
+        current.append(ch)
+    parts.append("".join(current).strip())
+    return parts
+
+
+def _expand_name(item: str, whole: str) -> list[str]:
+    m = re.match(r"^([^\[\]]*)\[([^\[\]]*)\](.*)$", item)
+    if not m:
+        if "[" in item or "]" in item:
+            raise DistributedError(f"SLURM node list {whole!r} has an unbalanced bracket in {item!r}. Fix: set "
+                                   "MASTER_ADDR to the first node's host name.")
+        return [item]
+    prefix, ranges, rest = m.groups()
+    out: list[str] = []
+    for part in ranges.split(","):
+        bounds = part.strip().split("-")
+        if not all(b.isascii() and b.isdigit() for b in bounds) or len(bounds) > 2:
+            raise DistributedError(f"SLURM node list {whole!r} has an unreadable range {part!r}; expected "
+                                   "ranges like node[01-03,07]. Fix: set MASTER_ADDR to the first node's host name.")
+        low, high = int(bounds[0]), int(bounds[-1])
+        if high < low or high - low > 100_000:
+            raise DistributedError(f"SLURM node list {whole!r} has the range {part!r}, which is empty or too "
+                                   "long. Fix: set MASTER_ADDR to the first node's host name.")
+        width = len(bounds[0])
+        for number in range(low, high + 1):
+            out.extend(prefix + str(number).zfill(width) + tail for tail in _expand_name(rest, whole))
+    return out
+
+
 def first_host(nodelist: str) -> str:
     """The first host of a SLURM node list: ``"gpu[07-09,12],cpu1"`` -> ``"gpu07"``."""
-    head = nodelist.strip()
-    bracket, comma = head.find("["), head.find(",")
-    if bracket == -1 or (comma != -1 and comma < bracket):
-        return head.split(",")[0]
-    prefix, rest = head[:bracket], head[bracket + 1:]
-    first = re.split(r"[,\]]", rest, maxsplit=1)[0]
-    return prefix + first.split("-")[0]
+    hosts = expand_nodelist(nodelist)
+    if not hosts:
+        raise DistributedError(f"SLURM node list {nodelist!r} names no host. Fix: set MASTER_ADDR.")
+    return hosts[0]
 
 
 def _bad_host(addr: str) -> str | None:

@@ -18,7 +18,6 @@ import torch.distributed as dist
 import torchplace
 
 
-
 def say(record: dict) -> None:
     """One JSON line in one write(), so lines of ranks sharing a pipe never interleave."""
     os.write(1, (json.dumps(record) + "\n").encode())
@@ -57,6 +56,10 @@ record["health_world"] = torchplace.dist.health_check(timeout=30).world_size
 report = torchplace.dist.stragglers([0.1, 0.1] if info.rank != 1 else [0.3, 0.5])
 record["slow_ranks"] = report.slow_ranks
 record["step_times"] = report.step_times_s
+record["attempt"], record["restarted"] = info.attempt, info.restarted
+from torchplace.doctor.diagnose import diagnose  # what `torchplace doctor` reports inside the job
+
+record["doctor"] = [f.to_dict() for f in diagnose().findings if f.id.startswith("launch.")]
 say(record)
 torchplace.dist.teardown()
 if len(sys.argv) > 3 and info.rank == int(sys.argv[2]):

@@ -1,0 +1,58 @@
+"""Doctor checks about the distributed job this process is in: the rendezvous, read from the
+launcher's variables (torchrun's, SLURM's) through `hardware.launch_env`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import DistributedError
+from ..hardware.launch_env import LaunchEnv, check as check_launch_env, read_launch_env
+from .registry import Finding, check
+
+if TYPE_CHECKING:
+    from ..hardware.facts import Facts
+
+_LAUNCHERS = {"torchrun": "torchrun", "slurm": "srun (SLURM)", "env": "RANK/WORLD_SIZE set by hand or another launcher"}
+
+
+def _where(launch: LaunchEnv) -> str:
+    node = f"node {launch.node_rank}" + (f" of {launch.nnodes}" if launch.nnodes else "") \
+        if launch.node_rank is not None else "node ?"
+    local = (f"local rank {launch.local_rank}" + (f" of {launch.local_world_size}" if launch.local_world_size else "")
+             if launch.local_rank is not None else "no local rank")
+    return f"rank {launch.rank} of {launch.world_size}, {node}, {local}"
+
+
+def _store(launch: LaunchEnv) -> str:
+    addr = f"{launch.master_addr}:{launch.master_port}"
+    derived = "; ".join(f"{name} from the {how}" for name, how in launch.derived.items())
+    if launch.launcher == "torchrun":
+        host = ("torchrun's agent hosts it and keeps it across restarts" if launch.use_agent_store
+                else "rank 0 hosts it")
+        restarts = launch.variables.get("TORCHELASTIC_MAX_RESTARTS")
+        return (f"rendezvous store {addr} ({host}); run id {launch.run_id}; restart {launch.restart_count}"
+                + (f" of at most {restarts}" if restarts else ""))
+    return f"rendezvous store {addr} (rank 0 hosts it)" + (f"; {derived}" if derived else "")
+
+
+@check
+def check_rendezvous(facts: Facts) -> list[Finding]:
+    """Inside a job: where this process stands and where the ranks meet; an inconsistent launch is an error."""
+    try:
+        launch = read_launch_env(facts.env)
+    except DistributedError as exc:
+        return [Finding("launch.unreadable", "error", "The launcher's variables cannot be read", str(exc))]
+    if not launch.launched:
+        return []
+    try:
+        check_launch_env(launch)
+    except DistributedError as exc:
+        return [Finding("launch.inconsistent", "error", f"The {launch.launcher} launch environment is inconsistent",
+                        str(exc))]
+    title = f"Inside a distributed job started by {_LAUNCHERS.get(launch.launcher or '', launch.launcher)}: " \
+            f"{_where(launch)}"
+    fix = ""
+    if (launch.world_size or 1) > 1 and launch.master_addr in ("localhost", "127.0.0.1") and (launch.nnodes or 1) > 1:
+        fix = ("Across hosts the rendezvous address must name rank 0's host as the other nodes see it, not "
+               "localhost. Fix: --rdzv-endpoint HOST:PORT with rank 0's host name.")
+    return [Finding("launch.rendezvous", "warning" if fix else "info", title, _store(launch) + ".", fix)]
