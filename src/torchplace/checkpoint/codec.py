@@ -59,6 +59,17 @@ def _path_str(path: tuple[Any, ...]) -> str:
     return "/".join(str(p) for p in path)
 
 
+def _visible_storage(t: torch.Tensor) -> bool:
+    """True when T's storage is one torch can point at (not XLA's, nor a Python back end's wrapper)."""
+    if not torch._C._has_storage(t):
+        return False
+    try:
+        t.untyped_storage().data_ptr()
+    except RuntimeError:  # "Attempted to access the data pointer on an invalid python storage"
+        return False
+    return True
+
+
 class _Encoder:
     def __init__(self, allow_pickle: bool) -> None:
         self.allow_pickle = allow_pickle
@@ -75,6 +86,10 @@ class _Encoder:
 
     def tensor(self, t: torch.Tensor, path: tuple[Any, ...]) -> str:
         t = t.detach()
+        if t.device.type not in ("cpu", "meta") and not _visible_storage(t):
+            # a back end that keeps no storage torch can see (XLA, a PrivateUse1 back end written in
+            # Python): its data is read through the host, as torch.save does for such tensors
+            t = t.cpu()
         if t.layout != torch.strided or t.is_quantized or t.is_nested \
                 or type(t) is not torch.Tensor:  # subclasses (DTensor, ...) and exotic layouts
             raise TypeError("not a plain dense tensor")

@@ -6,7 +6,8 @@ captured only when CUDA is already initialized (if it is not, nothing has drawn 
 Restoring does what makes sense on this machine and reports the rest: the saved generator of the
 device the model ran on goes to the device it runs on now (cuda:1 on the big box -> cuda:0 on the
 small one); other devices' generators, and all of them on a machine without CUDA, are skipped
-with the reason.
+with the reason. Another accelerator's generators (xpu, a vendor's npu) are kept the same way,
+under its device type, through its device module.
 """
 
 from __future__ import annotations
@@ -17,13 +18,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..hardware.accelerator import accelerator_type, device_module
+
 
 def capture() -> dict[str, Any]:
-    """The current states: python, numpy, cpu, and cuda (one per device) when CUDA is running."""
+    """The current states: python, numpy, cpu, and the accelerator's (one per device) when it is running:
+    "cuda", or the type of another back end ("xpu", a vendor's "npu" ...)."""
     state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
                              "cpu": torch.get_rng_state()}
-    if torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_initialized():  # cuda-only: beside another accelerator, CUDA may run too (and is asked first)
+        state["cuda"] = torch.cuda.get_rng_state_all()  # cuda-only: as above
+    kind = accelerator_type()
+    mod = device_module(kind) if kind not in (None, "cuda") else None
+    if mod is not None and hasattr(mod, "get_rng_state_all") and getattr(mod, "is_initialized", lambda: True)():
+        state[kind] = mod.get_rng_state_all()
     return state
 
 
@@ -44,28 +52,37 @@ def restore(state: dict[str, Any], device: torch.device, saved_device: str | Non
             skipped[name] = f"the saved state is not a {name} generator state ({type(exc).__name__}: {exc})"[:300]
         else:
             restored.append(name)
-    saved = state.get("cuda")
+    for kind in [k for k in state if k not in ("python", "numpy", "cpu")]:
+        _restore_device(kind, state[kind], device, saved_device, restored, skipped)
+    return restored, skipped
+
+
+def _restore_device(kind: str, saved: Any, device: torch.device, saved_device: str | None,
+                    restored: list[str], skipped: dict[str, str]) -> None:
+    """The generator of the device the model ran on (of back end KIND) onto DEVICE, if it is one of KIND."""
+    label = "CUDA" if kind == "cuda" else kind
     saved = [] if saved is None else saved
     if not isinstance(saved, (list, tuple)) or not all(isinstance(s, torch.Tensor) for s in saved):
-        skipped["cuda"] = "the saved CUDA generator states are not a list of tensors"
-        return restored, skipped
+        skipped[kind] = f"the saved {label} generator states are not a list of tensors"
+        return
     if not saved:
-        return restored, skipped
-    names = [f"cuda:{i}" for i in range(len(saved))]
-    if device.type != "cuda":
+        return
+    names = [f"{kind}:{i}" for i in range(len(saved))]
+    mod = device_module(kind)
+    usable = mod is not None and hasattr(mod, "set_rng_state") and mod.is_available()
+    if device.type != kind or not usable:
         for name in names:
-            skipped[name] = (f"loading onto {device}; pass device='cuda:N' (or a model on a GPU) to restore it"
-                             if torch.cuda.is_available() else "this machine has no usable CUDA device")
-        return restored, skipped
-    here = device.index if device.index is not None else torch.cuda.current_device()
+            skipped[name] = (f"loading onto {device}; pass device='{kind}:N' (or a model on a {label} device) to "
+                             f"restore it" if usable else f"this machine has no usable {label} device")
+        return
+    here = device.index if device.index is not None else int(mod.current_device())
     src = here
-    if saved_device and saved_device.startswith("cuda:"):
+    if saved_device and saved_device.startswith(f"{kind}:"):
         src = int(saved_device.split(":", 1)[1])
     if src >= len(saved):
         src = min(here, len(saved) - 1)
-    torch.cuda.set_rng_state(saved[src].cpu(), here)
-    restored.append(f"cuda:{here}" + (f" (saved from cuda:{src})" if src != here else ""))
+    mod.set_rng_state(saved[src].cpu(), here)
+    restored.append(f"{kind}:{here}" + (f" (saved from {kind}:{src})" if src != here else ""))
     for i, name in enumerate(names):
         if i != src:
-            skipped[name] = f"this run uses cuda:{here}, which got the generator of cuda:{src} (where the model was)"
-    return restored, skipped
+            skipped[name] = f"this run uses {kind}:{here}, which got the generator of {kind}:{src} (where the model was)"

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 import torch
 
 from ..errors import CheckpointError
+from ..hardware.accelerator import device_module
 from .format import CHUNK_BYTES, DAMAGED_FIX, Header, TensorEntry
 
 
@@ -93,7 +94,7 @@ class _Staging:
         if streams is None:
             streams = self._local.streams = {}
         if device not in streams:  # callers synchronize the device first, so no ordering is needed here
-            streams[device] = torch.cuda.Stream(device=device)
+            streams[device] = torch.cuda.Stream(device=device)  # cuda-only: only CUDA pieces use streams (_copy_pieces)
         return streams[device]
 
 
@@ -130,28 +131,34 @@ def _copy_pieces(pieces: list[_Piece], flat: dict[str, torch.Tensor], buf: torch
     for p in pieces:
         tensor, place = flat[p.entry.key][p.lo:p.hi], buf[p.at:p.at + p.hi - p.lo]
         dst, src = (place, tensor) if into_buffer else (tensor, place)
-        if tensor.device.type == "cuda":
+        if tensor.device.type == "cuda":  # cuda-only: chunk copies overlapped on side streams were measured on CUDA; other back ends copy synchronously
             s = staging.stream(tensor.device)
             used.add(s)
-            with torch.cuda.stream(s):
+            with torch.cuda.stream(s):  # cuda-only: see above
                 dst.copy_(src, non_blocking=True)
         else:
             dst.copy_(src)
     return used
 
 
-def _cuda_devices(tensors: Sequence[torch.Tensor]) -> set[torch.device]:
-    return {t.device for t in tensors if t.device.type == "cuda"}
+def _device_tensors(tensors: Sequence[torch.Tensor]) -> set[torch.device]:
+    """The accelerator devices among TENSORS (any back end): their bytes go through a host staging buffer."""
+    return {t.device for t in tensors if t.device.type not in ("cpu", "meta")}
+
+
+def _settle(devices: set[torch.device], chunk: int) -> _Staging | None:
+    """Wait for every device's queued work, and make the staging buffers (pinned where CUDA copies from them)."""
+    for dev in devices:
+        device_module(dev.type).synchronize(dev)
+    return _Staging(chunk, pinned=any(d.type == "cuda" for d in devices)) if devices else None
 
 
 def write_data(sink: Sink, data_offset: int, entries: Sequence[TensorEntry], tensors: dict[str, torch.Tensor],
                data_bytes: int, chunk: int, *, workers: int | None = None) -> list[str]:
     """Write every tensor's bytes at DATA_OFFSET + its offset; return each chunk's CRC-32 as hex."""
     flat = {e.key: byte_view(tensors[e.key]) for e in entries if e.nbytes}
-    devices = _cuda_devices(list(flat.values()))
-    for dev in devices:  # producers of these tensors have finished before any side stream reads them
-        torch.cuda.synchronize(dev)
-    staging = _Staging(chunk, pinned=True) if devices else None
+    # producers of these tensors have finished before any side stream reads them
+    staging = _settle(_device_tensors(list(flat.values())), chunk)
 
     def task(c0: int, c1: int, pieces: list[_Piece]) -> str:
         if staging is None:  # all on the CPU: write straight from the tensors' memory
@@ -230,10 +237,8 @@ def read_data(fd: int, header: Header, out: dict[str, torch.Tensor], *, workers:
     as torchplace's do) before its bytes reach a tensor."""
     crcs, chunk = _checksums(header)
     flat = {e.key: byte_view(out[e.key]) for e in header.entries if e.nbytes}
-    devices = _cuda_devices(list(flat.values()))
-    for dev in devices:  # memory handed out for OUT may still be in use by queued kernels of any stream
-        torch.cuda.synchronize(dev)
-    staging = _Staging(chunk, pinned=True) if devices else None
+    # memory handed out for OUT may still be in use by queued kernels of any stream
+    staging = _settle(_device_tensors(list(flat.values())), chunk)
     used_streams: list[Any] = []
     lock = threading.Lock()
     path, base = header.path, header.data_offset
@@ -261,7 +266,7 @@ def read_data(fd: int, header: Header, out: dict[str, torch.Tensor], *, workers:
     tasks = [partial(task, k, c0, c1, p) for k, c0, c1, p in _chunks(header.entries, header.data_bytes, chunk)]
     _run(tasks, workers or default_workers(header.data_bytes))
     for s in set(used_streams):  # later work on the current stream sees the loaded bytes
-        torch.cuda.current_stream(s.device).wait_stream(s)
+        torch.cuda.current_stream(s.device).wait_stream(s)  # cuda-only: the streams are CUDA's (_copy_pieces)
 
 
 def verify_data(fd: int, header: Header, *, workers: int | None = None) -> None:

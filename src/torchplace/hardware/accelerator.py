@@ -14,6 +14,8 @@ and never calls `accelerator()`; placement and distributed call it just before t
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def accelerator_type() -> str | None:
     """"cuda", "xpu", "mps", ... as this torch build was compiled for, or None; touches no driver."""
@@ -34,6 +36,59 @@ def accelerator() -> tuple[str | None, int]:
     acc = getattr(torch, "accelerator", None)
     if acc is not None and acc.is_available():
         return acc.current_accelerator().type, int(acc.device_count())
-    if torch.cuda.is_available():
-        return "cuda", torch.cuda.device_count()
+    if torch.cuda.is_available():  # cuda-only: a torch whose torch.accelerator cannot answer still has CUDA's own query
+        return "cuda", torch.cuda.device_count()  # cuda-only: as above
     return None, 0
+
+
+# -- what a back end offers, asked of its device module ---------------------------------------------
+# Every back end, CUDA or not, registers a device module (torch.cuda, torch.xpu, torch.mps, or a
+# vendor's torch.npu through torch._register_device_module); torch.accelerator delegates to it.
+# The questions below are asked of that module, so they hold for back ends torchplace never named.
+# Why not torch.accelerator.current_device_index()/set_device_index()? They go through the C++
+# device guard, which a back end written in Python cannot supply in torch 2.13 (its Python guard
+# always answers device 0); the device module answers on every back end.
+
+def device_module(device_type: str) -> Any:
+    """torch.<device_type> as torch registered it (torch.get_device_module), or None for cpu, meta, or
+    a type with no module."""
+    import torch
+
+    if device_type in ("cpu", "meta"):
+        return None
+    try:
+        return torch.get_device_module(device_type)
+    except (RuntimeError, ValueError, AttributeError):
+        return None
+
+
+def has_streams(device_type: str) -> bool:
+    """True when the back end has streams and events to overlap copies with compute (cuda, xpu, npu ...)."""
+    mod = device_module(device_type)
+    return mod is not None and all(hasattr(mod, name) for name in ("Stream", "Event", "current_stream", "stream"))
+
+
+def current_index(device_type: str) -> int | None:
+    """The thread's current device index of DEVICE_TYPE, or None where the back end has none or is not started
+    (asking does not start it)."""
+    mod = device_module(device_type)
+    if mod is None or not hasattr(mod, "current_device"):
+        return None
+    if not getattr(mod, "is_initialized", lambda: True)():
+        return None
+    return int(mod.current_device())
+
+
+_said: set[tuple[str, str]] = set()
+
+
+def say_once(device_type: str, feature: str, message: str) -> None:
+    """Warn (TorchplaceWarning) that DEVICE_TYPE lacks FEATURE and what torchplace does instead, once per process."""
+    import warnings
+
+    from ..errors import TorchplaceWarning
+
+    if (device_type, feature) in _said:
+        return
+    _said.add((device_type, feature))
+    warnings.warn(message, TorchplaceWarning, stacklevel=3)

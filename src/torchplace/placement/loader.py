@@ -19,13 +19,14 @@ from typing import Any, Callable, Generic, Iterable, Iterator, NamedTuple, Seque
 
 import torch
 
+from ..hardware.accelerator import device_module, has_streams, say_once
 from ._stage import Staged, Stager
 from .resolve import DeviceSpec
 from .transfer import target_device, to_device
 from .traverse import map_tensors
 
 T = TypeVar("T")
-_STREAMED = ("cuda", "xpu")  # device types with streams, events and record_stream
+_HOST_LIKE = ("cpu", "meta", "mps")  # nothing to overlap (host memory, no data, unified memory)
 _JOIN_S = 2.0  # how long close() waits for the worker thread
 
 
@@ -93,8 +94,13 @@ class DeviceLoader(Generic[T]):
     def __iter__(self) -> Iterator[T]:
         it = iter(self.loader)
         owned = it is not self.loader  # a fresh iterator nobody else holds: ours to close early
-        mod = getattr(torch, self.device.type, None)
-        streams = self.device.type in _STREAMED and mod is not None and mod.is_available()
+        kind = self.device.type
+        mod = device_module(kind)
+        streams = has_streams(kind) and mod.is_available()
+        if not streams and kind not in _HOST_LIKE:
+            say_once(kind, "streams", f"{kind} has no streams in this torch (its device module has no Stream and "
+                     "Event), so DeviceLoader copies each batch when the loop asks for it, and the copy does not "
+                     "overlap compute.")
         if not (streams if self.background is None else self.background):
             return _SyncIter(it, owned, self.device, self.transform)
         if not streams:

@@ -19,24 +19,16 @@ from typing import Any, Callable, TypeVar, overload
 import torch
 
 from ..errors import DeviceLeakError, DeviceLeakWarning
+from ..hardware.accelerator import accelerator_type, current_index, device_module
 from .resolve import DeviceSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _backend(device_type: str) -> Any:
-    """torch.<type> module of an indexed backend (cuda, xpu, mps, ...), or None."""
-    mod = getattr(torch, device_type, None)
+    """torch's device module of an indexed back end (cuda, xpu, a vendor's npu ...), or None."""
+    mod = device_module(device_type)
     return mod if mod is not None and hasattr(mod, "set_device") and hasattr(mod, "current_device") else None
-
-
-def current_index(device_type: str = "cuda") -> int | None:
-    """The thread's current device index, without initializing the backend (None if not started)."""
-    mod = _backend(device_type)
-    if mod is None:
-        return None
-    initialized = getattr(mod, "is_initialized", lambda: True)()
-    return int(mod.current_device()) if initialized else None
 
 
 class on(contextlib.ContextDecorator):
@@ -160,7 +152,7 @@ def leak_message(what: str, before: int | None, after: int, sites: list[str], de
     where = f"; the change was made at {sites[-1]}" if sites else ""
     return (f"{what} changed the current device from {start} to {device_type}:{after} and did not restore it"
             f"{where}. torchplace restored {start}. Fix: scope the change with `with torchplace.on(...)` or "
-            f"`with torch.cuda.device(...)`, or pass the device explicitly instead of setting it.")
+            f"`with torch.{device_type}.device(...)`, or pass the device explicitly instead of setting it.")
 
 
 class Guard(contextlib.ContextDecorator):
@@ -169,14 +161,15 @@ class Guard(contextlib.ContextDecorator):
     action: str
     device_type: str
 
-    def __init__(self, *, action: str = "warn", device_type: str = "cuda") -> None:
+    def __init__(self, *, action: str = "warn", device_type: str | None = None) -> None:
         if action not in ("warn", "raise"):
             raise ValueError(f"guard(action={action!r}): use 'warn' or 'raise'.")
-        self.action, self.device_type = action, device_type
+        # by default the accelerator this torch drives (cuda, xpu, a vendor's npu ...)
+        self.action, self.device_type = action, device_type or accelerator_type() or "cuda"
         self.what = "guarded block"
         self._local = threading.local()
 
-    def __call__(self, fn: F) -> F:  # type: ignore[override]
+    def __call__(self, fn: F) -> F:
         code = getattr(fn, "__code__", None)
         where = f" ({code.co_filename}:{code.co_firstlineno})" if code else ""
         self.what = f"{getattr(fn, '__qualname__', fn)}{where}"
@@ -205,14 +198,14 @@ class Guard(contextlib.ContextDecorator):
 
 
 @overload
-def guard(fn: F, *, action: str = ..., device_type: str = ...) -> F: ...
+def guard(fn: F, *, action: str = ..., device_type: str | None = ...) -> F: ...
 
 
 @overload
-def guard(fn: None = None, *, action: str = ..., device_type: str = ...) -> Guard: ...
+def guard(fn: None = None, *, action: str = ..., device_type: str | None = ...) -> Guard: ...
 
 
-def guard(fn: Callable[..., Any] | None = None, *, action: str = "warn", device_type: str = "cuda") -> Any:
+def guard(fn: Callable[..., Any] | None = None, *, action: str = "warn", device_type: str | None = None) -> Any:
     """Detect code that changes the current device without restoring it.
 
     On a leak the previous device is restored, then a `DeviceLeakWarning` is issued
@@ -221,7 +214,8 @@ def guard(fn: Callable[..., Any] | None = None, *, action: str = "warn", device_
     Args:
         fn: the function to guard when used as a bare decorator (`@guard`).
         action: "warn" (restore, then warn) or "raise" (restore, then raise).
-        device_type: the device type whose current device is watched (default "cuda").
+        device_type: the device type whose current device is watched (default: the accelerator this
+            torch drives, as torch.accelerator names it: "cuda", "xpu", a vendor's "npu" ...).
 
     Returns:
         The guarded function (as a decorator), or a context manager (`with guard(): ...`).

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import torch
 
 from ..errors import DeviceError
+from ..hardware.accelerator import accelerator_type, device_module, say_once
 from .resolve import DeviceSpec
 from .resolve import device as resolve_device
 from .traverse import _ATOMIC, _Tensor, _unchanged, _walk, map_tensors
@@ -56,7 +57,7 @@ def target_device(spec: DeviceSpec) -> torch.device:
 def _stable(text: str) -> bool:
     if text in ("cpu", "meta"):
         return True
-    return bool(_CUDA_INDEXED.match(text)) and torch.cuda.is_initialized()
+    return bool(_CUDA_INDEXED.match(text)) and torch.cuda.is_initialized()  # cuda-only: CUDA fixes its count at init; other back ends are resolved every call
 
 
 def to_device(obj: T, device: DeviceSpec, *, non_blocking: bool | None = None) -> T:
@@ -185,7 +186,9 @@ class _Mover:
                     out = t.to(dev, non_blocking=n)
                 except NotImplementedError:
                     _raise_if_meta(t, dev)
-                    raise
+                    if not n:
+                        raise
+                    out, n = _without_pinned_memory(t, dev), False
                 if n and (sync_dst or src_mps) and out is not t:
                     pending.add(t.device)
                 return out
@@ -201,7 +204,11 @@ class _Mover:
             if src.type == "mps" or self.dev.type == "mps":
                 torch.mps.synchronize()
             elif src.type != "cpu":
-                torch.get_device_module(src.type).current_stream(src).synchronize()
+                mod = device_module(src.type)
+                if hasattr(mod, "current_stream"):
+                    mod.current_stream(src).synchronize()
+                else:  # a back end without streams: the whole device
+                    mod.synchronize(src)
 
 
 def _other_to(x: Any, dev: torch.device, nb: bool) -> Any:
@@ -211,6 +218,15 @@ def _other_to(x: Any, dev: torch.device, nb: bool) -> Any:
     except TypeError:  # a .to() without a non_blocking keyword
         out = x.to(dev)
     return x if out is None else out
+
+
+def _without_pinned_memory(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """The copy again, synchronously: torch made a non-blocking copy to the host through pinned memory,
+    which this back end does not have (a PrivateUse1 back end without a pinned allocator)."""
+    kind = t.device.type if dev.type == "cpu" else dev.type
+    say_once(kind, "pinned memory", f"{kind} has no pinned host memory in this torch, so torchplace copies "
+             f"between {kind} and the host synchronously (non_blocking has no effect there).")
+    return t.to(dev)
 
 
 def _raise_if_meta(t: torch.Tensor, dev: torch.device) -> None:
@@ -232,10 +248,16 @@ def pin_tensor(t: torch.Tensor) -> torch.Tensor:
     """
     if t.device.type != "cpu" or t.is_pinned():
         return t
-    if _dense(t):
-        out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, pin_memory=True)
-    else:
-        out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    try:
+        if _dense(t):
+            out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, pin_memory=True)
+        else:
+            out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    except NotImplementedError:  # the accelerator's back end has no pinned memory allocator
+        kind = accelerator_type() or "this accelerator"
+        say_once(kind, "pinned memory", f"{kind} has no pinned host memory in this torch, so host tensors stay "
+                 "pageable and their copies to the device are synchronous.")
+        return t
     return out.copy_(t)
 
 
