@@ -15,6 +15,18 @@ def test_pick_prints_the_cuda_visible_devices_value(h200x2, h200x2_file, lease_d
     assert out.stdout.strip() in {g.uuid for g in h200x2.gpus}
 
 
+def test_pick_format_index_prints_nvidia_smi_indices(h200x2_file, lease_dir, run_cli, child_env):
+    env = child_env(TORCHPLACE_LEASE_DIR=str(lease_dir))
+    env.pop("CUDA_DEVICE_ORDER", None)
+    out = run_cli(["pick", "--snapshot", str(h200x2_file), "--count", "2", "--format", "index"], env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "0,1\n"
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in out.stderr  # the indices mean the same to CUDA only then
+    quiet = run_cli(["pick", "--snapshot", str(h200x2_file), "--count", "2", "--format", "index"],
+                    env={**env, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    assert (quiet.stdout, quiet.stderr) == ("0,1\n", "")
+
+
 def test_pick_json_and_explain(h200x2_file, lease_dir, run_cli, child_env):
     out = run_cli(["pick", "--snapshot", str(h200x2_file), "--count", "2", "--json", "--explain"],
                   env=child_env(TORCHPLACE_LEASE_DIR=str(lease_dir)))

@@ -155,7 +155,8 @@ def test_auto_takes_every_free_gpu(h200x8, lease_dir):
 
 def test_no_gpus_says_why(lease_dir):
     empty = Topology(nvml_error="NVML unavailable: Driver Not Loaded", source="live")
-    with pytest.raises(LeaseError, match=r"No GPUs to pick from in live \(NVML unavailable: Driver Not Loaded\)"):
+    with pytest.raises(LeaseError,
+                       match=r"No GPUs to pick from on this machine \(NVML unavailable: Driver Not Loaded\)"):
         pick(1, topology=empty)
 
 

@@ -7,6 +7,7 @@ have leased. To hold GPUs for a command, use `torchplace run`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..units import format_bytes
@@ -27,6 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="wait this long for GPUs to become free, e.g. 10m (default: no wait)")
     add_snapshot(p, "decide on a captured snapshot instead of this machine")
     add_json(p, "print the choice and the reasons as JSON")
+    p.add_argument("--format", choices=("uuid", "index"), default="uuid",
+                   help="uuid (default): GPU UUIDs, right whatever CUDA_DEVICE_ORDER says; index: the "
+                        "indices nvidia-smi shows, which CUDA reads the same way only with "
+                        "CUDA_DEVICE_ORDER=PCI_BUS_ID")
     p.add_argument("--explain", action="store_true", help="also print why each GPU was or was not chosen (stderr)")
     p.set_defaults(func=run)
 
@@ -42,6 +47,12 @@ def run(args: argparse.Namespace) -> int:
     picked = pick_request(request)
     if args.json:
         print_json(picked.to_dict())
+    elif args.format == "index":
+        print(",".join(map(str, picked.physical_indices)))
+        if os.environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
+            print("note: these are nvidia-smi's indices; CUDA numbers GPUs the same way only with "
+                  "CUDA_DEVICE_ORDER=PCI_BUS_ID (export it too, or use the default --format uuid)",
+                  file=sys.stderr)
     else:
         print(picked.cuda_visible_devices)
     if args.explain:

@@ -86,6 +86,8 @@ class StragglerReport:
 
     def describe(self) -> str:
         """One sentence for a log: the spread, or the slow ranks and what to do about them."""
+        if not self.slow_ranks and len(self.step_times_s) == 1:
+            return f"No straggler: one rank, step time {self.step_times_s[0]:.4g} s (nothing to compare with)."
         if not self.slow_ranks:
             return (f"No straggler: step times {min(self.step_times_s):.4g}-{max(self.step_times_s):.4g} s "
                     f"across {len(self.step_times_s)} ranks (median {self.median_s:.4g} s).")

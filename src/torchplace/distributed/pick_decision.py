@@ -219,7 +219,8 @@ def choose(topology: Topology, request: PickRequest, *, user: str | None, rng: r
     (no GPUs at all, an unknown GPU named, more GPUs asked for than exist)."""
     if not topology.gpus:
         why = f" ({topology.nvml_error})" if topology.nvml_error else ""
-        raise LeaseError(f"No GPUs to pick from in {topology.source}{why}. Fix: check the driver with "
+        where = "on this machine" if topology.source == "live" else f"in the snapshot {topology.source}"
+        raise LeaseError(f"No GPUs to pick from {where}{why}. Fix: check the driver with "
                          "`torchplace doctor`, or run on CPU (`torchplace run --gpus none`).")
     named = _resolve_explicit(topology, request.named) if request.named is not None else None
     need = len(named) if named is not None else request.count
