@@ -153,6 +153,16 @@ def test_dry_run_json_holds_no_lease(h200x2_file, lease_dir, run_cli, child_env)
     assert data["argv"][-3:] == ["--", "python", "train.py"]
 
 
+def test_json_without_dry_run_is_refused_with_the_fix(h200x2_file, lease_dir, run_cli, child_env, tmp_path):
+    ran = tmp_path / "ran"
+    out = run_cli(["run", "--snapshot", str(h200x2_file), "--gpus", "1", "--json", "--",
+                   "touch", str(ran)], env=child_env(TORCHPLACE_LEASE_DIR=str(lease_dir)))
+    assert out.returncode == 2 and out.stdout == ""
+    assert "--json prints the plan, which only --dry-run reports" in out.stderr
+    assert "Fix: `torchplace run --dry-run --json" in out.stderr and "Traceback" not in out.stderr
+    assert not ran.exists()  # refused before anything ran or was leased
+
+
 @pytest.mark.parametrize("cmd, launcher", [
     (["torchrun", "--nproc-per-node", "2", "train.py"], "torchrun"),
     (["/usr/bin/torchrun", "train.py"], "torchrun"),
