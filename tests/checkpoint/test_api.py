@@ -162,6 +162,23 @@ def test_mismatches_are_checkpoint_errors_that_say_what_to_do(tmp_path: Path, ma
         torchplace.load(tmp_path / "missing.safetensors")
 
 
+def test_a_shape_mismatch_names_the_tensors_and_does_not_suggest_strict_false(tmp_path: Path) -> None:
+    """strict=False skips missing and unexpected keys; torch refuses another shape either way, so the
+    message must not send the user there (issue 18: it did, and strict=False gave the same error)."""
+    path = torchplace.save(tmp_path / "c", model=nn.Linear(4, 8))
+    for strict in (True, False):
+        with pytest.raises(torchplace.CheckpointError) as info:
+            torchplace.load(path, model=nn.Linear(4, 6), strict=strict)
+        message = str(info.value)
+        assert "Fix: build the model with the configuration it was saved with: 2 tensor(s) have another shape " \
+               "(weight saved [8, 4], model [6, 4]; bias saved [8], model [6])" in message
+        assert "which strict=False does not skip" in message and "or strict=False to load" not in message
+    state = torchplace.load(path)["model"]  # the way round it that the message gives
+    del state["bias"]
+    model = nn.Linear(4, 8)
+    assert model.load_state_dict(state, strict=False).missing_keys == ["bias"]
+
+
 def test_save_into_a_missing_directory_says_so(tmp_path: Path) -> None:
     with pytest.raises(torchplace.CheckpointError, match=r"directory .*nope does not exist.*os.makedirs"):
         torchplace.save(tmp_path / "nope" / "c", extra={"a": 1})

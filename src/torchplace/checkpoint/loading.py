@@ -112,9 +112,8 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
                 f"\n{found.matched} of {found.total} saved keys name a tensor of the model, under the best "
                 f"mapping ({found.rewrite.describe()}; wrapper prefixes {', '.join(keymap.WRAPPER_NAMES)} were "
                 "tried at the start and inside).")
-            raise CheckpointError(f"{path}: the weights do not fit {type(target).__name__}: {exc}{tried}\nFix: pass "
-                                  "the model the checkpoint was saved from, or strict=False to load the keys "
-                                  "that match (missing and unexpected keys are then reported).") from None
+            raise CheckpointError(f"{path}: the weights do not fit {type(target).__name__}: {exc}{tried}\n"
+                                  f"Fix: {_fit_fix(sd, target, strict)}") from None
         ck.missing_keys, ck.unexpected_keys = list(result.missing_keys), list(result.unexpected_keys)
     elif isinstance(state.get("model"), Mapping):
         sd = state["model"]
@@ -216,6 +215,24 @@ def _load_dcp(path: Path, *, model: nn.Module | None, optimizer: Any, trust_pick
         tree["optimizer"] = osd
     return Checkpoint(path, tree, fs.meta, "torchplace (sharded, torch.distributed.checkpoint)")
 
+
+
+def _fit_fix(saved: Mapping[str, Any], model: nn.Module, strict: bool) -> str:
+    """The fix for a load_state_dict refusal: strict=False skips missing and unexpected keys, but
+    torch refuses a tensor of another shape either way, so for shapes it is no fix."""
+    own = model.state_dict()
+    shapes = [f"{k} saved {list(v.shape)}, model {list(own[k].shape)}" for k, v in saved.items()
+              if isinstance(v, torch.Tensor) and isinstance(own.get(k), torch.Tensor) and v.shape != own[k].shape]
+    if shapes:
+        more = f" and {len(shapes) - 3} more" if len(shapes) > 3 else ""
+        return (f"build the model with the configuration it was saved with: {len(shapes)} tensor(s) have "
+                f"another shape ({'; '.join(shapes[:3])}{more}), which strict=False does not skip. To load the "
+                "rest, take the state (tp.load(path)['model']), delete those keys, and call "
+                "model.load_state_dict(state, strict=False).")
+    if strict:
+        return ("pass the model the checkpoint was saved from, or strict=False to load the keys that match "
+                "(missing and unexpected keys are then reported).")
+    return "pass the model the checkpoint was saved from."
 
 def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.Module | None = None,
          optimizer: Any = None, scheduler: Any = None, scaler: Any = None, strict: bool = True,
