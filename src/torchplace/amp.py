@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .checks.strict_config import should_raise
 from .errors import DeviceError, PrecisionError, PrecisionWarning
-from .hardware.accelerator import accelerator
+from .hardware.accelerator import device_module
 from .policy.precision import (
     PRECISION_ENV,
     PrecisionPlan,
@@ -80,12 +80,12 @@ def _cuda_plan(dev: torch.device, requested: str | None, name: str | None,
     """Plan for a live CUDA (or ROCm) device; returns the plan and the capability used."""
     import torch
 
-    name = name or torch.cuda.get_device_name(dev)
+    name = name or torch.cuda.get_device_name(dev)  # cuda-only: compute capabilities (and ROCm's bf16 query) describe CUDA devices; the precision table is per CUDA architecture
     if torch.version.hip:  # ROCm's "capabilities" are gfx numbers: ask torch about native bf16 instead
-        with torch.cuda.device(dev):
-            native = torch.cuda.is_bf16_supported(including_emulation=False)
+        with torch.cuda.device(dev):  # cuda-only: compute capabilities (and ROCm's bf16 query) describe CUDA devices; the precision table is per CUDA architecture
+            native = torch.cuda.is_bf16_supported(including_emulation=False)  # cuda-only: compute capabilities (and ROCm's bf16 query) describe CUDA devices; the precision table is per CUDA architecture
         return decide_rocm(native, name, requested, tf32), None
-    major, minor = torch.cuda.get_device_capability(dev)
+    major, minor = torch.cuda.get_device_capability(dev)  # cuda-only: compute capabilities (and ROCm's bf16 query) describe CUDA devices; the precision table is per CUDA architecture
     return decide_cuda((major, minor), requested, name, tf32), (major, minor)
 
 
@@ -166,10 +166,8 @@ class PrecisionPolicy:
         kind = self.device.type
         if kind == "cpu":
             return
-        if kind == "cuda":
-            available = torch.cuda.is_available()
-        else:
-            available = accelerator()[0] == kind
+        mod = device_module(kind)  # cuda, or any other back end (torch.accelerator may name another one)
+        available = mod is not None and bool(mod.is_available())
         if not available:
             made = f" (computed from compute capability {capability_label(self.capability)})" if self.capability else ""
             raise DeviceError(f"The precision policy for {self.device}{made} cannot enter autocast: this "

@@ -26,8 +26,8 @@ def capture() -> dict[str, Any]:
     "cuda", or the type of another back end ("xpu", a vendor's "npu" ...)."""
     state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
                              "cpu": torch.get_rng_state()}
-    if torch.cuda.is_initialized():  # cuda-only: beside another accelerator, CUDA may run too (and is asked first)
-        state["cuda"] = torch.cuda.get_rng_state_all()  # cuda-only: as above
+    if torch.cuda.is_initialized():  # cuda-only: CUDA's states are kept under 'cuda' beside another back end's, as before
+        state["cuda"] = torch.cuda.get_rng_state_all()  # cuda-only: CUDA's states are kept under 'cuda' beside another back end's
     kind = accelerator_type()
     mod = device_module(kind) if kind not in (None, "cuda") else None
     if mod is not None and hasattr(mod, "get_rng_state_all") and getattr(mod, "is_initialized", lambda: True)():

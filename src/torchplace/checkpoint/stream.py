@@ -134,7 +134,7 @@ def _copy_pieces(pieces: list[_Piece], flat: dict[str, torch.Tensor], buf: torch
         if tensor.device.type == "cuda":  # cuda-only: chunk copies overlapped on side streams were measured on CUDA; other back ends copy synchronously
             s = staging.stream(tensor.device)
             used.add(s)
-            with torch.cuda.stream(s):  # cuda-only: see above
+            with torch.cuda.stream(s):  # cuda-only: the side streams are made for CUDA pieces only (above)
                 dst.copy_(src, non_blocking=True)
         else:
             dst.copy_(src)

@@ -28,9 +28,9 @@ from typing import Any
 import torch
 
 from ..errors import DeviceLeakError
-from ..hardware.accelerator import accelerator_type
+from ..hardware.accelerator import accelerator_type, current_index, device_module
 from ..placement import scope
-from ..placement.scope import DeviceLeakWarning, current_index, leak_message
+from ..placement.scope import DeviceLeakWarning, leak_message
 from . import deferred
 from . import frames as fr
 from .strict_config import active
@@ -177,10 +177,8 @@ def _restore(kind: str, value: Any) -> None:
     try:
         if kind == DEFAULT:
             torch.set_default_device(value)
-        elif kind == "cuda":
-            torch.cuda.set_device(value or 0)
-        else:
-            torch.accelerator.set_device_index(value or 0)
+        else:  # the back end's device module (torch.accelerator's setter is a no-op on a Python back end)
+            device_module(kind).set_device(value or 0)
     finally:
         _local.muted = False
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..errors import DeviceError
-from ..placement.scope import current_index
+from ..hardware.accelerator import current_index
 from . import frames as fr
 from .strict_config import active
 from .warn_or_raise import warn_or_raise

@@ -37,7 +37,7 @@ def accelerator() -> tuple[str | None, int]:
     if acc is not None and acc.is_available():
         return acc.current_accelerator().type, int(acc.device_count())
     if torch.cuda.is_available():  # cuda-only: a torch whose torch.accelerator cannot answer still has CUDA's own query
-        return "cuda", torch.cuda.device_count()  # cuda-only: as above
+        return "cuda", torch.cuda.device_count()  # cuda-only: the fallback for a torch without torch.accelerator
     return None, 0
 
 

@@ -207,7 +207,7 @@ def deterministic(enabled: bool = True, *, warn_only: bool = False) -> Determini
                 state.notes.append(f"{CUBLAS_ENV}={current!r} does not make cuBLAS deterministic; "
                                    f"replaced with {CUBLAS_DETERMINISTIC!r}")
             os.environ[CUBLAS_ENV] = CUBLAS_DETERMINISTIC
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
+            if torch.cuda.is_available() and torch.cuda.is_initialized():  # cuda-only: cuBLAS's workspace setting
                 state.notes.append(f"CUDA was already started; cuBLAS handles made before now keep their "
                                    f"workspace. Fix: call deterministic(True) (or export {CUBLAS_ENV}="
                                    f"{CUBLAS_DETERMINISTIC}) before the first CUDA matmul")
