@@ -19,7 +19,8 @@ def _args(module, *argv: str) -> argparse.Namespace:
 
 
 def test_transfer_measures_copies_only_then_a_step_with_compute():
-    result = bench_transfer.run(_args(bench_transfer, "--quick", "--device", "cpu", "--tensors", "8", "--shape", "4x4"))
+    result = bench_transfer.run(_args(bench_transfer, "--quick", "--device", "cpu", "--tensors", "8", "--shape", "4x4",
+                                      "--structure", "synthetic"))
     names = [row.variant for row in result.rows]
     copies_only = names[:names.index("one pre-packed pinned copy") + 1]
     assert copies_only[0] == "naive .to(), pageable" and all("compute" not in n for n in copies_only)
@@ -29,6 +30,18 @@ def test_transfer_measures_copies_only_then_a_step_with_compute():
     assert with_compute[-2:] == ["compute only, batch on device" + suffix, "ideal max(compute, copy)" + suffix]
     assert result.targets == []  # nothing is copied on the CPU: the targets would mean nothing
     assert any("no pinned memory" in note for note in result.notes)
+
+
+def test_transfer_packed_in_workers_for_the_recommender_batch_reports_host_and_cpu_ratios():
+    result = bench_transfer.run(_args(bench_transfer, "--quick", "--device", "cpu", "--structure", "recsys",
+                                      "--compute-ms", "0", "--workers", "2", "--bulk-mib", "0"))
+    names = [row.variant for row in result.rows]
+    assert all(n.endswith(" [recsys]") for n in names)
+    assert "torchplace packed_collate + DeviceLoader, pinned [recsys]" in names
+    assert "DataLoader, 2 workers, packed_collate + torchplace DeviceLoader [recsys]" in names
+    assert all(row.extra["cpu µs/step"] > 0 for row in result.rows)  # the training process's CPU per step
+    assert set(result.params["packed_recsys"]) >= {"host_vs_one_packed_copy", "dataloader_host_vs_one_packed_copy"}
+    assert result.targets == []  # nothing is copied on the CPU
 
 
 def test_transfer_with_no_compute_has_no_step_rows():

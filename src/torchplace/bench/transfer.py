@@ -6,6 +6,11 @@ pinned + non_blocking on one stream, accelerate's `send_to_device` (as users cal
 with compute (what a loader is for), against the ideal max(compute, copy), where the copy is
 the same bytes pre-packed in one pinned buffer and copied once. Bulk bandwidth is measured too.
 
+Issue 21's variants, from `packed.py`: batches packed in DataLoader workers (`packed_collate`),
+made ahead and through a real DataLoader with worker processes, each with the training process's
+CPU time per step beside the wall time; and a recommender batch (26 sparse features as values +
+offsets, 13 dense) beside the synthetic one (`--structure`).
+
 The step loop (`Variant`, `measure`, `plot`) is in `steps.py`, shared with `bench loader`.
 """
 
@@ -23,6 +28,8 @@ _TO_DEVICE = "torchplace to_device, pinned"
 _LOADER = "torchplace DeviceLoader, pinned"
 _LOADER_UNPACKED = "torchplace DeviceLoader, pinned, pack=False"
 _PACKED = "one pre-packed pinned copy"
+_IN_WORKERS = "torchplace packed_collate + DeviceLoader, pinned"
+_RECSYS = " [recsys]"  # the recommender batch's rows: the same names with this tag
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="device work per step (default 1, a small model's step; 0: copies only)")
     parser.add_argument("--bulk-mib", type=int, default=None,
                         help="size of the one-tensor bandwidth check (default 1024; 0 skips it)")
+    parser.add_argument("--structure", choices=("synthetic", "recsys", "both"), default="both",
+                        help="the batch: --tensors fp32 tensors, a recommender's (26 sparse features as values "
+                        "+ offsets, 13 dense), or both (default)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="DataLoader worker processes for the whole-way variants (default 4; 0 skips them)")
     parser.add_argument("--quick", action="store_true", help="few steps and a small bulk copy (CPU, CI)")
     parser.add_argument("--plot", metavar="FILE", help="draw step time per variant into FILE (needs matplotlib)")
 
@@ -45,6 +57,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     from ..placement.loader import DeviceLoader
     from ..placement.resolve import device as resolve_device
     from ..placement.transfer import pin, to_device
+    from . import packed as pk
 
     dev = resolve_device(args.device or "auto")
     steps = args.steps or (20 if args.quick else 200)
@@ -63,6 +76,9 @@ def run(args: argparse.Namespace) -> BenchResult:
     pageable = [batch(i) for i in range(8)]
     pinned = [pin(b) for b in pageable] if env.can_pin else pageable
     nbytes = sum(t.nbytes for t in _tensors(pageable[0]))
+    workers = args.workers if args.workers is not None else (2 if args.quick else 4)
+    synthetic = args.structure in ("synthetic", "both")
+    recsys = args.structure in ("recsys", "both")
     compute = Compute.calibrated(dev, 1.0 if args.compute_ms is None else args.compute_ms, env)
 
     def cycle(source: list) -> Callable[[], Iterator[Any]]:
@@ -78,34 +94,103 @@ def run(args: argparse.Namespace) -> BenchResult:
     send = accelerate_send()
     if send is None:
         notes.append("accelerate is not installed: its variants were skipped (pip install 'torchplace[bench]')")
-    # Copies only: the host cost of each way of moving the batch, nothing to hide it behind.
-    variants = [
-        Variant("naive .to(), pageable", mapped(pageable, lambda b: _dict_to(b, dev, False))),
-        Variant("pinned + non_blocking", mapped(pinned, lambda b: _dict_to(b, dev, True))),
-        *([Variant(_ACCELERATE, mapped(pinned, lambda b: send(b, dev, non_blocking=True)))] if send else []),
-        Variant(_TO_DEVICE, mapped(pinned, lambda b: to_device(b, dev))),
-        Variant(_LOADER, lambda: iter(loader)),
-        Variant(_LOADER_UNPACKED, lambda: iter(unpacked)),
-        Variant(_PACKED, cycle([packed_src]), move=lambda t: t.to(dev, non_blocking=True)),
-    ]
-    # A step with compute: what a loader is for, hiding the copies behind the device's work.
     with_compute = f", {compute.ms:.2f} ms compute"
-    if compute.ms:
-        stepped = [*([(_ACCELERATE, mapped(pinned, lambda b: send(b, dev, non_blocking=True)))] if send else []),
-                   (_TO_DEVICE, mapped(pinned, lambda b: to_device(b, dev))),
-                   (_LOADER, lambda: iter(loader)),
-                   ("compute only, batch on device", cycle([to_device(pinned[0], dev)]))]
-        variants += [Variant(name + with_compute, batches, step=compute) for name, batches in stepped]
-    ms = measure(variants, rounds, env.sync, title=f"transfer to {dev}")
-    rows = [Row(v.name, ms[v.name] * 1e3, "µs/step", extra={"GB/s": gbps(nbytes, ms[v.name])}) for v in variants]
-    if compute.ms:
-        ideal_ms = max(ms[_PACKED], ms[variants[-1].name])
-        rows.append(Row(f"ideal max(compute, copy){with_compute}", ideal_ms * 1e3, "µs/step"))
+    loaders: dict[str, list[Any]] = {}  # DataLoaders with persistent workers, stopped at the end
+    plain_send = send or (lambda b, d, non_blocking: to_device(b, d))
+    send_name = "send_to_device" if send else "to_device"
+
+    def packed_ways(tag: str, source: list, stepped: bool) -> list[Variant]:
+        """Packed in workers (batches made ahead), and both whole ways from a DataLoader with workers."""
+        premade = pk.premade_packed(source, env.can_pin)
+        ways = [Variant(_IN_WORKERS + tag, lambda: iter(DeviceLoader([premade[i % len(premade)]
+                                                                       for i in range(steps)], dev)))]
+        if workers:
+            if tag not in loaders:  # one pair per batch structure, shared by the rows with and without compute
+                loaders[tag] = [pk.dataloader(source, steps, workers, env.can_pin, packed=p) for p in (False, True)]
+            plain, packed = loaders[tag]
+            ways += [Variant(f"DataLoader, {workers} workers, + {send_name}{tag}",
+                             lambda: (plain_send(b, dev, non_blocking=True) for b in plain)),
+                     Variant(f"DataLoader, {workers} workers, packed_collate + torchplace DeviceLoader{tag}",
+                             lambda: iter(DeviceLoader(packed, dev)))]
+        if stepped:
+            for v in ways:
+                v.name += with_compute
+                v.step = compute
+        return ways
+
+    # Copies only: the host cost of each way of moving the batch, nothing to hide it behind.
+    variants: list[Variant] = []
+    if synthetic:
+        variants += [
+            Variant("naive .to(), pageable", mapped(pageable, lambda b: _dict_to(b, dev, False))),
+            Variant("pinned + non_blocking", mapped(pinned, lambda b: _dict_to(b, dev, True))),
+            *([Variant(_ACCELERATE, mapped(pinned, lambda b: send(b, dev, non_blocking=True)))] if send else []),
+            Variant(_TO_DEVICE, mapped(pinned, lambda b: to_device(b, dev))),
+            Variant(_LOADER, lambda: iter(loader)),
+            Variant(_LOADER_UNPACKED, lambda: iter(unpacked)),
+            *packed_ways("", pageable, False),
+            Variant(_PACKED, cycle([packed_src]), move=lambda t: t.to(dev, non_blocking=True)),
+        ]
+        # A step with compute: what a loader is for, hiding the copies behind the device's work.
+        if compute.ms:
+            stepped = [*([(_ACCELERATE, mapped(pinned, lambda b: send(b, dev, non_blocking=True)))] if send else []),
+                       (_TO_DEVICE, mapped(pinned, lambda b: to_device(b, dev))),
+                       (_LOADER, lambda: iter(loader))]
+            variants += [Variant(name + with_compute, batches, step=compute) for name, batches in stepped]
+            variants += packed_ways("", pageable, True)
+            variants.append(Variant("compute only, batch on device" + with_compute, cycle([to_device(pinned[0], dev)]),
+                                    step=compute))
+    if recsys:
+        r_pageable = [pk.recsys_batch(i) for i in range(8)]
+        r_pinned = [pin(b) for b in r_pageable] if env.can_pin else r_pageable
+        r_loader = DeviceLoader([r_pinned[i % len(r_pinned)] for i in range(steps)], dev)
+        r_src = torch.cat([t.reshape(-1).view(torch.uint8) for t in _tensors(r_pinned[0])])
+        r_src = r_src.pin_memory() if env.can_pin else r_src
+        t = _RECSYS
+        variants += [
+            *([Variant(_ACCELERATE + t, mapped(r_pinned, lambda b: send(b, dev, non_blocking=True)))] if send else []),
+            Variant(_TO_DEVICE + t, mapped(r_pinned, lambda b: to_device(b, dev))),
+            Variant(_LOADER + t, lambda: iter(r_loader)),
+            *packed_ways(t, r_pageable, False),
+            Variant(_PACKED + t, cycle([r_src]), move=lambda x: x.to(dev, non_blocking=True)),
+        ]
+        if compute.ms:
+            stepped = [*([(_ACCELERATE, mapped(r_pinned, lambda b: send(b, dev, non_blocking=True)))] if send else []),
+                       (_LOADER, lambda: iter(r_loader))]
+            variants += [Variant(name + t + with_compute, batches, step=compute) for name, batches in stepped]
+            variants += packed_ways(t, r_pageable, True)
+            variants.append(Variant("compute only, batch on device" + t + with_compute,
+                                    cycle([to_device(r_pinned[0], dev)]), step=compute))
+    for v in variants:
+        pk.cpu_clock(v, steps)
+    try:
+        ms = measure(variants, rounds, env.sync, title=f"transfer to {dev}")
+    finally:
+        pk.close([dl for pair in loaders.values() for dl in pair])
+    r_bytes = sum(t.nbytes for t in _tensors(pk.recsys_batch(0))) if recsys else 0
+    rows = []
+    for v in variants:
+        size = r_bytes if _RECSYS in v.name else nbytes
+        cpu = pk.cpu_ms(v)
+        rows.append(Row(v.name, ms[v.name] * 1e3, "µs/step",
+                        extra={"GB/s": gbps(size, ms[v.name]), "cpu µs/step": cpu * 1e3 if cpu is not None else None}))
+        if compute.ms and v.name.startswith("compute only"):
+            tag = _RECSYS if _RECSYS in v.name else ""
+            rows.append(Row(f"ideal max(compute, copy){tag}{with_compute}",
+                            max(ms[_PACKED + tag], ms[v.name]) * 1e3, "µs/step"))
+    cpu_of = {v.name: pk.cpu_ms(v) for v in variants}
     result = BenchResult(name="transfer", rows=rows, baseline=variants[0].name, notes=notes,
                          params={"device": str(dev), "tensors": args.tensors, "shape": list(shape),
                                  "batch_bytes": nbytes, "steps": steps, "rounds": rounds,
                                  "compute_ms": compute.ms, "compute": compute.what,
-                                 "copy_threads": _hostcopy.threads()})
+                                 "copy_threads": _hostcopy.threads(), "structure": args.structure,
+                                 "workers": workers, "recsys_batch_bytes": r_bytes,
+                                 "recsys_batch": f"{pk.RECSYS_BATCH} samples, {pk.RECSYS_SPARSE} sparse features "
+                                                 f"(values + offsets), {pk.RECSYS_DENSE} dense"})
+    for tag in ([""] if synthetic else []) + ([_RECSYS] if recsys else []):
+        _packed_ratios(result, ms, cpu_of, tag, workers, send_name, env.can_pin and send is not None)
+    if not synthetic:
+        return _bulk(result, args, dev, env)
     if send is not None and env.can_pin:  # on the CPU nothing is copied: the targets would mean nothing
         items = [pinned[i % len(pinned)] for i in range(steps)]
         paired = paired_ratio(lambda b: to_device(b, dev), lambda b: send(b, dev, non_blocking=True),
@@ -123,6 +208,41 @@ def run(args: argparse.Namespace) -> BenchResult:
             "hide the copies behind, a step is the host work of staging a batch, done on the loader's thread "
             "and contending with yours for the GIL; for a loop that only moves tensors, to_device is the "
             "steadier call.")
+    return _bulk(result, args, dev, env)
+
+
+def _packed_ratios(result: BenchResult, ms: dict[str, float], cpu: dict[str, float | None], tag: str, workers: int,
+                   send_name: str, targets: bool) -> None:
+    """Host time and training-process CPU per batch of the packed ways, as ratios (issue 21's targets)."""
+    what = "recommender batch" if tag else "synthetic batch"
+    ratios = {"host_vs_one_packed_copy": ms[_IN_WORKERS + tag] / ms[_PACKED + tag]}
+    base = (_ACCELERATE if send_name == "send_to_device" else _TO_DEVICE) + tag
+    ours, theirs = cpu.get(_IN_WORKERS + tag), cpu.get(base)
+    if ours is not None and theirs:
+        ratios[f"cpu_vs_{send_name}"] = ours / theirs
+    whole_ours = cpu.get(f"DataLoader, {workers} workers, packed_collate + torchplace DeviceLoader{tag}")
+    whole_theirs = cpu.get(f"DataLoader, {workers} workers, + {send_name}{tag}")
+    if workers and whole_ours is not None and whole_theirs:
+        ratios[f"dataloader_cpu_vs_{send_name}"] = whole_ours / whole_theirs
+        ratios["dataloader_host_vs_one_packed_copy"] = (
+            ms[f"DataLoader, {workers} workers, packed_collate + torchplace DeviceLoader{tag}"] / ms[_PACKED + tag])
+    result.params["packed_recsys" if tag else "packed"] = ratios
+    result.notes.append(f"packed_collate, {what}, copies only: " + ", ".join(f"{k} {v:.3g}" for k, v in ratios.items()))
+    if not targets:
+        return
+    result.targets.append(Target(f"packed_collate + DeviceLoader / one pre-packed pinned copy, {what}, host time "
+                                 "per batch, copies only", ratios["host_vs_one_packed_copy"], 2.0, "<="))
+    if f"cpu_vs_{send_name}" in ratios:
+        result.targets.append(Target(f"packed_collate + DeviceLoader / {send_name}, {what}, training-process CPU "
+                                     "per batch, copies only", ratios[f"cpu_vs_{send_name}"], 0.25, "<="))
+    if f"dataloader_cpu_vs_{send_name}" in ratios:
+        result.targets.append(Target(f"DataLoader {workers} workers: packed_collate + DeviceLoader / {send_name}, "
+                                     f"{what}, training-process CPU per batch", ratios[f"dataloader_cpu_vs_{send_name}"],
+                                     0.25, "<="))
+
+
+def _bulk(result: BenchResult, args: argparse.Namespace, dev: Any, env: Env) -> BenchResult:
+    """The one-tensor bandwidth check (--bulk-mib), added to RESULT."""
     bulk_mib = args.bulk_mib if args.bulk_mib is not None else (8 if args.quick else 1024)
     if bulk_mib and not env.can_pin:
         result.notes.append(f"bulk bandwidth skipped: {dev.type} has no host-to-device copy to measure")
