@@ -246,6 +246,8 @@ def base_env(workdir: Path) -> dict[str, str]:
 def prepare(workdir: Path) -> None:
     (workdir / "tests").mkdir(exist_ok=True)
     (workdir / "tests" / "fixtures").symlink_to(FIXTURES, target_is_directory=True)
+    # the test accelerator (docs/backends.md imports it as a reader does: sys.path "tests", backends.npu)
+    (workdir / "tests" / "backends").symlink_to(ROOT / "tests" / "backends", target_is_directory=True)
 
 
 def _shown(extra: dict[str, str], argv: list[str]) -> str:
