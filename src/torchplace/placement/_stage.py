@@ -162,10 +162,12 @@ class Stager:
         keep: list[torch.Tensor] = []
         direct = False  # True when a copy reads the caller's own pinned memory
         src = batch.buffer
-        if self.streams and not src.is_pinned():  # a DataLoader without pin_memory: pinned by the helpers,
-            buf = pin_buffer(src).to(self.device, non_blocking=True)  # a block torch keeps until the copy is done
-        else:
-            buf, direct = self._one(src)
+        if not self.streams:
+            buf = self._mover.tensor(src)
+        else:  # pinned here when the DataLoader did not pin (its pin_memory=False), by the copy helpers
+            # No wait for this copy before the next pull (unlike a caller's pinned tensors): a packed
+            # buffer is never written again, and torch keeps a pinned block until copies reading it end.
+            buf = (src if src.is_pinned() else pin_buffer(src)).to(self.device, non_blocking=True)
         keep.append(buf)
 
         def tensor(t: torch.Tensor) -> torch.Tensor:
