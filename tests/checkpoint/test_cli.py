@@ -64,6 +64,34 @@ def test_convert_writes_a_torchplace_file(tmp_path: Path, capsys) -> None:
     assert "starts with 'module.', kept" in " ".join(capsys.readouterr().out.split())  # rich wraps lines
 
 
+def test_convert_refuses_to_replace_an_existing_output_unless_forced(tmp_path: Path, capsys) -> None:
+    src = tmp_path / "plain.pt"
+    torch.save({"model": torch.nn.Linear(3, 2).state_dict()}, src)
+    out = tmp_path / "out.safetensors"
+    out.write_bytes(b"someone's file")
+    assert main(["ckpt", "convert", str(src), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{out} exists, and convert would replace it. Fix: pass --force" in " ".join(err.split())
+    assert out.read_bytes() == b"someone's file"
+    assert main(["ckpt", "convert", str(src), str(out), "--force"]) == 0
+    assert torchplace.load(out)["model"]["weight"].shape == (2, 3)
+
+
+def test_inspect_of_a_run_folder_describes_what_load_loads(tmp_path: Path, capsys) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for step in range(3):
+        torchplace.save(runs / f"step{step}.tpck", model=torch.nn.Linear(3, 2), extra={"step": step}, keep_last=2)
+    assert torchplace.load(runs).path.name == "step2.tpck"
+    for target in (runs, runs / "latest"):
+        assert main(["ckpt", "inspect", str(target), "--json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert Path(data["path"]).name == "step2.tpck" and data["series"] == ["step2.tpck", "step1.tpck"]
+        assert "is a run folder" in data["notes"][0] and f"torchplace.load({str(runs)!r}) loads" in data["notes"][0]
+    assert main(["ckpt", "inspect", str(runs)]) == 0
+    assert "newest complete checkpoint, step2.tpck" in " ".join(capsys.readouterr().out.split())
+
+
 def test_ckpt_without_a_command_prints_help(capsys) -> None:
     assert main(["ckpt"]) == 2
     assert "inspect" in capsys.readouterr().out

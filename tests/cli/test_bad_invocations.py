@@ -142,6 +142,9 @@ CASES: list[Case] = [
     _c("ckpt-convert-into-missing-dir", "ckpt", "convert", PT, "/nonexistent/dir/out.safetensors"),
     _c("ckpt-convert-onto-itself", "ckpt", "convert", "{pt}", "{pt}"),  # a copy: the fixture stays intact
     _c("ckpt-convert-onto-itself-via-link", "ckpt", "convert", "{pt}", "{ptlink}"),
+    _c("ckpt-convert-onto-itself-forced", "ckpt", "convert", "{pt}", "{pt}", "--force"),
+    _c("ckpt-convert-onto-itself-via-link-forced", "ckpt", "convert", "{pt}", "{ptlink}", "--force"),
+    _c("ckpt-convert-onto-a-fifo-forced", "ckpt", "convert", "{pt}", "{fifo}", "--force", sub=True),
     _c("ckpt-convert-dev-zero", "ckpt", "convert", "/dev/zero", "{out}"),
     _c("ckpt-convert-one-arg", "ckpt", "convert", PT),
     _c("ckpt-convert-text", "ckpt", "convert", "{text}", "{out}"),

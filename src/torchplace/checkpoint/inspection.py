@@ -19,6 +19,7 @@ from ..errors import CheckpointError
 from . import codec, foreign
 from .dcp_reader import read_dcp_metadata
 from .distributed import SIDE_FILE
+from .rotation import POINTER, complete_checkpoints, is_pointer
 from .format import Header, dtype_name, open_for_read, read_header
 from .stream import verify_data
 
@@ -49,6 +50,7 @@ class CheckpointInfo:
     contents: dict[str, str] = field(default_factory=dict)
     verified: bool | None = None
     notes: list[str] = field(default_factory=list)
+    series: list[str] = field(default_factory=list)  # a run folder's complete checkpoints, newest first
 
     @property
     def tensor_bytes(self) -> int:
@@ -167,6 +169,16 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path} does not exist. Fix: check the path.")
+    folder = path.parent if is_pointer(path) else path
+    series = complete_checkpoints(folder) if folder.is_dir() and foreign.sniff(folder) == "unknown" else []
+    if series:  # a run folder (save(..., keep_last=N)): what torchplace.load(folder) would load
+        info = inspect(series[0], verify=verify, trust_pickle=trust_pickle)
+        info.series = [p.name for p in series]
+        via = f" (through its `{POINTER}` pointer)" if folder is not path else ""
+        info.notes.insert(0, f"{folder} is a run folder{via}: this is its newest complete checkpoint, "
+                             f"{series[0].name}, the one torchplace.load({str(folder)!r}) loads; "
+                             f"{len(series)} in the series, newest first: {', '.join(info.series)}")
+        return info
     kind = foreign.sniff(path)
     info = CheckpointInfo(str(path), kind, _size(path))
     if kind == "safetensors":

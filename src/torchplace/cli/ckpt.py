@@ -38,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights-only", action="store_true",
                    help="write only the model's state dict, as a plain safetensors file that "
                         "model.load_state_dict(safetensors.torch.load_file(OUT)) accepts (HF, timm, vLLM)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists (default: refuse)")
     p.set_defaults(func=_convert)
     parser.set_defaults(func=lambda args: _no_command(parser))
 
@@ -86,7 +87,14 @@ def _render_info(info: Any, *, show_all: bool) -> None:
 
 
 def _convert(args: argparse.Namespace) -> int:
+    import os
+
     from ..checkpoint import convert
+    from .args import UsageError
+
+    if os.path.lexists(args.dst) and not args.force:
+        raise UsageError(f"torchplace ckpt convert: error: {args.dst} exists, and convert would replace it. "
+                         "Fix: pass --force to replace it, or name another OUT.")
 
     result = convert(args.src, args.dst, trust_pickle=args.trust_pickle, weights_only=args.weights_only)
     if args.json:
