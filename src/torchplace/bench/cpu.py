@@ -27,6 +27,7 @@ import sys
 import time
 from typing import Any
 
+from ..progress import advance, begin
 from .common import BenchResult, Row
 
 _WORKER = "from torchplace.bench.cpu import _worker; _worker()"
@@ -60,12 +61,16 @@ def run(args: argparse.Namespace) -> BenchResult:
                 (f"{procs} processes, configure_threads() each", procs, True)]
     groups = [_start_group(spec, count, configured) for _, count, configured in variants]
     try:
+        begin("starting workers", len(groups))
         for group in groups:
             _wait_ready(group)
+            advance()
         measured: list[list[list[dict[str, Any]]]] = [[] for _ in variants]
+        begin("measuring", rounds * len(groups))
         for _ in range(rounds):  # interleaved, so a burst of load elsewhere hits every variant alike
             for i, group in enumerate(groups):
                 measured[i].append(_measure(group, spec["seconds"]))
+                advance()
     finally:
         for group in groups:
             _stop(group)

@@ -27,6 +27,7 @@ import sys
 import time
 from typing import Any
 
+from ..progress import begin
 from .common import BenchResult, Row, Target
 
 MODELS = ("compute", "comm")
@@ -81,6 +82,7 @@ def run(args: argparse.Namespace) -> BenchResult:
             cmd = [sys.executable, "-m", "torchplace", "run", *run_opts, "--",
                    sys.executable, "-m", "torchplace.bench.ddp", "--worker", variant,
                    "--models", ",".join(models), "--out", out, "--nproc", str(nproc), *common]
+            begin(f"{variant}: {', '.join(models)}")
             started = time.perf_counter()
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
             wall = time.perf_counter() - started

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..progress import advance, begin
 from .common import BenchResult, Row, Target
 
 TOOLS = ("strict", "watch", "explain")
@@ -143,12 +144,12 @@ def _run_under(tool: str, program: Any) -> tuple[str, bool]:
 
 def score_all(pairs: list[str], corpus: Any, names: set[str] | None = None) -> list[Outcome]:
     outcomes = []
-    for pair in pairs:
-        for case in corpus.for_pair(pair):
-            if names and case.name not in names:
-                continue
-            for tool in TOOLS:
-                outcomes.append(score(case, pair, tool, corpus))
+    jobs = [(pair, case) for pair in pairs for case in corpus.for_pair(pair) if not names or case.name in names]
+    begin("scoring the corpus", len(jobs) * len(TOOLS))
+    for pair, case in jobs:
+        for tool in TOOLS:
+            outcomes.append(score(case, pair, tool, corpus))
+            advance()
     return outcomes
 
 

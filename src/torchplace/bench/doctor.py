@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+from ..progress import advance, begin
 from .common import BenchResult, Row, Target, median
 
 NAIVE = ("import torch; n = torch.cuda.device_count(); "
@@ -34,20 +35,17 @@ def _cuda_initialized_after_doctor() -> bool:
 
 
 def run(args: argparse.Namespace) -> BenchResult:
-    from rich.progress import Progress
-
     variants = {
         "python -m torch.utils.collect_env": [sys.executable, "-m", "torch.utils.collect_env"],
         "naive: import torch + get_device_properties": [sys.executable, "-c", NAIVE],
         "torchplace doctor --json": [sys.executable, "-m", "torchplace", "doctor", "--json"],
     }
     rows = []
-    with Progress(transient=True) as progress:
-        task = progress.add_task("timing commands", total=len(variants))
-        for name, cmd in variants.items():
-            seconds, rc = _wall(cmd, args.repeat)
-            rows.append(Row(name, seconds, "s", extra={"exit_code": rc}))
-            progress.advance(task)
+    begin("timing commands", len(variants))
+    for name, cmd in variants.items():
+        seconds, rc = _wall(cmd, args.repeat)
+        rows.append(Row(name, seconds, "s", extra={"exit_code": rc}))
+        advance()
     doctor = rows[-1].value
     initialized = _cuda_initialized_after_doctor()
     result = BenchResult("doctor", rows, baseline="python -m torch.utils.collect_env",

@@ -10,10 +10,11 @@ a raw pinned copy, and `memory_reserved()` over many epochs.
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from .common import BenchResult, Row, Target
-from .steps import Compute, Env, Variant, accelerate_send, add_loop_arguments, gbps, measure, plot
+from .steps import Compute, Env, Variant, accelerate_send, add_loop_arguments, gbps, measure
 
 _NAIVE = "naive .to(), pageable"
 _LOADER_PAGEABLE = "torchplace DeviceLoader, pageable"
@@ -33,7 +34,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=None, help="epochs of the memory check (default 20)")
     parser.add_argument("--prefetch", type=int, default=2, help="DeviceLoader's prefetch depth (default 2)")
     parser.add_argument("--quick", action="store_true", help="small batches and few steps (CPU, CI)")
-    parser.add_argument("--plot", metavar="FILE", help="draw step time per variant into FILE (needs matplotlib)")
 
 
 def run(args: argparse.Namespace) -> BenchResult:
@@ -123,8 +123,6 @@ def run(args: argparse.Namespace) -> BenchResult:
         if growth:
             result.notes.append("memory_reserved() after the warm-up epoch, then after each epoch (MiB): "
                                 + ", ".join(f"{r:g}" for r in reserved))
-    if args.plot:
-        plot(result, args.plot)
     return result
 
 

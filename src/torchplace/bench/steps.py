@@ -1,8 +1,8 @@
-"""The step loop shared by `bench transfer` and `bench loader`: variants, timing, plotting.
+"""The step loop shared by `bench transfer` and `bench loader`: variants and timing.
 
 A `Variant` is one way of getting batches onto the device; `measure` times them in interleaved
-rounds (median kept), `paired_ratio` compares two calls alternated item by item, `Compute` is
-calibrated device work per step, and `plot` draws the result.
+rounds (median kept), `paired_ratio` compares two calls alternated item by item, and `Compute` is
+calibrated device work per step (bench/plot.py draws results).
 """
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from .common import BenchResult, time_host
+from ..progress import advance, begin
+from .common import time_host
 
 
 def add_loop_arguments(parser: argparse.ArgumentParser, *, steps: int, rounds: int) -> None:
@@ -32,7 +34,7 @@ class Env:
     streams: bool
 
     @classmethod
-    def for_device(cls, dev: Any) -> "Env":
+    def for_device(cls, dev: Any) -> Env:
         import torch
 
         accel = dev.type not in ("cpu", "meta")
@@ -55,7 +57,7 @@ class Compute:
     fn: Callable[[], Any] | None = None
 
     @classmethod
-    def calibrated(cls, dev: Any, target_ms: float, env: Env) -> "Compute":
+    def calibrated(cls, dev: Any, target_ms: float, env: Env) -> Compute:
         import torch
 
         if not target_ms:
@@ -154,27 +156,20 @@ class Variant:
 
 
 def measure(variants: list[Variant], rounds: int, sync: Callable[[], None], *, title: str) -> dict[str, float]:
-    """Median milliseconds per step of each variant over ROUNDS interleaved rounds, with a progress bar.
+    """Median milliseconds per step of each variant over ROUNDS interleaved rounds (told to torchplace.progress).
 
     An untimed round comes first, so allocator caches, pinned pools and kernels are warm for all.
     Each timed round starts at another variant, so none always runs after the same neighbours.
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     samples: dict[str, list[float]] = {v.name: [] for v in variants}
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task(title, total=(rounds + 1) * len(variants))
-        for r in range(rounds + 1):
-            start = (r - 1) * len(variants) // rounds if r else 0
-            for v in variants[start:] + variants[:start]:
-                what = f"round {r}/{rounds}" if r else "warm-up"
-                progress.update(task, description=f"{title}: {what}, {v.name}")
-                ms = v.per_step_ms(sync)
-                if r:
-                    samples[v.name].append(ms)
-                progress.advance(task)
+    begin(title, (rounds + 1) * len(variants))
+    for r in range(rounds + 1):
+        start = (r - 1) * len(variants) // rounds if r else 0
+        for v in variants[start:] + variants[:start]:
+            ms = v.per_step_ms(sync)
+            if r:
+                samples[v.name].append(ms)
+            advance()
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
@@ -206,30 +201,11 @@ def paired_ratio(a: Callable[[Any], Any], b: Callable[[Any], Any], items: list, 
     return statistics.median(ratios)
 
 
-def plot(result: BenchResult, path: str) -> None:
-    """Draw step time per variant as horizontal bars into PATH; a note instead if matplotlib is missing."""
-    try:
-        import matplotlib
+def plot(result: Any, path: str) -> None:
+    """Draw RESULT into PATH with bench/plot.py (the old name, for a bench module that still calls it)."""
+    from .plot import draw
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        result.notes.append(f"--plot {path}: matplotlib is not installed (pip install matplotlib); no plot drawn")
-        return
-    rows = [r for r in result.rows if r.unit == result.rows[0].unit]
-    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.5))
-    names = [r.variant for r in rows][::-1]
-    values = [r.value for r in rows][::-1]
-    colors = ["tab:green" if n.startswith(("torchplace", "ideal")) else "tab:gray" for n in names]
-    ax.barh(names, values, color=colors)
-    for y, value in enumerate(values):
-        ax.text(value, y, f" {value:.4g}", va="center", fontsize=8)
-    ax.set_xlabel(rows[0].unit)
-    ax.set_title(f"torchplace bench {result.name} ({result.params.get('device', '')})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    result.notes.append(f"plot written to {path}")
+    draw(result, path)
 
 
 def gbps(nbytes: int, ms: float) -> float:

@@ -19,9 +19,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
+from ..progress import advance, begin
 from .common import BenchResult, Row, Target, median
 
 # issue 4: strict <= 3%, watch <= 1%, off: zero cost (within this run's noise: 1%)
@@ -74,6 +76,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     notes = [f"ratio column: bare step time / variant step time (1.00 = no cost; 0.97 = 3% slower); "
              f"targets compare variant / bare. {rounds} interleaved rounds x {steps} steps per variant."]
     for name in names:
+        begin(f"{name}: building the model")
         case = builders[name](torch, dev, quick)
         if case.note:
             notes.append(case.note)
@@ -130,10 +133,12 @@ def _time_variants(torch: Any, case: Case, dev: Any, rounds: int, steps: int) ->
     for _ in range(2):  # warm up: cudnn autotuning, allocator, lazy optimizer state
         bare()
     times: dict[str, list[float]] = {name: [] for name in variants}
+    begin(f"{case.label}: timing", rounds * len(variants))
     for _ in range(rounds):
         for name, (context, fn) in variants.items():
             with context():
                 times[name] += time_device(fn, dev, warmup=1, iters=steps)
+            advance()
     return {name: median(values) for name, values in times.items()}
 
 

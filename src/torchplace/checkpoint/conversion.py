@@ -25,6 +25,7 @@ from typing import Any, Iterator, Mapping
 import torch
 
 from ..errors import CheckpointError
+from ..progress import ProgressFn, begin, reporting
 from . import keymap
 from .atomic import write_bytes
 from .fileio import write_file
@@ -45,14 +46,20 @@ class Converted:
 
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, trust_pickle: bool = False,
-            weights_only: bool = False) -> Converted:
+            weights_only: bool = False, progress: ProgressFn | None = None) -> Converted:
     """Convert the checkpoint at SRC into a torchplace checkpoint at DST (written atomically); with
-    WEIGHTS_ONLY, into a plain safetensors state dict of the model's weights."""
-    src, dst = Path(src), Path(dst)
+    WEIGHTS_ONLY, into a plain safetensors state dict of the model's weights. PROGRESS, if given,
+    hears the reading and the writing (see torchplace.progress)."""
+    with reporting(progress):
+        return _convert(Path(src), Path(dst), trust_pickle=trust_pickle, weights_only=weights_only)
+
+
+def _convert(src: Path, dst: Path, *, trust_pickle: bool, weights_only: bool) -> Converted:
     if dst.exists() and src.exists() and os.path.samefile(src, dst):
         raise CheckpointError(f"IN and OUT are the same file ({src} and {dst}); converting in place would "
                               "overwrite the input. Fix: write to a new name, check it with `torchplace ckpt "
                               "inspect`, then move it.")
+    begin(f"reading {src.name}")
     tool, state, meta, notes = read_any(src, dev=torch.device("cpu"), model=None, optimizer=None,
                                      trust_pickle=trust_pickle)
     notes = list(notes)
@@ -69,6 +76,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, trust_p
         lead = keymap.leading_wrapper_note(list(cleaned))
         if lead:
             notes.append(lead)
+    begin(f"writing {dst.name}")
     if weights_only:
         return _write_weights(src, dst, tool, state, prefix, notes)
     info = {"world_size": meta.get("world_size", 1), "objects": meta.get("objects", {}),

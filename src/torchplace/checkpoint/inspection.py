@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
+from ..progress import ProgressFn, begin, reporting
 from . import codec, foreign
 from .dcp_reader import read_dcp_metadata
 from .distributed import SIDE_FILE
@@ -164,15 +165,17 @@ def _from_torch_file(path: Path, info: CheckpointInfo, trust_pickle: bool) -> No
             info.notes.append(lead)
 
 
-def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle: bool = False) -> CheckpointInfo:
-    """Describe the checkpoint at PATH; with VERIFY, also check every data checksum (reads it all)."""
+def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle: bool = False,
+            progress: ProgressFn | None = None) -> CheckpointInfo:
+    """Describe the checkpoint at PATH; with VERIFY, also check every data checksum (reads it all).
+    PROGRESS, if given, hears the verification (see torchplace.progress)."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path} does not exist. Fix: check the path.")
     folder = path.parent if is_pointer(path) else path
     series = complete_checkpoints(folder) if folder.is_dir() and foreign.sniff(folder) == "unknown" else []
     if series:  # a run folder (save(..., keep_last=N)): what torchplace.load(folder) would load
-        info = inspect(series[0], verify=verify, trust_pickle=trust_pickle)
+        info = inspect(series[0], verify=verify, trust_pickle=trust_pickle, progress=progress)
         info.series = [p.name for p in series]
         via = f" (through its `{POINTER}` pointer)" if folder is not path else ""
         info.notes.insert(0, f"{folder} is a run folder{via}: this is its newest complete checkpoint, "
@@ -188,7 +191,9 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
             info.tool = "torchplace" if header.meta is not None else "safetensors"
             _from_header(header, info)
             if verify and header.meta is not None:
-                verify_data(fd, header)
+                with reporting(progress):
+                    begin(f"verifying {path.name}")
+                    verify_data(fd, header)
                 info.verified = True
             elif verify:
                 info.notes.append("a safetensors file has no checksums: only its structure and size were checked")
@@ -197,7 +202,8 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
     elif kind in ("torch-zip", "torch-pickle"):
         _from_torch_file(path, info, trust_pickle)
     elif kind in ("dcp", "dcp-foreign"):
-        _from_dcp(path, info, verify)
+        with reporting(progress):
+            _from_dcp(path, info, verify)
     elif kind == "accelerate":
         info.tool = "accelerate (save_state directory)"
         for name in sorted(os.listdir(path)):
@@ -243,6 +249,7 @@ def _from_dcp(path: Path, info: CheckpointInfo, verify: bool) -> None:
         if verify:
             fd = open_for_read(side)
             try:
+                begin(f"verifying {side.name}")
                 verify_data(fd, header)
             finally:
                 os.close(fd)

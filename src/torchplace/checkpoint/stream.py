@@ -25,6 +25,7 @@ import torch
 
 from ..errors import CheckpointError
 from ..hardware.accelerator import device_module
+from ..progress import advance
 from .format import CHUNK_BYTES, DAMAGED_FIX, Header, TensorEntry
 
 
@@ -99,9 +100,15 @@ class _Staging:
 
 
 def _run(tasks: Sequence[Callable[[], Any]], workers: int) -> list[Any]:
-    """Run TASKS on a thread pool; on the first failure, skip the rest and re-raise it."""
+    """Run TASKS on a thread pool; on the first failure, skip the rest and re-raise it.
+
+    Each finished task is reported to the progress callback current on this thread, if any."""
     if workers <= 1 or len(tasks) <= 1:
-        return [t() for t in tasks]
+        results = []
+        for t in tasks:
+            results.append(t())
+            advance(total=len(tasks))
+        return results
     failed = threading.Event()
 
     def guarded(task: Callable[[], Any]) -> Any:
@@ -115,7 +122,10 @@ def _run(tasks: Sequence[Callable[[], Any]], workers: int) -> list[Any]:
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="torchplace-ckpt") as pool:
         futures = [pool.submit(guarded, t) for t in tasks]
-        errors = [f.exception() for f in futures]
+        errors = []
+        for f in futures:
+            errors.append(f.exception())
+            advance(total=len(tasks))
     first = next((e for e in errors if e is not None), None)
     if first is not None:
         raise first

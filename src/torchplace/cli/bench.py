@@ -1,4 +1,8 @@
-"""`torchplace bench NAME`: run one benchmark, print a ratio table, write JSON."""
+"""`torchplace bench NAME`: run one benchmark, print a ratio table, write JSON, draw a plot.
+
+While it runs, a benchmark tells its progress to torchplace.progress; a bar shows it when stderr
+is a terminal (cli/progress.py).
+"""
 
 from __future__ import annotations
 
@@ -28,6 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--out", metavar="DIR", help="also write the JSON result under DIR")
         p.set_defaults(func=_run, bench_module=module)
         importlib.import_module(module).add_arguments(p)  # bench modules import torch lazily
+        if not any(action.dest == "plot" for action in p._actions):  # every bench draws its result the same way
+            p.add_argument("--plot", metavar="FILE",
+                           help="also draw the result into FILE (.png, .svg, .pdf; a log axis where values span "
+                                "100x or more; needs matplotlib: pip install 'torchplace[bench]')")
     parser.set_defaults(func=lambda args: _no_name(parser))
 
 
@@ -40,12 +48,22 @@ def _no_name(parser: argparse.ArgumentParser) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ..bench import plot
     from ..bench.common import machine_info, write_result
+    from ..progress import reporting
+    from .progress import progress_bar
 
-    result = importlib.import_module(args.bench_module).run(args)
+    if args.plot and not plot.available():  # said before the run, not after minutes of it
+        from .args import UsageError
+
+        raise UsageError(f"torchplace bench {args.bench}: error: {plot.MISSING}.")
+    with progress_bar() as bar, reporting(bar):
+        result = importlib.import_module(args.bench_module).run(args)
     result.machine = result.machine or machine_info()
     result.fill_ratios()
     path = write_result(result, args.out)
+    if args.plot:
+        result.notes.append(f"plot written to {plot.draw(result, args.plot)}")
     if args.json:
         print_json(result.to_dict())
     else:
