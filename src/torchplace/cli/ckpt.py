@@ -53,8 +53,10 @@ def _no_command(parser: argparse.ArgumentParser) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     from ..checkpoint import inspect
+    from .progress import progress_bar
 
-    info = inspect(args.file, verify=args.verify, trust_pickle=args.trust_pickle)
+    with progress_bar() as bar:
+        info = inspect(args.file, verify=args.verify, trust_pickle=args.trust_pickle, progress=bar)
     if args.json:
         print_json(info.to_dict(), default=str)
         return 0
@@ -95,8 +97,11 @@ def _convert(args: argparse.Namespace) -> int:
     if os.path.lexists(args.dst) and not args.force:
         raise UsageError(f"torchplace ckpt convert: error: {args.dst} exists, and convert would replace it. "
                          "Fix: pass --force to replace it, or name another OUT.")
+    from .progress import progress_bar
 
-    result = convert(args.src, args.dst, trust_pickle=args.trust_pickle, weights_only=args.weights_only)
+    with progress_bar() as bar:
+        result = convert(args.src, args.dst, trust_pickle=args.trust_pickle, weights_only=args.weights_only,
+                         progress=bar)
     if args.json:
         print_json({"path": str(result.path), "source_tool": result.source_tool,
                     "stripped_prefix": result.stripped_prefix, "tensors": result.tensors,
