@@ -132,4 +132,7 @@ def main(argv: list[str] | None = None) -> list[float]:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except tp.TorchplaceError as exc:  # a wrong --device, --resume with nothing saved: one line, not a traceback
+        raise SystemExit(f"train.py: error: {exc}") from None
