@@ -250,7 +250,9 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
         dev = info.device
         made = "adopted (made by another library)" if info.adopted else f"launched by {info.launcher or 'hand'}"
         decisions.append(f"process group: {info.backend}, rank {info.rank} of {info.world_size} "
-                         f"(local rank {info.local_rank}), {made}")
+                         f"(local rank {info.local_rank}), {made}"
+                         + (f", start {info.attempt + 1} of the group (the launcher restarted the workers)"
+                            if info.restarted else ""))
     else:
         dev = resolve_device(device)
     decisions.insert(0, _describe_device(dev) + (" (auto)" if device == "auto" else ""))

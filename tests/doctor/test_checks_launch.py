@@ -43,9 +43,3 @@ def test_a_slurm_task_sees_the_derived_address():
 def test_an_inconsistent_launch_is_an_error():
     [f] = findings({"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
     assert (f.id, f.severity) == ("launch.inconsistent", "error") and "RANK=2 is not below WORLD_SIZE=2" in f.detail
-
-
-def test_localhost_across_nodes_is_a_warning():
-    [f] = findings({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "GROUP_WORLD_SIZE": "2",
-                    "MASTER_ADDR": "localhost", "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "x"})
-    assert f.severity == "warning" and "not localhost" in f.fix

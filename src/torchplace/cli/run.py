@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-free-memory", metavar="SIZE", help="only GPUs with this much free memory, e.g. 20GiB")
     p.add_argument("--max-utilization", type=int, metavar="PCT", help="only GPUs at most PCT percent busy")
     add_snapshot(p, "pick from a captured snapshot (for trying things out)")
+    p.add_argument("--flight-recorder", metavar="DIR",
+                   help="record every rank's collectives (torch's flight recorder); on a timeout each rank dumps "
+                        "into DIR and the failure names the rank that never entered the collective")
     p.add_argument("--dry-run", action="store_true", help="print what would run and exit (holds no lease)")
     add_json(p, "with --dry-run: print the plan as JSON")
     group = p.add_argument_group("torchrun options passed through (several nodes: --nnodes, --rdzv-*)")
@@ -63,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     torchrun = {k[3:]: v for k, v in vars(args).items() if k.startswith("tr_") and v is not None}
     plan = runner.plan(cmd, gpus=args.gpus, nproc=args.nproc, once=args.once, wait=args.wait,
                        min_free_memory=args.min_free_memory, max_utilization=args.max_utilization,
-                       snapshot=args.snapshot, torchrun=torchrun, lease=not args.dry_run)
+                       snapshot=args.snapshot, torchrun=torchrun, lease=not args.dry_run,
+                       flight_recorder=args.flight_recorder)
     if args.dry_run:
         if args.json:
             print_json(plan.to_dict())

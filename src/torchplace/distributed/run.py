@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -118,11 +119,14 @@ class RunPlan:
 def plan(cmd: Sequence[str], *, gpus: str | int | GpuRequest = 1, nproc: int | None = None,
          once: bool = False, wait: float | str | None = None, min_free_memory: int | str | None = None,
          max_utilization: int | None = None, snapshot: str | None = None,
-         torchrun: dict[str, Any] | None = None, lease: bool = True) -> RunPlan:
+         torchrun: dict[str, Any] | None = None, lease: bool = True,
+         flight_recorder: str | os.PathLike[str] | None = None) -> RunPlan:
     """Pick and lease the GPUs and build the command and environment for the job.
 
     `torchrun` holds pass-through options by name (see TORCHRUN_OPTIONS), e.g.
-    ``{"nnodes": "2", "rdzv_endpoint": "node0:29400", "rdzv_backend": "c10d"}``.
+    ``{"nnodes": "2", "rdzv_endpoint": "node0:29400", "rdzv_backend": "c10d"}``. `flight_recorder`: a
+    folder; torch's flight recorder is turned on and every rank dumps there when a collective times
+    out, and the job's failure message says which rank never entered which collective.
     """
     cmd = list(cmd)
     if cmd and cmd[0] == "--":
@@ -139,6 +143,13 @@ def plan(cmd: Sequence[str], *, gpus: str | int | GpuRequest = 1, nproc: int | N
     changes: dict[str, str] = {}
     picked = None
     notes: list[str] = []
+    if flight_recorder is not None:
+        from .flight_recorder import recorder_env
+
+        os.makedirs(flight_recorder, exist_ok=True)
+        changes.update({k: v for k, v in recorder_env(os.path.abspath(flight_recorder)).items()
+                        if k not in os.environ or k.endswith("_FILE")})
+        notes.append(f"flight recorder on: every rank dumps into {flight_recorder} when a collective times out")
     if not once and not any(k in torchrun for k in _MULTINODE_OPTIONS):
         slurm, sources = torchrun_options_from_slurm()
         if slurm:  # srun started this launcher once per node: make them one job
@@ -223,15 +234,35 @@ def _exit_code(code: int | None) -> int:
     return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as shells report
 
 
+def _print_flight_record(since: float) -> None:
+    """After a failure: the flight recorder's verdict, when the job dumped one (TORCH_FR_DUMP_TEMP_FILE)."""
+    prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    if not prefix:
+        return
+    from .flight_recorder import read_traces, summarize
+
+    folder, name = os.path.split(prefix)
+    try:
+        fresh = [t for t in read_traces(folder or ".", name) if t.path.stat().st_mtime >= since - 1]
+    except (OSError, TorchplaceError) as exc:
+        print(f"torchplace run: the flight recorder dumps in {folder} could not be read: {exc}", file=sys.stderr)
+        return
+    if fresh:
+        print(f"torchplace run: flight recorder ({len(fresh)} dump(s) in {folder}): {summarize(fresh).describe()}",
+              file=sys.stderr)
+
+
 def torchrun_main(argv: Sequence[str]) -> int:
     """Run torch.distributed.run in this process; return the first failed rank's exit code."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
+    started = time.time()
     try:
         run(parse_args(list(argv)))
     except ChildFailedError as exc:
+        _print_flight_record(started)
         rank, failure = exc.get_first_failure()
         code = _exit_code(failure.exitcode)
         others = sorted(set(exc.failures) - {rank})
