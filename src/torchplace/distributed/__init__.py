@@ -7,7 +7,10 @@
 - `run`: `torchplace run`, which picks, leases, sets CUDA_VISIBLE_DEVICES and hands over to
   the command or to torchrun (torch.distributed.run).
 - `group`: `torchplace.dist`: init from torchrun/SLURM, health check, stragglers, teardown;
-  `group_state` holds the record of the group it made.
+  `group_state` holds the record of the group it made, `join` the validated join and its
+  attempts (each start of the group after a torchrun restart gets its own store keys).
+- `flight_recorder`: torch's flight recorder turned on, its dumps read without unpickling code,
+  and the rank that never entered a collective named.
 
 Submodules load on use; importing this package imports neither torch nor NVML.
 """
