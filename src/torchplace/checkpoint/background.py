@@ -393,7 +393,7 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
                                    {"world_size": world_size, "rotation": rotate_after})
         planned = plan_file(tree, allow_pickle=allow_pickle)
         del tree
-        pinned = any(t.device.type == "cuda" for t in planned.tensors.values())  # (a CUDA tensor: CUDA runs)  # cuda-only: pinned staging serves the CUDA streams above
+        pinned = any(t.device.type == "cuda" for t in planned.tensors.values())  # cuda-only: pinned staging serves the CUDA streams above
         need = staging.need(planned.data_bytes, pinned)
         problem = memory_problem(need, _available_memory())
         if problem:
