@@ -237,8 +237,8 @@ def _packed_ratios(result: BenchResult, ms: dict[str, float], cpu: dict[str, flo
                                      "per batch, copies only", ratios[f"cpu_vs_{send_name}"], 0.25, "<="))
     if f"dataloader_cpu_vs_{send_name}" in ratios:
         result.targets.append(Target(f"DataLoader {workers} workers: packed_collate + DeviceLoader / {send_name}, "
-                                     f"{what}, training-process CPU per batch", ratios[f"dataloader_cpu_vs_{send_name}"],
-                                     0.25, "<="))
+                                     f"{what}, training-process CPU per batch",
+                                     ratios[f"dataloader_cpu_vs_{send_name}"], 0.25, "<="))
 
 
 def _bulk(result: BenchResult, args: argparse.Namespace, dev: Any, env: Env) -> BenchResult:
