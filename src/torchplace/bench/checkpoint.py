@@ -8,7 +8,11 @@ For each size (default 1 GiB and 10 GiB of fp32 tensors on the benchmark device)
 - torch.load(map_location=device), and torchplace.load(device=device) (checksums verified),
   each synchronized.
 
-Loads read the files just written, so they come from the page cache for both tools. Targets
+Then, on the same state (`checkpoint_async`): the stall of torchplace.save_async against
+torch.save, dcp.async_save and a bare copy into pinned host memory; a compute step's time while
+a background save writes against without; loads to the device against safetensors and
+torch.load(mmap=True) + .to. Loads read the files just written, so they come from the page
+cache for every tool. Targets
 (issue 5, on the H200 machine): save >= 90% of the plain write speed, load to the GPU >= 4x
 torch.load. Files go to --dir (default: a fresh temporary directory on local disk, not tmpfs)
 and are removed at the end; the largest size needs about twice its size free there.
@@ -21,9 +25,12 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+from ..progress import advance, begin, silenced
 from ..units import parse_size, size_label
+from . import checkpoint_async as background
 from .common import BenchResult, Row, Target, median
 
 TENSOR_BYTES = 64 * 2**20
@@ -98,28 +105,30 @@ def _nothing() -> None:
     pass
 
 
-def _timed(variants: dict[str, Variant], repeats: int) -> dict[str, float]:
+def _timed(variants: dict[str, Variant], repeats: int, what: str = "timing") -> dict[str, float]:
     """Median seconds of each variant's run over REPEATS rounds; variants take turns within a round
     (so drift on a shared disk hits them all alike). Each is (set-up, timed run, clean-up)."""
     times: dict[str, list[float]] = {name: [] for name in variants}
+    begin(what, repeats * len(variants))
     for _ in range(repeats):
         for name, (before, fn, after) in variants.items():
             before()
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
+            with silenced():  # torchplace.save's own chunk reports are not this bench's steps
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
             after()
+            advance()
     return {name: median(t) for name, t in times.items()}
 
 
-def _measure(size: int, dev: Any, root: str, repeats: int) -> dict[str, float]:
-    """GB/s of every variant for SIZE bytes of fp32 tensors on DEV, files under ROOT (removed after)."""
+def _measure(size: int, dev: Any, root: str, repeats: int, state: dict[str, Any]) -> dict[str, float]:
+    """GB/s of every variant for STATE (SIZE bytes of fp32 tensors on DEV), files under ROOT (removed after)."""
     import torch
 
     from ..checkpoint import load, save
 
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    state = _state(size, dev)
     sync()
     host = {"raw": _host_bytes(state, size)}  # a dict, so it can be freed before the loads
     paths = {k: os.path.join(root, f"{k}-{size_label(size)}") for k in ("plain", "torch", "tp")}
@@ -157,9 +166,11 @@ def _measure(size: int, dev: Any, root: str, repeats: int) -> dict[str, float]:
         _remover(paths["plain"])()
         seconds = _timed({"plain": (_nothing, plain_write, _remover(paths["plain"])),  # disk space: one file at a time
                           "tsave": (_remover(paths["torch"]), torch_save, _nothing),
-                          "save": (_remover(paths["tp"]), tp_save, _nothing)}, repeats)
+                          "save": (_remover(paths["tp"]), tp_save, _nothing)}, repeats,
+                         f"{size_label(size)}: saves")
         host.clear()
-        seconds.update(_timed({"tload": (sync, torch_load, _nothing), "load": (sync, tp_load, _nothing)}, repeats))
+        seconds.update(_timed({"tload": (sync, torch_load, _nothing), "load": (sync, tp_load, _nothing)}, repeats,
+                              f"{size_label(size)}: loads"))
     finally:
         for path in paths.values():
             _remover(path)()
@@ -179,13 +190,22 @@ def run(args: argparse.Namespace) -> BenchResult:
     notes = [f"files in {root} (removed after); loads read files just written, from the page cache, for every tool",
              "ratio: save rows against the plain write of the same size, load rows against torch.load of the same size",
              "torchplace.save starts each chunk's write-out to disk as soon as it is written (sync_file_range); "
-             "the plain write and torch.save leave it all to the final fsync"]
+             "the plain write and torch.save leave it all to the final fsync",
+             "stall rows: ms the caller waits, ratio against the bare copy (lower is better); step rows: ratio "
+             "against the step alone; the load rows of safetensors, torch.load(mmap) and torchplace: ratio is "
+             "how many times faster than safetensors load_file"]
     try:
         for size in sizes:
             repeats = args.repeats or (1 if args.quick else 2 if size > 2 * 2**30 else 3)
             label = size_label(size)
-            gbs = _measure(size, dev, root, repeats)
+            state = _state(size, dev)
+            gbs = _measure(size, dev, root, repeats, state)
             extra = {"bytes": size, "repeats": repeats}
+            stalls = background.measure_stalls(state, size, dev, root, repeats)
+            steps = background.measure_steps(state, dev, root)
+            loads = background.measure_loads(state, dev, root, repeats)
+            del state
+            more_rows, more_targets = background.rows_for(label, size, dev, stalls, steps, loads, extra)
             rows += [
                 Row(f"{label} plain write+fsync", gbs["plain"], "GB/s", 1.0, extra),
                 Row(f"{label} torch.save+fsync", gbs["tsave"], "GB/s", gbs["tsave"] / gbs["plain"], extra),
@@ -193,7 +213,9 @@ def run(args: argparse.Namespace) -> BenchResult:
                 Row(f"{label} torch.load -> {dev}", gbs["tload"], "GB/s", 1.0, extra),
                 Row(f"{label} torchplace.load -> {dev}", gbs["load"], "GB/s", gbs["load"] / gbs["tload"], extra),
             ]
+            rows += more_rows
             targets.append(Target(f"{label} save vs plain write", gbs["save"] / gbs["plain"], 0.9, ">="))
+            targets += more_targets
             if dev.type == "cuda":
                 targets.append(Target(f"{label} load to {dev} vs torch.load", gbs["load"] / gbs["tload"], 4.0, ">="))
                 torch.cuda.empty_cache()

@@ -11,17 +11,18 @@ made ahead and through a real DataLoader with worker processes, each with the tr
 CPU time per step beside the wall time; and a recommender batch (26 sparse features as values +
 offsets, 13 dense) beside the synthetic one (`--structure`).
 
-The step loop (`Variant`, `measure`, `plot`) is in `steps.py`, shared with `bench loader`.
+The step loop (`Variant`, `measure`) is in `steps.py`, shared with `bench loader`.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from .common import BenchResult, Row, Target, time_host
-from .steps import Compute, Env, Variant, accelerate_send, add_loop_arguments, gbps, measure, paired_ratio, plot
+from .steps import Compute, Env, Variant, accelerate_send, add_loop_arguments, gbps, measure, paired_ratio
 
 _ACCELERATE = "accelerate send_to_device, pinned"
 _TO_DEVICE = "torchplace to_device, pinned"
@@ -47,7 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None,
                         help="DataLoader worker processes for the whole-way variants (default 4; 0 skips them)")
     parser.add_argument("--quick", action="store_true", help="few steps and a small bulk copy (CPU, CI)")
-    parser.add_argument("--plot", metavar="FILE", help="draw step time per variant into FILE (needs matplotlib)")
 
 
 def run(args: argparse.Namespace) -> BenchResult:
@@ -249,8 +249,6 @@ def _bulk(result: BenchResult, args: argparse.Namespace, dev: Any, env: Env) -> 
     elif bulk_mib:
         result.params["bulk_GBps"] = bulk = bulk_bandwidth(dev, bulk_mib, env)
         result.notes.append(f"one {bulk_mib} MiB tensor, GB/s: " + ", ".join(f"{k} {v:.1f}" for k, v in bulk.items()))
-    if args.plot:
-        plot(result, args.plot)
     return result
 
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable, Generic, Iterable, Iterator, NamedTuple, Sequence, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import torch
 

@@ -49,7 +49,8 @@ class Machine:
         accel, accel_count = accelerator()
         if accel == "cuda":
             accel, accel_count = None, 0
-        current = torch.cuda.current_device() if count and torch.cuda.is_initialized() else None  # cuda-only: cuda specs map onto CUDA_VISIBLE_DEVICES (physical:N, UUIDs); other back ends go through accelerator()
+        initialized = count and torch.cuda.is_initialized()  # cuda-only: maps onto CUDA_VISIBLE_DEVICES
+        current = torch.cuda.current_device() if initialized else None  # cuda-only: maps onto CUDA_VISIBLE_DEVICES
         return cls(count, visible, has_cuda, launch_env.local_rank(), accel, accel_count, current, notes)
 
     @classmethod
@@ -68,7 +69,7 @@ def cuda_device_count(visible: VisibleMap, notes: list[str], count: Any = None) 
     (see hardware/visible.py), so its reading is used instead and a note says why.
     """
     try:
-        return int((count or torch.cuda.device_count)())  # cuda-only: cuda specs map onto CUDA_VISIBLE_DEVICES (physical:N, UUIDs); other back ends go through accelerator()
+        return int((count or torch.cuda.device_count)())  # cuda-only: maps onto CUDA_VISIBLE_DEVICES
     except ValueError as exc:
         notes.append(f"torch.cuda.device_count() failed on CUDA_VISIBLE_DEVICES="
                      f"{_short(visible.cuda_visible_devices)} ({exc}); using the driver's reading: "

@@ -13,8 +13,9 @@ import os
 import threading
 import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 import torch
 

@@ -57,7 +57,7 @@ def target_device(spec: DeviceSpec) -> torch.device:
 def _stable(text: str) -> bool:
     if text in ("cpu", "meta"):
         return True
-    return bool(_CUDA_INDEXED.match(text)) and torch.cuda.is_initialized()  # cuda-only: CUDA fixes its count at init; other back ends are resolved every call
+    return bool(_CUDA_INDEXED.match(text)) and torch.cuda.is_initialized()  # cuda-only: count fixed at init
 
 
 def to_device(obj: T, device: DeviceSpec, *, non_blocking: bool | None = None) -> T:
