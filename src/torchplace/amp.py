@@ -80,12 +80,14 @@ def _cuda_plan(dev: torch.device, requested: str | None, name: str | None,
     """Plan for a live CUDA (or ROCm) device; returns the plan and the capability used."""
     import torch
 
-    name = name or torch.cuda.get_device_name(dev)  # cuda-only: compute capabilities (and ROCm's bf16 query) describe CUDA devices; the precision table is per CUDA architecture
+    # cuda-only (each torch.cuda line below): compute capabilities (and ROCm's bf16 query) describe CUDA devices;
+    # the precision table is per CUDA architecture
+    name = name or torch.cuda.get_device_name(dev)  # cuda-only: precision table is per CUDA architecture
     if torch.version.hip:  # ROCm's "capabilities" are gfx numbers: ask torch about native bf16 instead
-        with torch.cuda.device(dev):  # cuda-only: compute capabilities (and ROCm's bf16 query) describe CUDA devices; the precision table is per CUDA architecture
-            native = torch.cuda.is_bf16_supported(including_emulation=False)  # cuda-only: compute capabilities (and ROCm's bf16 query) describe CUDA devices; the precision table is per CUDA architecture
+        with torch.cuda.device(dev):  # cuda-only: ROCm's bf16 query goes through torch.cuda
+            native = torch.cuda.is_bf16_supported(including_emulation=False)  # cuda-only: ROCm's bf16 query
         return decide_rocm(native, name, requested, tf32), None
-    major, minor = torch.cuda.get_device_capability(dev)  # cuda-only: compute capabilities (and ROCm's bf16 query) describe CUDA devices; the precision table is per CUDA architecture
+    major, minor = torch.cuda.get_device_capability(dev)  # cuda-only: precision table is per CUDA architecture
     return decide_cuda((major, minor), requested, name, tf32), (major, minor)
 
 
@@ -161,7 +163,6 @@ class PrecisionPolicy:
         report_first_step(self.last_check, should_raise(strict if strict is not None else self.strict), stacklevel=3)
 
     def _ensure_available(self) -> None:
-        import torch
 
         kind = self.device.type
         if kind == "cpu":

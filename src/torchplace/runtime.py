@@ -9,23 +9,24 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 
 from .hardware.launch_env import read_launch_env
 
 if TYPE_CHECKING:
+    from .amp import PrecisionPolicy
     from .checkpoint.background import SaveFuture
     from .checkpoint.loading import Checkpoint
     from .checks.explain import Explanation
     from .distributed.group_state import DistInfo
     from .placement.loader import DeviceLoader
     from .placement.resolve import DeviceSpec
-    from .amp import PrecisionPolicy
     from .policy.threads import ThreadPlan
 
 T = TypeVar("T")
@@ -236,14 +237,15 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
         print(rt.summary())
         ```
     """
-    from .placement.resolve import device as resolve_device
     from .amp import precision_for
+    from .placement.resolve import device as resolve_device
 
     decisions: list[str] = []
     launch = read_launch_env()
     info = None
     existing = torch.distributed.is_available() and torch.distributed.is_initialized()  # Fabric, Accelerate
-    if distributed is True or (distributed == "auto" and (existing or launch.launched and (launch.world_size or 1) > 1)):
+    if distributed is True or (distributed == "auto"
+                               and (existing or launch.launched and (launch.world_size or 1) > 1)):
         from .distributed.group import init
 
         info = init(device=None if device == "auto" else device)

@@ -40,7 +40,8 @@ def test_auto_follows_local_rank(monkeypatch):
 
 
 def test_errors_list_what_exists():
-    with pytest.raises(DeviceError, match=r"npu:2 requested, but 2 npu device\(s\) exist\. Available: cpu.*npu:0\.\.npu:1"):
+    with pytest.raises(DeviceError,
+                       match=r"npu:2 requested, but 2 npu device\(s\) exist\. Available: cpu.*npu:0\.\.npu:1"):
         tp.device("npu:2")
     if not torch.cuda.is_available():
         with pytest.raises(DeviceError, match=r"cuda:0 requested.*"):

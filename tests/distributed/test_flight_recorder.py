@@ -20,7 +20,8 @@ class _Boom:
 def test_a_dump_that_names_any_global_is_refused_not_run(tmp_path, capsys):
     path = tmp_path / "fr_rank_0"
     path.write_bytes(pickle.dumps({"entries": [], "x": _Boom()}))
-    with pytest.raises(DistributedError, match=r"not a flight recorder dump torchplace can read safely .*builtins.print"):
+    with pytest.raises(DistributedError,
+                       match=r"not a flight recorder dump torchplace can read safely .*builtins.print"):
         load_dump(path)
     assert "code from the file ran" not in capsys.readouterr().out
     path.write_bytes(pickle.dumps([1, 2]))

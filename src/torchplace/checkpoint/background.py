@@ -33,9 +33,10 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -96,7 +97,9 @@ class HostStaging:
 
     def stream(self, device: torch.device) -> Any:
         if device not in self._streams:
-            self._streams[device] = torch.cuda.Stream(device=device)  # cuda-only: the background save overlaps its device-to-host copy on CUDA streams (measured on H200); other back ends copy synchronously
+            # cuda-only: the background save overlaps its device-to-host copy on CUDA streams (measured on H200);
+            # other back ends copy synchronously
+            self._streams[device] = torch.cuda.Stream(device=device)  # cuda-only: side streams are CUDA's (above)
         return self._streams[device]
 
     def copy_in(self, planned: Planned) -> None:
@@ -110,8 +113,10 @@ class HostStaging:
             cuda = t.device.type == "cuda"
             if cuda and t.device not in used:  # the side stream sees everything queued before this call
                 used[t.device] = self.stream(t.device)
-                used[t.device].wait_stream(torch.cuda.current_stream(t.device))  # cuda-only: the background save overlaps its device-to-host copy on CUDA streams (measured on H200); other back ends copy synchronously
-            with torch.cuda.stream(used[t.device]) if cuda else nullcontext():  # cuda-only: the background save overlaps its device-to-host copy on CUDA streams (measured on H200); other back ends copy synchronously
+                # cuda-only: the background save overlaps its device-to-host copy on CUDA streams (measured on
+                # H200); other back ends copy synchronously
+                used[t.device].wait_stream(torch.cuda.current_stream(t.device))  # cuda-only: CUDA side streams
+            with torch.cuda.stream(used[t.device]) if cuda else nullcontext():  # cuda-only: CUDA side streams
                 src = byte_view(t)
                 pos = e.start
                 while pos < e.end:
@@ -393,7 +398,8 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
                                    {"world_size": world_size, "rotation": rotate_after})
         planned = plan_file(tree, allow_pickle=allow_pickle)
         del tree
-        pinned = any(t.device.type == "cuda" for t in planned.tensors.values())  # cuda-only: pinned staging serves the CUDA streams above
+        # cuda-only: pinned staging serves the CUDA streams above
+        pinned = any(t.device.type == "cuda" for t in planned.tensors.values())
         need = staging.need(planned.data_bytes, pinned)
         problem = memory_problem(need, _available_memory())
         if problem:

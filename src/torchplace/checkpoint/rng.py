@@ -26,8 +26,9 @@ def capture() -> dict[str, Any]:
     "cuda", or the type of another back end ("xpu", a vendor's "npu" ...)."""
     state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
                              "cpu": torch.get_rng_state()}
-    if torch.cuda.is_initialized():  # cuda-only: CUDA's states are kept under 'cuda' beside another back end's, as before
-        state["cuda"] = torch.cuda.get_rng_state_all()  # cuda-only: CUDA's states are kept under 'cuda' beside another back end's
+    # cuda-only: CUDA's states are kept under 'cuda' beside another back end's, as before
+    if torch.cuda.is_initialized():  # cuda-only: CUDA's states are kept under 'cuda'
+        state["cuda"] = torch.cuda.get_rng_state_all()  # cuda-only: CUDA's states are kept under 'cuda'
     kind = accelerator_type()
     mod = device_module(kind) if kind not in (None, "cuda") else None
     if mod is not None and hasattr(mod, "get_rng_state_all") and getattr(mod, "is_initialized", lambda: True)():
@@ -85,4 +86,5 @@ def _restore_device(kind: str, saved: Any, device: torch.device, saved_device: s
     restored.append(f"{kind}:{here}" + (f" (saved from {kind}:{src})" if src != here else ""))
     for i, name in enumerate(names):
         if i != src:
-            skipped[name] = f"this run uses {kind}:{here}, which got the generator of {kind}:{src} (where the model was)"
+            skipped[name] = (f"this run uses {kind}:{here}, which got the generator of {kind}:{src} "
+                             "(where the model was)")

@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 import threading
 import zlib
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -141,7 +142,8 @@ def _copy_pieces(pieces: list[_Piece], flat: dict[str, torch.Tensor], buf: torch
     for p in pieces:
         tensor, place = flat[p.entry.key][p.lo:p.hi], buf[p.at:p.at + p.hi - p.lo]
         dst, src = (place, tensor) if into_buffer else (tensor, place)
-        if tensor.device.type == "cuda":  # cuda-only: chunk copies overlapped on side streams were measured on CUDA; other back ends copy synchronously
+        # cuda-only: chunk copies overlapped on side streams were measured on CUDA; other back ends copy synchronously
+        if tensor.device.type == "cuda":
             s = staging.stream(tensor.device)
             used.add(s)
             with torch.cuda.stream(s):  # cuda-only: the side streams are made for CUDA pieces only (above)

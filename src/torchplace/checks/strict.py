@@ -79,7 +79,7 @@ class Strict(ContextDecorator):
             if self._factories is not None:
                 self._factories.__exit__(exc_type, exc, tb)
             if self._sync_mode is not None:
-                torch.cuda.set_sync_debug_mode(self._sync_mode)  # cuda-only: sync debug mode exists for CUDA alone in torch
+                torch.cuda.set_sync_debug_mode(self._sync_mode)  # cuda-only: sync debug mode is CUDA's alone
             if self.config.leaks:  # while an error is already propagating, a leak is only a warning
                 leak_check.check_block(self._entry, self._seq, self.config.leaks if exc is None else "warn")
         finally:
@@ -222,5 +222,5 @@ def _set_sync_mode(action: str | None) -> int | None:
     if not action or not torch.cuda.is_available():  # cuda-only: sync debug mode exists for CUDA alone in torch
         return None
     previous = torch.cuda.get_sync_debug_mode()  # cuda-only: sync debug mode exists for CUDA alone in torch
-    torch.cuda.set_sync_debug_mode("warn" if action == "warn" else "error")  # cuda-only: sync debug mode exists for CUDA alone in torch
+    torch.cuda.set_sync_debug_mode("warn" if action == "warn" else "error")  # cuda-only: CUDA's alone in torch
     return previous

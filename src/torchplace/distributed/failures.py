@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..errors import DistributedError
 from ..hardware.launch_env import LaunchEnv
@@ -81,7 +81,8 @@ def explain(exc: BaseException | str, launch: LaunchEnv | None = None,
         return DistributedError(
             f"Port {port} is already in use on this host{f' by {who}' if who else ''}, so rank 0 cannot "
             f"open the rendezvous store there ({_where(launch)}). Often an earlier job still runs or "
-            "two jobs chose the default 29500, or two processes of this job both have RANK=0. Fix: stop that process, set MASTER_PORT to a free "
+            "two jobs chose the default 29500, or two processes of this job both have RANK=0. "
+            "Fix: stop that process, set MASTER_PORT to a free "
             "port, or launch with `torchplace run` / `torchrun --standalone`, which choose a free port.")
     m = re.search(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined", text)
     if m:

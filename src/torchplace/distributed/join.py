@@ -167,7 +167,8 @@ def _device_uuid(dev: torch.device) -> str | None:
     if dev.type != "cuda":
         return None
     try:
-        return str(torch.cuda.get_device_properties(dev).uuid)  # cuda-only: GPU UUIDs match NVML's records of NVIDIA GPUs
+        # cuda-only: GPU UUIDs match NVML's records of NVIDIA GPUs
+        return str(torch.cuda.get_device_properties(dev).uuid)  # cuda-only: NVML's UUIDs of NVIDIA GPUs
     except (AttributeError, RuntimeError):
         return None
 

@@ -84,7 +84,8 @@ class Picked:
         variables only once, when it starts.
         """
         torch = sys.modules.get("torch")
-        if environ is None and torch is not None and torch.cuda.is_initialized():  # cuda-only: CUDA_VISIBLE_DEVICES is read once, when CUDA starts
+        # cuda-only: CUDA_VISIBLE_DEVICES is read once, when CUDA starts
+        if environ is None and torch is not None and torch.cuda.is_initialized():  # cuda-only: see the line above
             raise LeaseError(
                 f"CUDA already started in this process (pid {os.getpid()}), so setting "
                 f"CUDA_VISIBLE_DEVICES={self.cuda_visible_devices!r} now has no effect. Fix: call "

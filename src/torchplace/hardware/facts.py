@@ -21,7 +21,8 @@ from .versions import Versions, read_versions
 from .visible import VisibleMap, map_visible
 
 ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "LOCAL_", "SLURM_")
-ENV_NAMES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "GROUP_WORLD_SIZE", "ACCELERATE_MIXED_PRECISION")
+ENV_NAMES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "GROUP_WORLD_SIZE",
+             "ACCELERATE_MIXED_PRECISION")
 
 
 def relevant_env(environ: dict[str, str] | None = None) -> dict[str, str]:

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 import torchplace
+from torchplace.doctor.diagnose import diagnose  # what `torchplace doctor` reports inside the job
 
 
 def say(record: dict) -> None:
@@ -57,8 +58,6 @@ report = torchplace.dist.stragglers([0.1, 0.1] if info.rank != 1 else [0.3, 0.5]
 record["slow_ranks"] = report.slow_ranks
 record["step_times"] = report.step_times_s
 record["attempt"], record["restarted"] = info.attempt, info.restarted
-from torchplace.doctor.diagnose import diagnose  # what `torchplace doctor` reports inside the job
-
 record["doctor"] = [f.to_dict() for f in diagnose().findings if f.id.startswith("launch.")]
 say(record)
 torchplace.dist.teardown()
