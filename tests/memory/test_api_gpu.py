@@ -3,6 +3,7 @@ the batch-size search under torch.cuda.set_per_process_memory_fraction."""
 
 from __future__ import annotations
 
+import gc
 import warnings
 from pathlib import Path
 
@@ -102,6 +103,7 @@ def test_clean_adamw_loop_stays_silent_on_the_gpu():
 @pytest.fixture
 def capped_gpu():
     """Cap this process at what it holds now plus 1 GiB; undo afterwards."""
+    gc.collect()  # tensors earlier tests left in cycles would be freed mid-test and raise the headroom
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(DEV).total_memory
     torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved(DEV) + 1024 * MiB) / total, DEV)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from placement.test_collate import RecsysBatches, Samples, _recsys_batch, _sample, assert_same
@@ -24,6 +26,7 @@ def dev() -> torch.device:
 @pytest.mark.parametrize("pinned", [True, False], ids=["pin_memory", "pageable"])
 def test_rebuilt_batches_on_cuda_equal_the_source(dev, pinned):
     loader = DataLoader(Samples(), batch_size=4, num_workers=2, collate_fn=tp.packed_collate(), pin_memory=pinned)
+    gc.collect()  # CUDA objects left in cycles by earlier tests would otherwise be freed in the forked workers
     got = list(tp.DeviceLoader(loader, dev))
     torch.cuda.synchronize()
     for i, batch in enumerate(got):

@@ -70,8 +70,8 @@ def run(args: argparse.Namespace) -> BenchResult:
 
         chosen = pick(nproc, wait=args.wait, lease=False)
         ids = chosen.uuids
-        one = ["--gpus", ids[0] + ",", "--wait", args.wait]
-        several = ["--gpus", ",".join(ids), "--wait", args.wait]
+        one = ["--gpus", ids[0] + ",", "--wait", str(args.wait)]  # seconds, as the CLI parsed it
+        several = ["--gpus", ",".join(ids), "--wait", str(args.wait)]
         once = several + ["--once"]
         result.params["gpus"] = [f"physical {g.physical_index} ({g.uuid})" for g in chosen.gpus]
     with tempfile.TemporaryDirectory(prefix="torchplace-bench-ddp-") as tmp:

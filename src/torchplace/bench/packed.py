@@ -74,6 +74,7 @@ def dataloader(batches: list[Any], steps: int, workers: int, pin: bool, packed: 
 
     from ..placement.collate import packed_collate
 
+    gc.collect()  # CUDA objects in garbage cycles must not be freed in the forked workers (CUDA cannot run there)
     return DataLoader(BatchSource(batches, steps), batch_size=None, num_workers=workers, pin_memory=pin,
                       persistent_workers=True, prefetch_factor=4,
                       collate_fn=packed_collate(default_convert) if packed else default_convert)
