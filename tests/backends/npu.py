@@ -37,7 +37,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
@@ -91,7 +92,7 @@ class NpuTensor(torch.Tensor):
     host: torch.Tensor
 
     @staticmethod
-    def __new__(cls, host: torch.Tensor, device: torch.device, requires_grad: bool = False) -> "NpuTensor":
+    def __new__(cls, host: torch.Tensor, device: torch.device, requires_grad: bool = False) -> NpuTensor:
         t = torch.Tensor._make_wrapper_subclass(
             cls, host.shape, strides=host.stride(), storage_offset=host.storage_offset(), dtype=host.dtype,
             layout=host.layout, device=device, requires_grad=requires_grad)

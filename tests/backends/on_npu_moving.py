@@ -64,6 +64,8 @@ def test_device_loader_says_once_that_npu_has_no_streams():
     assert len([w for w in record if "npu" in str(w.message)]) == 1
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="pinned memory comes from CUDA's host allocator on this "
+                    "machine, so there is nothing to degrade (seen on the H200, 2026-12-01)")
 def test_pinning_degrades_where_the_back_end_has_no_pinned_memory():
     from torchplace.hardware import accelerator
     from torchplace.placement.transfer import pin

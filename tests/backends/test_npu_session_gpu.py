@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from backends.test_npu_session import _run
 
 

@@ -16,8 +16,14 @@ from pathlib import Path
 import pytest
 
 from torchplace.errors import DistributedError
-from torchplace.hardware.launch_env import (check, expand_nodelist, first_host, read_launch_env, slurm_nnodes,
-                                            torchrun_options_from_slurm)
+from torchplace.hardware.launch_env import (
+    check,
+    expand_nodelist,
+    first_host,
+    read_launch_env,
+    slurm_nnodes,
+    torchrun_options_from_slurm,
+)
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "slurm"
 

@@ -104,9 +104,12 @@ def test_clean_adamw_loop_stays_silent_on_the_gpu():
 def capped_gpu():
     """Cap this process at what it holds now plus 1 GiB; undo afterwards."""
     gc.collect()  # tensors earlier tests left in cycles would be freed mid-test and raise the headroom
+    torch.cuda.synchronize()  # blocks freed while side streams still used them return to the pool only now
     torch.cuda.empty_cache()
     total = torch.cuda.get_device_properties(DEV).total_memory
-    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved(DEV) + 1024 * MiB) / total, DEV)
+    # allocated, not reserved: blocks a side stream (DeviceLoader) still held when the cap was set went
+    # back to the pool later and made the headroom larger than 1 GiB on the H200 (batch 1023, 9 blocks)
+    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_allocated(DEV) + 1024 * MiB) / total, DEV)
     yield
     torch.cuda.set_per_process_memory_fraction(1.0, DEV)
     torch.cuda.empty_cache()

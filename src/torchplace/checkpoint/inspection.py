@@ -20,8 +20,8 @@ from ..progress import ProgressFn, begin, reporting
 from . import codec, foreign
 from .dcp_reader import read_dcp_metadata
 from .distributed import SIDE_FILE
-from .rotation import POINTER, complete_checkpoints, is_pointer
 from .format import Header, dtype_name, open_for_read, read_header
+from .rotation import POINTER, complete_checkpoints, is_pointer
 from .stream import verify_data
 
 _META_SHOWN = ("format_version", "torchplace_version", "torch_version", "created_utc", "hostname", "world_size",

@@ -8,9 +8,10 @@ The reading (`newest_name`) and the loading stay in the callers.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
 
 from ..errors import CheckpointError
 from .rotation import latest

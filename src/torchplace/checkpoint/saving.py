@@ -13,19 +13,18 @@ Reading it back is loading.py.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..errors import CheckpointError
 from . import distributed as tpdist
 from . import rng
 from .fileio import write_file
 from .rotation import check_name, check_pointer_slot, next_sequence, rotate
 from .state_dicts import clean_state, module_device, state_of, unwrap, versions_of
-
 
 RESERVED = ("model", "optimizer", "scheduler", "scaler", "extra", "rng")
 

@@ -32,7 +32,8 @@ import os
 import socket
 import sys
 import threading
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,9 +42,9 @@ from ..errors import DistributedError
 from ..hardware.accelerator import accelerator
 from ..hardware.launch_env import LaunchEnv, check, read_launch_env
 from .failures import explain, explained
+from .group_state import LOCK, STATE, DistInfo, seconds
 from .health import HealthReport, StragglerReport, health_check, stragglers
 from .join import Joined, attempt_prefix, join, make_store
-from .group_state import LOCK, STATE, DistInfo, seconds
 
 __all__ = ["DistInfo", "HealthReport", "StragglerReport", "init", "health_check", "stragglers",
            "teardown", "session", "explain", "explained", "info"]

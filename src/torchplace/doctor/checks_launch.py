@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import DistributedError
-from ..hardware.launch_env import LaunchEnv, check as check_launch_env, read_launch_env
+from ..hardware.launch_env import LaunchEnv, read_launch_env
+from ..hardware.launch_env import check as check_launch_env
 from .registry import Finding, check
 
 if TYPE_CHECKING:
