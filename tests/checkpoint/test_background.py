@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import torchplace
-from torchplace.checkpoint.background import SLAB_BYTES, HostStaging, memory_problem
+from torchplace.checkpoint.staging import SLAB_BYTES, HostStaging, memory_problem
 
 
 def _trained() -> tuple[nn.Module, torch.optim.Optimizer]:

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from ..units import format_bytes
-from .usage import _key_text
+from .containers import _key_text
 
 _CONTAINERS = (dict, list, set, frozenset, tuple, collections.deque)
 _SKIP = (types.FrameType, types.FunctionType, types.CodeType, types.ModuleType, type)

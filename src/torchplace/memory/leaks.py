@@ -34,8 +34,9 @@ from ..checks.strict_config import should_raise
 from ..errors import MemoryLeakError, MemoryLeakWarning
 from ..placement.resolve import DeviceSpec
 from ..units import format_bytes
+from .containers import containers_of
 from .holders import Growth, Holding, grown, holdings, name_holder, user_frames
-from .usage import LiveTensor, containers_of, cuda_origins, graph_holders, live_tensors, tensor_info
+from .usage import LiveTensor, cuda_origins, graph_holders, live_tensors, tensor_info
 
 CPU_TOLERANCE = 16 * 2**20  # heap noise (glibc arenas, thread caches); the resident set is noisier still
 CUDA_TOLERANCE = 2**20  # the caching allocator's counter is exact
