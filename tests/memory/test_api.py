@@ -33,8 +33,9 @@ def test_report_lists_largest_tensors_with_their_holders():
     cpu = report.devices[0]
     assert cpu.device == "cpu" and cpu.total_bytes and cpu.reserved_bytes and cpu.free_bytes
     assert cpu.allocated_bytes >= KEPT.table.untyped_storage().nbytes()
-    top = report.largest[0]
-    assert (top.shape, top.dtype, top.held_by) == ((700, 1000), "float32", "Cache.table")
+    # the largest three: other tests may leave a larger buffer alive (save_async keeps its staging slabs)
+    top = next(t for t in report.largest if t.held_by == "Cache.table")
+    assert (top.shape, top.dtype) == ((700, 1000), "float32")
     assert "2.7 MiB float32 [700, 1000] on cpu, held by Cache.table" in report.text()
 
 

@@ -166,3 +166,10 @@ def main() -> None:
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()
+    # Everything this rank checks is done and reported ("ok N", group destroyed). About one run in
+    # ten on the CI machine then died in interpreter shutdown with "terminate called without an
+    # active exception" (C++ threads of the destroyed gloo group / DDP reducer meeting static
+    # destructors; seen before save_async existed). Leave without running them.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
