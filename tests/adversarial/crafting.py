@@ -32,6 +32,17 @@ Craft = Callable[[Path], Path]
 CASES: dict[str, Craft] = {}
 
 
+class Payload:
+    """A pickled object whose unpickling calls os.mkdir(marker): if the marker exists, code from the
+    file ran (the checkpoint tests plant it wherever a reader might unpickle)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (str(self.marker),))
+
+
 def case(name: str) -> Callable[[Craft], Craft]:
     def register(fn: Craft) -> Craft:
         CASES[name] = fn

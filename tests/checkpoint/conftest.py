@@ -98,3 +98,9 @@ def readonly_dir():
             subprocess.run(["umount", str(path)], check=False)
         path.chmod(0o755)
         path.rmdir()
+
+
+@pytest.fixture
+def marker(tmp_path: Path) -> Path:
+    """Where a planted payload (adversarial.crafting.Payload) would make a directory if it ran."""
+    return tmp_path / "PAYLOAD-RAN"

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from adversarial.crafting import Payload  # tests/ is on the path
 from torch import nn
 
 import torchplace
@@ -27,21 +28,6 @@ from torchplace.checkpoint.distributed import SIDE_FILE
 from torchplace.checkpoint.fileio import write_file
 from torchplace.cli import main as cli_main
 from torchplace.runtime import setup
-
-
-class Payload:
-    """Unpickling this calls os.mkdir(marker): if the marker exists, code from the file ran."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.mkdir, (str(self.marker),))
-
-
-@pytest.fixture
-def marker(tmp_path: Path) -> Path:
-    return tmp_path / "PAYLOAD-RAN"
 
 
 def dcp_save(state: dict, folder: Path) -> None:

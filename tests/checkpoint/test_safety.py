@@ -2,31 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 from pathlib import Path
 
 import pytest
 import torch
+from adversarial.crafting import Payload  # tests/ is on the path
 
 import torchplace
 from torchplace.checkpoint import convert, inspect
 from torchplace.checkpoint.dcp_reader import read_dcp_metadata
-
-
-class Payload:
-    """Unpickling this calls os.mkdir(marker): if the marker exists, code from the file ran."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.mkdir, (str(self.marker),))
-
-
-@pytest.fixture
-def marker(tmp_path: Path) -> Path:
-    return tmp_path / "PAYLOAD-RAN"
 
 
 def test_a_torch_save_file_with_a_payload_is_refused(tmp_path: Path, marker: Path) -> None:
