@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -194,3 +195,38 @@ def test_runtime_save_async(tmp_path: Path) -> None:
     finally:
         rt.close()
     assert os.path.getsize(tmp_path / "c") > 64 * 64 * 4
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_writer_threads_lower_their_own_priority_and_pass_it_on() -> None:
+    from torchplace.checkpoint.background import lower_priority
+
+    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen: dict[str, int | None] = {}
+
+    def writer() -> None:
+        seen["writer"] = lower_priority(5)
+        child = threading.Thread(target=lambda: seen.update(child=os.getpriority(os.PRIO_PROCESS,
+                                                                                 threading.get_native_id())))
+        child.start()
+        child.join()
+        seen["zero"] = lower_priority(0)  # 0: leaves it as it is
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    thread.join()
+    expected = min(19, main + 5)
+    assert seen == {"writer": expected, "child": expected, "zero": expected}  # threads it starts inherit it
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == main  # the caller's thread keeps its own
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
+def test_the_writer_runs_at_the_module_s_priority(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchplace.checkpoint import background
+
+    main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    monkeypatch.setattr(background, "WRITER_NICE", 3)  # read at each save: the bench can try values
+    pending = torchplace.save_async(tmp_path / "c", model={"w": torch.ones(10)}, rng_state=False)
+    assert pending.result(timeout=60) == tmp_path / "c" and pending.writer_nice == min(19, main + 3)
+    monkeypatch.setattr(background, "WRITER_NICE", 0)
+    assert torchplace.save_async(tmp_path / "d", extra={"a": 1}).result(timeout=60) == tmp_path / "d"

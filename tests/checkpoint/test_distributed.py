@@ -1,4 +1,5 @@
-"""Two gloo ranks on the CPU: rank 0 writes, failures reach every rank, sharded models go through DCP."""
+"""Two gloo ranks on the CPU: rank 0 writes, failures reach every rank, sharded models go through DCP
+(save and save_async)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 HELPER = Path(__file__).parent / "helpers" / "dist_worker.py"
+ASYNC_SHARDED = Path(__file__).parent / "helpers" / "async_sharded_worker.py"  # save_async of an FSDP2 model
 
 
 def _free_port() -> int:
@@ -18,8 +20,17 @@ def _free_port() -> int:
 
 
 def test_two_ranks_save_and_load(tmp_path: Path) -> None:
+    _two_ranks(HELPER, tmp_path)
+
+
+def test_two_ranks_save_async_a_sharded_model(tmp_path: Path) -> None:
+    _two_ranks(ASYNC_SHARDED, tmp_path)
+
+
+def _two_ranks(helper: Path, tmp_path: Path) -> None:
+    """Run HELPER as ranks 0 and 1 of a gloo group; each must exit 0 and print 'ok RANK'."""
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(HELPER), str(rank), "2", str(tmp_path)], env=env,
+    procs = [subprocess.Popen([sys.executable, str(helper), str(rank), "2", str(tmp_path)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     outputs = []
     try:

@@ -11,6 +11,21 @@ into pinned memory, on a side stream that first waits for the work queued on the
 the call returns once that copy is complete, so training may change the model at once). A writer
 thread then does what `save` does from there: checksums, temporary file, fsync, rename, rotation.
 
+Sharded models (FSDP, DTensor parameters) go through torch.distributed.checkpoint as with `save`:
+every rank calls save_async, copies its own shards to host memory at the call (torch's stager, the
+one `dcp.async_save` uses) and writes them in the background into a temporary folder, which rank 0
+publishes atomically once every rank is done (background_sharded.py). Each rank then holds a host
+copy of its shards (for FSDP about 1/world size of the model and optimizer state), pinned on a GPU,
+kept and reused by the next save of the same tensors.
+
+Writer priority: the writer threads (at most MAX_BACKGROUND_WORKERS, default 4, each pwrite + CRC-32
+of 16 MiB chunks) lower their own CPU priority by WRITER_NICE (default 10, Linux; best effort), so
+the training's threads (the Python thread feeding the GPU, data loader workers) win the CPU when both
+want it. The trade-off: on a busy CPU a background write takes longer, and a save_async called while
+the previous one still writes waits for it (`SaveFuture.wait_s`). Both are module constants, read at
+each call: set `torchplace.checkpoint.background.WRITER_NICE = 0` to write at full priority, or fewer
+threads to take less CPU and memory bandwidth from training.
+
 Memory: the staging buffer holds the state's tensor bytes, rounded up to 1 MiB (states up to
 256 MiB) or to 256 MiB slabs (larger states); one buffer per save in flight (`max_in_flight`,
 default 1: a save called while the previous one still writes waits for it first). Buffers are
@@ -22,8 +37,9 @@ Errors: `SaveFuture.result()` raises the write's CheckpointError; an error nobod
 raised by the next save_async (which then saves nothing), and at interpreter exit pending saves
 are waited for and uncollected errors printed. In a process group every rank calls save_async;
 the RNG states are gathered at the call, rank 0 copies and writes, the other ranks' futures are
-done at once, and a failure of rank 0's write is raised on every rank at the next save_async.
-Sharded models (FSDP, DTensor) are refused: use `save`, which writes shards in parallel via DCP.
+done at once (a sharded model: every rank writes its shards, and every future ends once rank 0 has
+published the folder), and a failure of any rank's write is raised on every rank at the next
+save_async. Call `result()` before destroying the process group: a sharded write needs it.
 """
 
 from __future__ import annotations
@@ -33,21 +49,44 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..errors import CheckpointError
 from . import distributed as tpdist
+from .background_sharded import stage_sharded
 from .fileio import Planned, plan_file, write_planned
 from .rotation import rotate
 from .saving import capture_rng, check_request, collect_state, series_info
-from .staging import HostStaging, available_memory, memory_problem
+from .staging import HostStaging, check_memory
 from .stream import default_workers, write_region
 
 MAX_BACKGROUND_WORKERS = 4  # writer threads: enough for a disk, few enough to leave the CPU to training
+WRITER_NICE = 10  # how much the writer threads lower their CPU priority (Linux nice; 0: not at all)
+
+
+def lower_priority(nice: int) -> int | None:
+    """Lower the calling thread's CPU priority by NICE (capped at 19); threads it starts inherit it.
+    Linux only, best effort: returns the thread's nice value now, or None where it cannot be read."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
+        return None
+    tid = threading.get_native_id()  # on Linux, PRIO_PROCESS with a thread id sets that thread's nice alone
+    try:
+        now = os.getpriority(os.PRIO_PROCESS, tid)
+        if nice > 0 and now < 19:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, now + nice))
+        return os.getpriority(os.PRIO_PROCESS, tid)
+    except OSError:  # not permitted (a seccomp profile): write at the priority we have
+        return None
+
+
+def _writer_threads(workers: int | None) -> Callable[[int], int]:
+    """Writer threads for a save of so many bytes: WORKERS if given, else up to MAX_BACKGROUND_WORKERS."""
+    return lambda nbytes: workers or min(MAX_BACKGROUND_WORKERS, default_workers(nbytes))
 
 class SaveFuture:
     """The outcome of one `save_async`: `result()` waits for the file; `done()` asks without waiting.
@@ -58,6 +97,7 @@ class SaveFuture:
         copy_s: seconds the call spent copying the state to host memory.
         allocated_bytes: host memory the call allocated (0 once the staging buffers are reused).
         pinned: whether the staging copy is in pinned memory (a state on a CUDA device).
+        writer_nice: the writer thread's nice value once it started (Linux; None elsewhere).
 
     `stall_s` is what training waited: `wait_s + copy_s`. `result(timeout=None)` returns the path
     or raises the save's `CheckpointError` (`TimeoutError` past TIMEOUT); `exception()` returns
@@ -81,6 +121,7 @@ class SaveFuture:
         self.allocated_bytes = 0
         self.pinned = False
         self.written_here = True
+        self.writer_nice: int | None = None
         self._event = threading.Event()
         self._error: CheckpointError | None = None
         self._collected = False
@@ -151,8 +192,8 @@ class BackgroundSaver:
             failed._collected = True
             return failed
 
-    def submit(self, fut: SaveFuture, staging: HostStaging, planned: Planned, meta: dict[str, Any],
-               keep_last: int | None, rotate_after: bool, workers: int) -> None:
+    def submit(self, fut: SaveFuture, staging: HostStaging, write: Callable[[], None]) -> None:
+        """Run WRITE on a writer thread of lowered priority, after the saves submitted before it."""
         with self._cond:
             before, self._tail = self._tail, threading.Event()
             tail = self._tail
@@ -161,17 +202,10 @@ class BackgroundSaver:
         def run() -> None:
             error: CheckpointError | None = None
             try:
+                fut.writer_nice = lower_priority(WRITER_NICE)
                 if before is not None:  # saves reach the disk (and the rotation series) in call order
                     before.wait()
-                target = fut.path
-
-                def data(sink: Any, offset: int, chunk: int, n: int | None) -> list[str]:
-                    return write_region(sink, offset, staging.slabs, planned.data_bytes, chunk, workers=n)
-
-                write_planned(target, planned, info={**meta, **series_info(target, rotate_after)}, workers=workers,
-                              data=data)
-                if rotate_after:
-                    rotate(target, keep_last)
+                write()
             except CheckpointError as exc:
                 error = exc
             except BaseException as exc:  # reported through the future, never lost in a thread
@@ -217,12 +251,6 @@ def default_saver() -> BackgroundSaver:
         return _saver
 
 
-def _raise_uncollected(failed: SaveFuture, target: Path) -> None:
-    raise CheckpointError(f"an earlier background save failed and its error was never collected, so this "
-                          f"save_async({str(target)!r}) saved nothing: {failed._error} (Call SaveFuture.result() "
-                          "to collect a save's error; call save_async again to save now.)") from failed._error
-
-
 def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] | None = None,
                optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
                extra: Mapping[str, Any] | None = None, keep_last: int | None = None, latest: bool = False,
@@ -230,9 +258,11 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
                workers: int | None = None, **more_state: Any) -> SaveFuture:
     """`torchplace.save`, written in the background: return once the state is copied.
 
-    Keeps save's guarantees (atomic, fsync, checksums, `keep_last` / `latest`, rank 0 writes). The
-    file holds the state at the call: training may change the model as soon as this returns. Each
-    save in flight needs a host copy of the state's tensors (see the module docstring).
+    Keeps save's guarantees (atomic, fsync, checksums, `keep_last` / `latest`, rank 0 writes; a
+    sharded model: every rank writes its shards through torch.distributed.checkpoint into a folder
+    published atomically). The checkpoint holds the state at the call: training may change the model
+    as soon as this returns. Each save in flight needs a host copy of the state's tensors (this
+    rank's shards for a sharded model; see the module docstring).
 
     Args:
         path: the file to write, as for `save`.
@@ -247,11 +277,12 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
         allow_pickle: as for `save`.
         max_in_flight: saves that may be writing at once (default 1: a call waits for the previous
             save to finish first).
-        workers: writer threads (default: up to 4).
+        workers: writer threads (default: up to MAX_BACKGROUND_WORKERS, 4); they run at a CPU
+            priority lowered by WRITER_NICE.
         **more_state: as for `save`.
 
     Returns:
-        A `SaveFuture`; its `result()` returns PATH once the file is complete.
+        A `SaveFuture`; its `result()` returns PATH once the file (or sharded folder) is complete.
 
     Raises:
         CheckpointError: at the call, what `save` raises before writing (bad arguments, state that
@@ -278,27 +309,16 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
     target = check_request(path, keep_last, more_state)
     if not isinstance(max_in_flight, int) or isinstance(max_in_flight, bool) or max_in_flight < 1:
         raise ValueError(f"max_in_flight={max_in_flight!r}: allow at least 1 save in flight.")
-    if isinstance(model, nn.Module) and tpdist.is_sharded(model):
-        raise CheckpointError(f"save_async({str(target)!r}) got a sharded model (FSDP or DTensor parameters), which "
-                              "it does not save in the background yet. Fix: use torchplace.save (every rank writes "
-                              "its shards in parallel through torch.distributed.checkpoint), or "
-                              "torch.distributed.checkpoint.async_save.")
+    sharded = model if isinstance(model, nn.Module) and tpdist.is_sharded(model) else None
     saver = default_saver()
     rank, world_size = tpdist.world()
     rotate_after = keep_last is not None or latest
     staging: HostStaging | None = None
     waited = 0.0
-    if rank == 0:
+    if rank == 0 or sharded is not None:  # the ranks that write
         staging, waited = saver.acquire(max_in_flight)
     try:
-        failed = saver.uncollected() if rank == 0 else None
-        if world_size > 1:  # every rank learns of rank 0's failure
-            message = tpdist.broadcast(str(failed._error) if failed is not None else None)
-            if message is not None and failed is None:
-                raise CheckpointError(f"rank 0's earlier background save failed, so this save_async({str(target)!r}) "
-                                      f"saved nothing on any rank: {message} (Call save_async again to save now.)")
-        if failed is not None:
-            _raise_uncollected(failed, target)
+        _raise_earlier_failure(saver, target, world_size)
         rng_tree = capture_rng(rng_state, world_size)
         fut = SaveFuture(target)
         fut.wait_s = waited
@@ -307,27 +327,65 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
             fut._finish(None)
             return fut
         start = time.perf_counter()
-        tree, meta = collect_state(model, optimizer, scheduler, scaler, extra, more_state, rng_tree,
-                                   {"world_size": world_size, "rotation": rotate_after})
-        planned = plan_file(tree, allow_pickle=allow_pickle)
-        del tree
-        # cuda-only: pinned staging serves the CUDA streams above
-        pinned = any(t.device.type == "cuda" for t in planned.tensors.values())
-        need = staging.need(planned.data_bytes, pinned)
-        problem = memory_problem(need, available_memory())
-        if problem:
-            raise CheckpointError(f"save_async({str(target)!r}) {problem}; nothing was saved. Fix: free host memory, "
-                                  f"lower max_in_flight (now {max_in_flight}), or use torchplace.save, which needs no "
-                                  "host copy.")
-        staging.ensure(planned.data_bytes, pinned)
-        fut.allocated_bytes, fut.pinned = need, staging.pinned
-        staging.copy_in(planned)
-        planned.tensors = {}  # the copy is taken: keep none of the caller's tensors alive
+        info = {"world_size": world_size, "rotation": rotate_after}
+        if sharded is not None:
+            write = stage_sharded(fut, staging, target, sharded, optimizer,
+                                  (scheduler, scaler, extra, more_state, rng_tree, info), keep_last=keep_last,
+                                  rotate_after=rotate_after, allow_pickle=allow_pickle,
+                                  max_in_flight=max_in_flight, threads=_writer_threads(workers))
+        else:
+            tree, meta = collect_state(model, optimizer, scheduler, scaler, extra, more_state, rng_tree, info)
+            planned = plan_file(tree, allow_pickle=allow_pickle)
+            del tree
+            write = _stage_file(fut, staging, planned, meta, keep_last=keep_last, rotate_after=rotate_after,
+                                max_in_flight=max_in_flight, threads=_writer_threads(workers))
         fut.copy_s = time.perf_counter() - start
     except BaseException:
         if staging is not None:
             saver.give_back(staging)
         raise
-    n = workers or min(MAX_BACKGROUND_WORKERS, default_workers(planned.data_bytes))
-    saver.submit(fut, staging, planned, meta, keep_last, rotate_after, n)
+    saver.submit(fut, staging, write)
     return fut
+
+
+def _raise_earlier_failure(saver: BackgroundSaver, target: Path, world_size: int) -> None:
+    """Raise, on every rank, a background save's error that nobody collected (on any rank)."""
+    failed = saver.uncollected()
+    if world_size > 1:  # every rank learns of every rank's failure
+        messages: list[str | None] = [None] * world_size
+        torch.distributed.all_gather_object(messages, str(failed._error) if failed is not None else None)
+        first = next(((k, m) for k, m in enumerate(messages) if m is not None), None)
+        if first is not None and failed is None:
+            raise CheckpointError(f"rank {first[0]}'s earlier background save failed, so this "
+                                  f"save_async({str(target)!r}) saved nothing on any rank: {first[1]} (Call "
+                                  "save_async again to save now.)")
+    if failed is not None:
+        raise CheckpointError(f"an earlier background save failed and its error was never collected, so this "
+                              f"save_async({str(target)!r}) saved nothing: {failed._error} (Call SaveFuture.result() "
+                              "to collect a save's error; call save_async again to save now.)") from failed._error
+
+
+def _stage_file(fut: SaveFuture, staging: HostStaging, planned: Planned, meta: dict[str, Any], *,
+                keep_last: int | None, rotate_after: bool, max_in_flight: int,
+                threads: Callable[[int], int]) -> Callable[[], None]:
+    """Copy PLANNED's tensors into STAGING (the file's data region); return the write of the file."""
+    target = fut.path
+    # cuda-only: pinned staging serves the CUDA streams above
+    pinned = any(t.device.type == "cuda" for t in planned.tensors.values())
+    need = staging.need(planned.data_bytes, pinned)
+    check_memory(f"save_async({str(target)!r})", need, max_in_flight)
+    staging.ensure(planned.data_bytes, pinned)
+    fut.allocated_bytes, fut.pinned = need, staging.pinned
+    staging.copy_in(planned)
+    planned.tensors = {}  # the copy is taken: keep none of the caller's tensors alive
+    n = threads(planned.data_bytes)
+
+    def data(sink: Any, offset: int, chunk: int, k: int | None) -> list[str]:
+        return write_region(sink, offset, staging.slabs, planned.data_bytes, chunk, workers=k)
+
+    def write() -> None:
+        write_planned(target, planned, info={**meta, **series_info(target, rotate_after)}, workers=n, data=data)
+        if rotate_after:
+            rotate(target, keep_last)
+
+    return write

@@ -67,10 +67,10 @@ def is_sharded(model: nn.Module | None) -> bool:
     return dtensor is not None and any(isinstance(p, dtensor) for p in unwrap(model).parameters())
 
 
-def broadcast(value: T) -> T:
-    """Rank 0's VALUE on every rank."""
+def broadcast(value: T, group: Any = None) -> T:
+    """Rank 0's VALUE on every rank (of GROUP: default, the default group)."""
     box = [value]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
 
 
@@ -132,7 +132,7 @@ def fill_refs(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return tree
 
 
-def _publish(tmp_dir: Path, target: Path, token: str) -> None:
+def publish_folder(tmp_dir: Path, target: Path, token: str) -> None:
     """Make TARGET point at TMP_DIR atomically (a symlink swap); remove what it replaced."""
     fsync_dir(tmp_dir)
     link = target.with_name(f".{target.name}.link-{token}")
@@ -153,13 +153,19 @@ def _publish(tmp_dir: Path, target: Path, token: str) -> None:
             old.unlink(missing_ok=True)
 
 
+def dcp_folder(target: Path, token: str) -> Path:
+    """The temporary folder a sharded save of TARGET writes into before `publish_folder` (TOKEN: one per
+    save, the same on every rank)."""
+    return target.with_name(f".{target.name}.dcp-{token}")
+
+
 def save_sharded(target: Path, model: nn.Module, optimizer: Any, write_side: Callable[[Path, Any], None]) -> Path:
     """Save a sharded MODEL (and OPTIMIZER) through DCP; WRITE_SIDE(path, skeleton) writes the rest."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     token = broadcast(secrets.token_hex(4))
-    tmp_dir = target.with_name(f".{target.name}.dcp-{token}")
+    tmp_dir = dcp_folder(target, token)
     msd, osd = get_state_dict(model, optimizer if optimizer is not None else [])
     tensors, skeleton = flat_tensors({"model": msd, **({"optimizer": osd} if optimizer is not None else {})})
     try:
@@ -172,7 +178,7 @@ def save_sharded(target: Path, model: nn.Module, optimizer: Any, write_side: Cal
     def publish() -> Path:
         try:
             write_side(tmp_dir / SIDE_FILE, skeleton)
-            _publish(tmp_dir, target, token)
+            publish_folder(tmp_dir, target, token)
         except BaseException:
             if not (target.is_symlink() and os.readlink(target) == tmp_dir.name):
                 shutil.rmtree(tmp_dir, ignore_errors=True)  # never published: nothing points at it

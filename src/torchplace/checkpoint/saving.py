@@ -94,6 +94,20 @@ def collect_state(model: Any, optimizer: Any, scheduler: Any, scaler: Any, extra
     return tree, meta
 
 
+def collect_side(model: nn.Module, scheduler: Any, scaler: Any, extra: Any, more_state: dict[str, Any],
+                 skeleton: dict[str, Any], rng_tree: Any,
+                 info: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the side file's tree, its metadata but for the rotation sequence) of a sharded save: everything
+    but the sharded tensors, with SKELETON (the model's and optimizer's trees, TensorRefs for DCP's tensors)."""
+    tree, objects = _collect(None, None, scheduler, scaler, extra, more_state)
+    tree.update(skeleton)
+    if rng_tree is not None:
+        tree["rng"] = rng_tree
+    meta = {**info, "sharded": True, "objects": {**objects, "model": _type_name(unwrap(model))},
+            "primary_device": str(module_device(model))}
+    return tree, meta
+
+
 def series_info(target: Path, rotate_after: bool) -> dict[str, Any]:
     """On the writing rank, right before writing: the rotation series' next sequence number."""
     if not rotate_after:
@@ -159,14 +173,8 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
 
     if isinstance(model, nn.Module) and tpdist.is_sharded(model):
         def write_side(side: Path, skeleton: dict[str, Any]) -> None:
-            tree, objects = _collect(None, None, scheduler, scaler, extra, more_state)
-            tree.update(skeleton)
-            if rng_tree is not None:
-                tree["rng"] = rng_tree
-            write_file(side, tree, allow_pickle=allow_pickle,
-                       info={**info, **series_info(target, rotate_after), "sharded": True,
-                             "objects": {**objects, "model": _type_name(unwrap(model))},
-                             "primary_device": str(module_device(model))})
+            tree, meta = collect_side(model, scheduler, scaler, extra, more_state, skeleton, rng_tree, info)
+            write_file(side, tree, allow_pickle=allow_pickle, info={**meta, **series_info(target, rotate_after)})
 
         tpdist.save_sharded(target, model, optimizer, write_side)
         if rotate_after:

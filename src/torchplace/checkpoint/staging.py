@@ -4,6 +4,9 @@ A save in the background must copy the state at the call, so training may change
 copy goes into slabs of host memory laid out like the file's data region; they are kept and reused
 (pinning is slow, and the pinned-memory cache keeps blocks of power-of-two sizes), and grow only when
 the state grows. `memory_problem` checks the host can hold them before anything is allocated.
+
+A sharded model's shards are copied by torch's own stager (the one `dcp.async_save` uses), kept with
+the slot: it keeps each shard's host copy for the next save of the same tensors (pinned once).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..errors import CheckpointError
 from ..units import format_bytes
 from .fileio import Planned
 from .stream import byte_view
@@ -33,6 +37,9 @@ class HostStaging:
         self.slabs: list[torch.Tensor] = []
         self.pinned = False
         self._streams: dict[torch.device, Any] = {}
+        self._dcp: Any = None  # torch's DefaultStager for sharded states, made on first use
+        self._dcp_pinned = False
+        self.dcp_bytes = 0  # bytes of shards the DCP stager last copied (and keeps for the next save)
 
     @property
     def capacity(self) -> int:
@@ -61,6 +68,29 @@ class HostStaging:
             self.pinned = pinned
         self.slabs = keep  # dropped buffers go back to torch's (pinned) host cache
         self.slabs += [torch.empty(n, dtype=torch.uint8, pin_memory=self.pinned) for n in sizes]
+
+    def dcp_need(self, nbytes: int, pinned: bool) -> int:
+        """Bytes that staging NBYTES of shards would allocate: those beyond what the kept stager holds
+        (an estimate: its copies are reused for the same source tensors, as in a training loop)."""
+        if self._dcp is None or self._dcp_pinned != pinned:
+            return nbytes
+        return max(0, nbytes - self.dcp_bytes)
+
+    def dcp_stage(self, tensors: dict[str, Any], pinned: bool) -> dict[str, Any]:
+        """A host copy of TENSORS (DTensors keep their sharding, with local tensors in host memory), complete
+        on return; made by torch's DefaultStager, kept for the next save (its copies are reused)."""
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if self._dcp is None or self._dcp_pinned != pinned:
+            if self._dcp is not None:
+                self._dcp.close()
+            # pinned and non-blocking copies only for a state on a GPU (both need an accelerator)
+            self._dcp = DefaultStager(StagingOptions(use_pinned_memory=pinned, use_shared_memory=False,
+                                                     use_async_staging=False, use_non_blocking_copy=pinned))
+            self._dcp_pinned, self.dcp_bytes = pinned, 0
+        staged = self._dcp.stage(tensors)  # synchronous: returns once every copy is complete
+        self.dcp_bytes = local_bytes(tensors)
+        return dict(staged)
 
     def stream(self, device: torch.device) -> Any:
         if device not in self._streams:
@@ -101,6 +131,23 @@ def memory_problem(need: int, available: int, *, headroom: int = HEADROOM_BYTES)
         return None
     return (f"needs {format_bytes(need)} more host memory for its staging copy of the state, but "
             f"{format_bytes(available)} is available (and {format_bytes(headroom)} is left free for the rest)")
+
+
+def local_bytes(tensors: dict[str, Any]) -> int:
+    """Bytes of TENSORS held by this process (a DTensor's local shard, not its global size)."""
+    total = 0
+    for t in tensors.values():
+        local = t.to_local() if hasattr(t, "to_local") else t
+        total += local.numel() * local.element_size()
+    return total
+
+
+def check_memory(what: str, need: int, max_in_flight: int) -> None:
+    """Refuse (CheckpointError naming WHAT) when NEED more bytes of host memory cannot be taken now."""
+    problem = memory_problem(need, available_memory())
+    if problem:
+        raise CheckpointError(f"{what} {problem}; nothing was saved. Fix: free host memory, lower max_in_flight "
+                              f"(now {max_in_flight}), or use torchplace.save, which needs no host copy.")
 
 
 def available_memory() -> int:
