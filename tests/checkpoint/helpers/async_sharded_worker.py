@@ -12,8 +12,6 @@ Prints "ok RANK" at the end; any failure exits non-zero with a traceback.
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -25,8 +23,11 @@ import torchplace
 from torchplace.checkpoint import latest
 
 
-def _model(seed: int, mesh) -> tuple[nn.Module, torch.optim.Optimizer]:
+def _model(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
 
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
@@ -49,8 +50,8 @@ def _full(model: nn.Module, opt: torch.optim.Optimizer) -> list[torch.Tensor]:
     return out
 
 
-def state_at_the_call(rank: int, root: Path, mesh) -> None:
-    model, opt = _model(0, mesh)
+def state_at_the_call(rank: int, root: Path) -> None:
+    model, opt = _model(0)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     _step(model, opt)
     sched.step()
@@ -64,7 +65,7 @@ def state_at_the_call(rank: int, root: Path, mesh) -> None:
     sched.step()
     assert pending.written_here and pending.result(timeout=120) == target and pending.done()
     assert target.is_symlink() and (target / ".metadata").is_file()
-    other, other_opt = _model(5, mesh)
+    other, other_opt = _model(5)
     other_sched = torch.optim.lr_scheduler.StepLR(other_opt, step_size=1, gamma=0.5)
     ck = torchplace.load(target, model=other, optimizer=other_opt, scheduler=other_sched)
     assert ck.extra == {"step": 1}, ck.extra
@@ -74,8 +75,8 @@ def state_at_the_call(rank: int, root: Path, mesh) -> None:
     dist.barrier()
 
 
-def rotation(rank: int, root: Path, mesh) -> None:
-    model, opt = _model(1, mesh)
+def rotation(rank: int, root: Path) -> None:
+    model, opt = _model(1)
     futures = []
     for step in range(4):
         _step(model, opt)
@@ -88,12 +89,12 @@ def rotation(rank: int, root: Path, mesh) -> None:
     hidden = sorted(p.name for p in root.iterdir() if p.name.startswith("."))
     assert len(hidden) == 2 and all(".dcp-" in h for h in hidden), hidden  # the two kept folders' shards
     assert latest(root) == root / "step-3"
-    assert torchplace.load(root, model=_model(2, mesh)[0]).extra == {"step": 3}
+    assert torchplace.load(root, model=_model(2)[0]).extra == {"step": 3}
     dist.barrier()
 
 
-def failures(rank: int, root: Path, mesh) -> None:
-    model, opt = _model(3, mesh)
+def failures(rank: int, root: Path) -> None:
+    model, opt = _model(3)
     (root / "a-file").write_text("not a directory")  # every rank: written before the barrier below
     dist.barrier()
     broken = torchplace.save_async(root / "a-file" / "c", model=model, optimizer=opt)
@@ -122,30 +123,7 @@ def failures(rank: int, root: Path, mesh) -> None:
     assert not leftovers, leftovers
 
 
-def main() -> None:
-    rank, world, root = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    from torch.distributed.device_mesh import init_device_mesh
-
-    mesh = init_device_mesh("cpu", (world,))
-    try:
-        for name, check in (("call", state_at_the_call), ("rotation", rotation), ("failures", failures)):
-            directory = root / name
-            if rank == 0:
-                directory.mkdir()
-            dist.barrier()
-            check(rank, directory, mesh)
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    print(f"ok {rank}", flush=True)
-
-
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main()
-    # Reported and done: leave without the interpreter's shutdown, where gloo's threads met static
-    # destructors about one run in ten (see dist_worker.py).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    from dist_worker import run_checks  # this folder is on sys.path when run as a script
+
+    run_checks((("call", state_at_the_call), ("rotation", rotation), ("failures", failures)))

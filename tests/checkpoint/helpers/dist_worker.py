@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -138,12 +139,17 @@ def background(rank: int, root: Path) -> None:
     dist.barrier()
 
 
-def main() -> None:
+Check = Callable[[int, Path], None]
+
+
+def run_checks(checks: Sequence[tuple[str, Check]]) -> None:
+    """Join the gloo group named by argv (RANK WORLD DIR), run each check in a fresh folder of DIR
+    between barriers, print "ok RANK", and leave without the interpreter's shutdown."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     rank, world, root = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        for name, check in (("replicated", replicated), ("failure", failure), ("sharded", sharded),
-                            ("background", background)):
+        for name, check in checks:
             directory = root / name
             if rank == 0:
                 directory.mkdir()
@@ -153,11 +159,6 @@ def main() -> None:
     finally:
         dist.destroy_process_group()
     print(f"ok {rank}", flush=True)
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main()
     # Everything this rank checks is done and reported ("ok N", group destroyed). About one run in
     # ten on the CI machine then died in interpreter shutdown with "terminate called without an
     # active exception" (C++ threads of the destroyed gloo group / DDP reducer meeting static
@@ -165,3 +166,7 @@ if __name__ == "__main__":
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+if __name__ == "__main__":
+    run_checks((("replicated", replicated), ("failure", failure), ("sharded", sharded), ("background", background)))
