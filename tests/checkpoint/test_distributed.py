@@ -4,19 +4,14 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from ports import free_port  # tests/ports.py (pythonpath = tests)
+
 HELPER = Path(__file__).parent / "helpers" / "dist_worker.py"
 ASYNC_SHARDED = Path(__file__).parent / "helpers" / "async_sharded_worker.py"  # save_async of an FSDP2 model
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_ranks_save_and_load(tmp_path: Path) -> None:
@@ -29,7 +24,7 @@ def test_two_ranks_save_async_a_sharded_model(tmp_path: Path) -> None:
 
 def _two_ranks(helper: Path, tmp_path: Path) -> None:
     """Run HELPER as ranks 0 and 1 of a gloo group; each must exit 0 and print 'ok RANK'."""
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     procs = [subprocess.Popen([sys.executable, str(helper), str(rank), "2", str(tmp_path)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     outputs = []

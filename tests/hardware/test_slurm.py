@@ -8,12 +8,12 @@ real processes with such an environment and makes a gloo group from it.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from ports import free_port  # tests/ports.py (pythonpath = tests)
 
 from torchplace.errors import DistributedError
 from torchplace.hardware.launch_env import (
@@ -98,19 +98,13 @@ def test_uneven_tasks_per_node():
         (6, 7, 1, 3, "cn-1")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_srun_tasks_form_a_gloo_group(child_env):
     """Two processes with the task environments srun would give them (one node, localhost) make one group."""
     script = ("import json, torchplace as tp; i = tp.dist.init(join_timeout=60); "
               "print(json.dumps([i.rank, i.world_size, i.local_rank, i.node_rank, i.launcher])); tp.dist.teardown()")
     base = {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "localhost", "SLURM_NNODES": "1", "SLURM_NTASKS": "2",
-            "SLURM_TASKS_PER_NODE": "2", "SLURM_NODEID": "0", "MASTER_PORT": str(_free_port()),
+            "SLURM_TASKS_PER_NODE": "2", "SLURM_NODEID": "0", "MASTER_PORT": str(free_port()),
             "CUDA_VISIBLE_DEVICES": ""}
     procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=child_env(**base, SLURM_PROCID=str(r), SLURM_LOCALID=str(r)))

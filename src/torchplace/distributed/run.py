@@ -12,7 +12,18 @@ lose), its exit code is the exit code, and the lease descriptors, kept open acro
 exactly as long as the job: the leases vanish when it ends, however it ends. Under torchrun the
 job is this module's `torchrun_main`, which runs torch.distributed.run in-process and exits
 with the code of the first rank that failed rather than torchrun's generic 1.
-Every other environment variable (NCCL_NVLS_ENABLE included) passes through unchanged.
+Every other environment variable (NCCL_NVLS_ENABLE included) passes through unchanged, with one
+addition for jobs over several nodes: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (unless set already).
+
+Why. With the c10d rendezvous torchrun's agents share one TCP store with their workers by
+default (torch >= 2.5): the agent of node rank 0 starts it once and every agent caches its
+address after the first round. An agent that is started again after its node died has no cache:
+it waits in the new round for rank 0 to publish the store's address, which rank 0, holding its
+cache, never does; the restarted node blocks in `RendezvousStoreInfo.build` until the store's read
+timeout ("Connection was likely closed"), the surviving agent times out on the role information
+of the round, and both exit 1 (seen with torch 2.13 in every try, tests/distributed/
+test_node_restart.py). Unshared, the agent of rank 0 picks a fresh port each round and its rank 0
+worker hosts the store there, so every round starts on empty keys and the restarted node joins.
 """
 
 from __future__ import annotations
@@ -33,6 +44,8 @@ from .pick_decision import PickRequest
 TORCHRUN_OPTIONS = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf",
                     "master_addr", "master_port", "max_restarts", "monitor_interval", "log_dir",
                     "redirects", "tee", "local_addr", "local_ranks_filter")
+#: torch's switch that gives each rendezvous round its own store (the module docstring says why)
+_UNSHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 _MULTINODE_OPTIONS = ("nnodes", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "master_addr", "master_port")
 #: programs that start one process per GPU themselves: run under torchrun, they would nest launchers
 _LAUNCHERS = {"torchrun": "torchrun", "deepspeed": "deepspeed", "accelerate": "accelerate launch",
@@ -195,6 +208,10 @@ def plan(cmd: Sequence[str], *, gpus: str | int | GpuRequest = 1, nproc: int | N
     argv = [sys.executable, "-m", "torchplace.distributed.run"]
     if not multinode:
         argv.append("--standalone")
+    elif _UNSHARED_STORE not in os.environ:
+        changes[_UNSHARED_STORE] = "1"
+        notes.append(f"several nodes: {_UNSHARED_STORE}=1, so a node that dies and is started again can "
+                     "rejoin the job (torch's shared rendezvous store would keep it out)")
     for name in TORCHRUN_OPTIONS:
         if name in torchrun:
             argv += [f"--{name.replace('_', '-')}", str(torchrun[name])]

@@ -29,7 +29,7 @@ def _store(launch: LaunchEnv) -> str:
     derived = "; ".join(f"{name} from the {how}" for name, how in launch.derived.items())
     if launch.launcher == "torchrun":
         host = ("torchrun's agent hosts it and keeps it across restarts" if launch.use_agent_store
-                else "rank 0 hosts it")
+                else "rank 0 hosts it, a new one each time torchrun starts the workers")
         restarts = launch.variables.get("TORCHELASTIC_MAX_RESTARTS")
         return (f"rendezvous store {addr} ({host}); run id {launch.run_id}; restart {launch.restart_count}"
                 + (f" of at most {restarts}" if restarts else ""))
@@ -53,4 +53,14 @@ def check_rendezvous(facts: Facts) -> list[Finding]:
                         str(exc))]
     title = f"Inside a distributed job started by {_LAUNCHERS.get(launch.launcher or '', launch.launcher)}: " \
             f"{_where(launch)}"
-    return [Finding("launch.rendezvous", "info", title, _store(launch) + ".")]
+    found = [Finding("launch.rendezvous", "info", title, _store(launch) + ".")]
+    if launch.launcher == "torchrun" and launch.use_agent_store and (launch.nnodes or 1) > 1:
+        found.append(Finding(
+            "launch.shared_store", "warning",
+            f"A node of these {launch.nnodes} that dies and is started again cannot rejoin the job",
+            "torchrun's agents share one rendezvous store with the workers (TORCHELASTIC_USE_AGENT_STORE=True, "
+            "torch's default since 2.5); a restarted agent waits for the store's address, which the agent of node "
+            "0 publishes only in its first round, so the job fails instead of continuing. Fix: set "
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun on every node (`torchplace run --nnodes ...` "
+            "sets it)."))
+    return found
