@@ -59,3 +59,50 @@ def test_a_state_on_the_gpu_and_the_cpu(tmp_path: Path) -> None:
     ck = torchplace.load(tmp_path / "c", device="cpu")
     assert torch.equal(ck["model"]["cpu"], torch.arange(1000.0))
     assert torch.equal(ck["model"]["gpu"], torch.arange(1000.0).to(torch.bfloat16))
+
+
+def test_a_sharded_model_on_the_gpu_with_an_nccl_group(tmp_path: Path) -> None:
+    """FSDP2 on cuda:0 in a one-rank NCCL group: the shards are copied into pinned memory at the call
+    (reused by the next save), written through DCP on save_async's own gloo group, and load back."""
+    import socket
+
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cuda", (1,))
+
+        def sharded(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+            torch.manual_seed(seed)
+            model = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(4)]).to("cuda:0")
+            for layer in model:
+                fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            return model, torch.optim.AdamW(model.parameters())
+
+        model, opt = sharded(0)
+        model(torch.randn(8, 2048, device="cuda:0")).sum().backward()
+        opt.step()
+        before = [p.full_tensor().clone() for p in model.parameters()]
+        pending = torchplace.save_async(tmp_path / "c", model=model, optimizer=opt, extra={"step": 1})
+        assert pending.pinned
+        with torch.no_grad():  # queued right after the call: not in the checkpoint
+            for p in model.parameters():
+                p.mul_(-3.0)
+        assert pending.result(timeout=120) == tmp_path / "c"
+        again = torchplace.save_async(tmp_path / "d", model=model, optimizer=opt, extra={"step": 2})
+        assert again.allocated_bytes == 0  # the pinned copies of the shards, reused
+        again.result(timeout=120)
+        other, other_opt = sharded(5)
+        ck = torchplace.load(tmp_path / "c", model=other, optimizer=other_opt)
+        assert ck.extra == {"step": 1}
+        for a, b in zip(before, other.parameters()):
+            assert torch.equal(a, b.full_tensor())
+    finally:
+        dist.destroy_process_group()
