@@ -102,10 +102,12 @@ def test_workers_pack_and_device_loader_gives_the_plain_collates_batches_on_cpu(
         assert_same(a, b)
 
 
-def test_the_batch_crosses_processes_as_one_shared_buffer_plus_its_large_tensor():
-    loader = DataLoader(Samples(), batch_size=4, num_workers=2, collate_fn=packed_collate())
+@pytest.mark.parametrize("slots", [None, 0], ids=["in_a_slot", "fresh_buffer"])
+def test_the_batch_crosses_processes_as_one_shared_buffer_plus_its_large_tensor(slots):
+    loader = DataLoader(Samples(), batch_size=4, num_workers=2, collate_fn=packed_collate(slots=slots))
     raw = next(iter(loader))
-    assert isinstance(raw, PackedBatch) and raw.buffer.dtype == torch.uint8 and raw.buffer.is_shared()
+    assert isinstance(raw, PackedBatch) and raw.buffer.dtype == torch.uint8
+    assert (raw.lease is not None) if slots is None else (raw.lease is None and raw.buffer.is_shared())
     assert raw.count == 13  # every tensor ("step" too, collated into one) but "big" (above the size limit)
     assert isinstance(raw.skeleton["big"], torch.Tensor) and raw.skeleton["big"].shape == (4, 70_000)
     batch = tp.to_device(raw, "cpu")

@@ -24,8 +24,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import _hostcopy, _pack
-from .collate import PackedBatch, pin_buffer
+from . import _hostcopy, _pack, _slots
+from .collate import PackedBatch, pin_buffer, pin_slot
 from .transfer import _Mover, _other_to, pin_tensor
 from .traverse import _walk
 
@@ -161,9 +161,14 @@ class Stager:
         of the device buffer in its slots, its other tensors and objects moved as in `__call__`."""
         keep: list[torch.Tensor] = []
         direct = False  # True when a copy reads the caller's own pinned memory
-        src = batch.buffer
+        src, lease = batch.buffer, batch.lease
         if not self.streams:
             buf = self._mover.tensor(src)
+        elif lease is not None and pin_slot(lease):  # a worker's slot, page-locked in place (once per slot)
+            buf = src.to(self.device, non_blocking=True)
+            done = self._event()
+            done.record(self.side)
+            _slots.hold_until(done, src)  # the slot is written again only after this copy has read it
         else:  # pinned here when the DataLoader did not pin (its pin_memory=False), by the copy helpers
             # No wait for this copy before the next pull (unlike a caller's pinned tensors): a packed
             # buffer is never written again, and torch keeps a pinned block until copies reading it end.

@@ -20,6 +20,8 @@ it moves any tensor, and the first batch with such a tensor says why, once (`Pac
 
 from __future__ import annotations
 
+import os
+import secrets
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +30,7 @@ import torch
 
 from ..errors import PackingWarning
 from ..units import parse_size
-from . import _hostcopy, _pack
+from . import _build, _hostcopy, _pack, _slots
 from .traverse import _walk
 
 _Tensor = torch.Tensor
@@ -39,6 +41,7 @@ _warned: set[str] = set()
 # dicts and lists see it; on "meta", so it has no bytes to send. One per process: a pickle keeps
 # identity, so every slot of a batch unpickles as one object, which `PackedBatch.slot` names.
 _SLOT = torch.empty(0, device="meta")
+_names = _build.Names()
 
 
 class PackedBatch:
@@ -47,27 +50,49 @@ class PackedBatch:
     `layout` says where each packed tensor is (see `_layout`), `skeleton` is the batch with each
     packed tensor replaced by `slot` (large and unpackable tensors and every other value stay in
     it), and `note` says why some tensors were left out of the buffer (None when none were).
+    `key` names the batch's structure for the cached rebuild (`_build`; None: walk the skeleton),
+    `loose` is False when the skeleton holds nothing to pin or move (every tensor packed). A batch
+    packed into a worker's slot (`_slots`) has `ref` in the worker and `lease` here: its bytes
+    cross as the slot's number, and the slot is written again only once the batch is gone.
     """
 
-    __slots__ = ("buffer", "count", "layout", "note", "skeleton", "slot")
+    __slots__ = ("buffer", "count", "key", "layout", "lease", "loose", "note", "ref", "skeleton", "slot")
 
     def __init__(self, buffer: torch.Tensor, layout: tuple, skeleton: Any, slot: torch.Tensor, count: int,
-                 note: str | None = None) -> None:
+                 note: str | None = None, key: str | None = None, loose: bool = True,
+                 ref: _slots.SlotRef | None = None, lease: _slots.Lease | None = None) -> None:
         self.buffer, self.layout, self.skeleton, self.slot, self.count, self.note = (
             buffer, layout, skeleton, slot, count, note)
+        self.key, self.loose, self.ref, self.lease = key, loose, ref, lease
 
     def __reduce__(self) -> tuple:
-        return (PackedBatch, (self.buffer, self.layout, self.skeleton, self.slot, self.count, self.note))
+        if self.ref is not None:  # in a worker's slot: the slot's number goes, not its bytes
+            return (_from_slot, (self.ref, self.layout, self.skeleton, self.slot, self.count, self.note, self.key,
+                                 self.loose))
+        return (PackedBatch, (self.buffer, self.layout, self.skeleton, self.slot, self.count, self.note, self.key,
+                              self.loose))
 
     def __repr__(self) -> str:
         return (f"PackedBatch({self.count} tensors in {self.buffer.numel()} bytes on {self.buffer.device}"
                 f"{', pinned' if self.buffer.is_pinned() else ''})")
 
     def pin_memory(self, device: Any = None) -> PackedBatch:
-        """The same batch with the buffer and every other host tensor page-locked (DataLoader calls this)."""
+        """The same batch with the buffer and every other host tensor page-locked (DataLoader calls this).
+
+        A buffer in a worker's slot is page-locked where it is, once per slot: nothing is copied.
+        """
         from .transfer import pin
 
-        return PackedBatch(pin_buffer(self.buffer), self.layout, pin(self.skeleton), self.slot, self.count, self.note)
+        buf, lease = self.buffer, self.lease
+        if lease is None or not pin_slot(lease):
+            pinned = pin_buffer(buf)
+            if pinned is not buf:  # copied into a pinned block: the slot is free once this batch is gone
+                buf, lease = pinned, None
+        skeleton = pin(self.skeleton) if self.loose else self.skeleton
+        if buf is self.buffer and skeleton is self.skeleton:
+            return self
+        return PackedBatch(buf, self.layout, skeleton, self.slot, self.count, self.note, self.key, self.loose,
+                           lease=lease)
 
     def is_pinned(self) -> bool:
         return self.buffer.is_pinned()
@@ -77,7 +102,12 @@ class PackedBatch:
         from .transfer import target_device, to_device
 
         dev = target_device(device)
-        buf = to_device(self.buffer, dev, non_blocking=non_blocking)
+        src = self.buffer
+        if self.lease is not None and dev.type != "cpu":
+            pin_slot(self.lease)
+        buf = to_device(src, dev, non_blocking=non_blocking)
+        if self.lease is not None and buf is not src:  # the slot stays busy until the copy has read it
+            _hold(src, dev)
         return self.rebuild(buf, lambda t: to_device(t, dev, non_blocking=non_blocking),
                             lambda x: to_device(x, dev, non_blocking=non_blocking))
 
@@ -90,6 +120,10 @@ class PackedBatch:
         with their own `.to()`. Says once why tensors were left out of the buffer, if some were."""
         if self.note is not None:
             _say(self.note)
+        if self.key is not None:
+            build = _build.builder(self.key, self.skeleton, self.slot, self.layout)
+            if build is not None:
+                return build(buf, self.skeleton, tensor, other)
         nxt: Callable[[], torch.Tensor] = iter(views(buf, self.layout, self.count)).__next__
         slot = self.slot
 
@@ -102,16 +136,45 @@ class PackedBatch:
 class PackedCollate:
     """The collate function `packed_collate` returns: COLLATE_FN, then the small tensors packed."""
 
-    def __init__(self, collate_fn: Callable[[Any], Any] | None, max_tensor_bytes: int) -> None:
+    def __init__(self, collate_fn: Callable[[Any], Any] | None, max_tensor_bytes: int, slots: int | None) -> None:
         self.collate_fn = collate_fn
         self.max_tensor_bytes = max_tensor_bytes
+        self.slots = _slots.SLOTS if slots is None else slots
+        self.auto_slots = slots is None  # DeviceLoader may raise it to cover a deeper prefetch
+        self.token = secrets.token_hex(8)  # names this collate's rings in the training process
+        self.wait_s = _slots.WAIT_S  # how long a worker waits for a free slot
+        self._ring: _slots.WorkerRing | None = None
 
     def __call__(self, samples: Any) -> Any:
         if self.collate_fn is None:
             batch = _default_collate(samples)
         else:
             batch = self.collate_fn(samples)
-        return pack(batch, self.max_tensor_bytes)
+        return pack(batch, self.max_tensor_bytes, self._worker_ring(), self.wait_s)
+
+    def _worker_ring(self) -> _slots.WorkerRing | None:
+        """This worker process's slots (made at its first batch), or None outside workers or with slots=0."""
+        ring = self._ring
+        if ring is not None and ring.pid == os.getpid():
+            return ring
+        info = torch.utils.data.get_worker_info() if self.slots else None
+        if info is None:
+            return None
+        try:
+            self._ring = _slots.WorkerRing(self.token, info.id, self.slots)
+        except (RuntimeError, OSError):  # no shared memory for the flags: every batch in a fresh buffer
+            self.slots = 0
+            return None
+        return self._ring
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_ring": None}  # a worker started by spawn makes its own
+
+    def __del__(self) -> None:
+        try:
+            _slots.forget(self.token)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
     def __repr__(self) -> str:
         name = getattr(self.collate_fn, "__name__", None) or repr(self.collate_fn)
@@ -119,7 +182,7 @@ class PackedCollate:
 
 
 def packed_collate(collate_fn: Callable[[Any], Any] | None = None, *,
-                   max_tensor_bytes: int | str = _pack.MAX_TENSOR_BYTES) -> PackedCollate:
+                   max_tensor_bytes: int | str = _pack.MAX_TENSOR_BYTES, slots: int | None = None) -> PackedCollate:
     """A DataLoader collate function that packs each batch's small tensors into one buffer, in the worker.
 
     For batches of many small tensors (recommender features, detection targets, graph batches):
@@ -131,16 +194,26 @@ def packed_collate(collate_fn: Callable[[Any], Any] | None = None, *,
     batch with one says why (`PackingWarning`). Iterating the DataLoader directly gives
     `PackedBatch` objects: `torchplace.to_device(batch, device)` (or `batch.to(device)`) unpacks one.
 
+    Each worker packs into a few slots of shared memory that it reuses, and the training process
+    page-locks each slot once (on CUDA), so the pin-memory step copies nothing. A slot is written
+    again only when the batch packed into it, and every view of it, is gone and its copy to the
+    device has completed. Memory: SLOTS buffers of about a batch's packed bytes per worker, shared
+    and (on CUDA) pinned, for the workers' lifetime. Where slots cannot be pinned or made, batches
+    take the copying way, said once.
+
     Args:
         collate_fn: makes the batch from the samples (default: torch's `default_collate`; give
             `torch.utils.data.default_convert` with `batch_size=None`, when the dataset returns batches).
         max_tensor_bytes: the largest tensor to pack, in bytes or as a size such as "256KiB".
+        slots: slots per worker (default 6, or the DataLoader's prefetch_factor + DeviceLoader's
+            prefetch + 2 when DeviceLoader wraps it, whichever is more); 0 packs each batch into a
+            fresh shared buffer, which the pin-memory step copies into pinned memory.
 
     Returns:
         The collate function to pass as `DataLoader(..., collate_fn=...)` (picklable, for any start method).
 
     Raises:
-        ValueError: `max_tensor_bytes` is not a size >= 0.
+        ValueError: `max_tensor_bytes` is not a size >= 0, or `slots` not an int >= 0.
         TypeError: `collate_fn` is not callable.
 
     Example:
@@ -162,27 +235,40 @@ def packed_collate(collate_fn: Callable[[Any], Any] | None = None, *,
     if collate_fn is not None and not callable(collate_fn):
         raise TypeError(f"packed_collate({collate_fn!r}): collate_fn must be a function that makes a batch from "
                         "a list of samples (or None for torch's default_collate).")
-    return PackedCollate(collate_fn, limit)
+    if slots is not None and (isinstance(slots, bool) or not isinstance(slots, int) or slots < 0):
+        raise ValueError(f"packed_collate(slots={slots!r}): give the number of pinned buffers per worker (an int "
+                         ">= 0; None picks it from the prefetch depth, 0 turns them off).")
+    return PackedCollate(collate_fn, limit, slots)
 
 
-def pack(batch: Any, max_tensor_bytes: int = _pack.MAX_TENSOR_BYTES) -> Any:
+def pack(batch: Any, max_tensor_bytes: int = _pack.MAX_TENSOR_BYTES, ring: _slots.WorkerRing | None = None,
+         wait_s: float = _slots.WAIT_S) -> Any:
     """BATCH as a PackedBatch, or BATCH itself when it holds fewer than two tensors to pack.
 
-    In a DataLoader worker the buffer is made in shared memory, so sending it copies nothing.
+    With RING (a DataLoader worker's slots) the buffer is a free slot of it; otherwise, in a
+    DataLoader worker, a fresh block of shared memory, so sending it copies nothing.
     """
     small: list[torch.Tensor] = []
     left_out: dict[str, int] = {}
+    loose = False
 
     def fn(t: torch.Tensor) -> torch.Tensor:
+        nonlocal loose
         if _pack.packable(t, max_tensor_bytes):
             small.append(t)
             return _SLOT
+        loose = True
         why = _why_not(t, max_tensor_bytes)
         if why is not None:
             left_out[why] = left_out.get(why, 0) + 1
         return t
 
-    skeleton = _walk(batch, fn, _keep)
+    def keep(x: Any) -> Any:  # objects with their own .to() stay whole in the skeleton; DeviceLoader moves them
+        nonlocal loose
+        loose = True
+        return x
+
+    skeleton = _walk(batch, fn, keep)
     note = None
     if left_out:
         reasons = "; ".join(f"{n} {why}" for why, n in left_out.items())
@@ -200,12 +286,49 @@ def pack(batch: Any, max_tensor_bytes: int = _pack.MAX_TENSOR_BYTES) -> Any:
             _layouts.clear()
         plan = _layouts[key] = _layout(key)
     total = plan[0]
-    if torch.utils.data.get_worker_info() is not None:  # one shared-memory block, sent as it is
+    ref = None
+    taken = ring.take(total, wait_s) if ring is not None else None
+    if type(taken) is tuple:
+        ref, buf = taken
+    elif torch.utils.data.get_worker_info() is not None:  # one shared-memory block, sent as it is
+        if isinstance(taken, str) and taken != "no free slot":
+            note = (note + "\n" if note else "") + f"packed_collate: {taken}. Fix: pass packed_collate(slots=N) " \
+                "with N above the number of batches your loop keeps per worker, or slots=0 to silence this."
         buf = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(total))
     else:
         buf = torch.empty(total, dtype=torch.uint8)
     _pack.copy(views(buf, plan, len(small)), small)
-    return PackedBatch(buf, plan, skeleton, _SLOT, len(small), note)
+    return PackedBatch(buf, plan, skeleton, _SLOT, len(small), note, _names.key(skeleton, _SLOT, key), loose, ref)
+
+
+def _from_slot(ref: _slots.SlotRef, layout: tuple, skeleton: Any, slot: torch.Tensor, count: int, note: str | None,
+               key: str | None, loose: bool) -> PackedBatch:
+    """A batch a worker packed into a slot, as it arrives in the training process (unpickling)."""
+    buf, lease = _slots.receive(ref)
+    return PackedBatch(buf, layout, skeleton, slot, count, note, key, loose, lease=lease)
+
+
+def pin_slot(lease: _slots.Lease) -> bool:
+    """Page-lock a slot in place; where this cannot be done, say once that batches are copied instead."""
+    if lease.pin():
+        return True
+    why = _slots.why_not_pinned()
+    if why is not None and torch.cuda.is_available():  # without CUDA there is nothing to pin for
+        _say(f"packed_collate could not page-lock its workers' slots in place ({why}), so the pin-memory step "
+             "copies each batch into pinned memory, as with packed_collate(slots=0).")
+    return False
+
+
+def _hold(buf: torch.Tensor, dev: torch.device) -> None:
+    """Keep BUF's slot busy until the copy just queued on DEV's current stream has read it."""
+    from ..hardware.accelerator import device_module, has_streams
+
+    if not has_streams(dev.type):
+        return  # the copy has completed: it was synchronous
+    mod = device_module(dev.type)
+    event = mod.Event()
+    event.record(mod.current_stream(dev))
+    _slots.hold_until(event, buf)
 
 
 def views(buf: torch.Tensor, plan: tuple, count: int) -> list[torch.Tensor]:
@@ -270,11 +393,6 @@ def _say(note: str) -> None:
     if note not in _warned:
         _warned.add(note)
         warnings.warn(note, PackingWarning, stacklevel=4)
-
-
-def _keep(x: Any) -> Any:
-    """Objects with their own `.to()` stay whole in the skeleton; DeviceLoader moves them with it."""
-    return x
 
 
 def _why_not(t: torch.Tensor, max_bytes: int) -> str | None:

@@ -21,6 +21,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import torch
 
 from ..hardware.accelerator import device_module, has_streams, say_once
+from . import _slots
 from ._stage import Staged, Stager
 from .resolve import DeviceSpec
 from .transfer import target_device, to_device
@@ -93,6 +94,7 @@ class DeviceLoader(Generic[T]):
                             "Fix: wrap a sized loader, or count the batches while iterating.") from None
 
     def __iter__(self) -> Iterator[T]:
+        _fit_slots(self.loader, self.prefetch)
         it = iter(self.loader)
         owned = it is not self.loader  # a fresh iterator nobody else holds: ours to close early
         kind = self.device.type
@@ -263,6 +265,19 @@ def _produce(it: Iterator[Any], owned: bool, stage: Stager, prefetch: int, out: 
         if stop.is_set() and owned:
             _close_upstream(it)
         del it
+        _slots.settle()  # the workers' slots this epoch copied from are free again (nothing held: no-op)
+
+
+def _fit_slots(loader: Any, prefetch: int) -> None:
+    """Give a packed_collate's workers enough slots for the batches in flight: the DataLoader's
+    prefetch_factor per worker, this loader's PREFETCH, the batch being staged and one more
+    (set before iter() starts the workers; workers already running keep theirs)."""
+    from .collate import PackedCollate
+
+    collate = getattr(loader, "collate_fn", None)
+    if type(collate) is PackedCollate and collate.auto_slots and collate.slots:
+        depth = getattr(loader, "prefetch_factor", None) or 2
+        collate.slots = max(_slots.SLOTS, depth + prefetch + 2)
 
 
 def _close_upstream(it: Any) -> None:
