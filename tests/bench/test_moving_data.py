@@ -39,8 +39,10 @@ def test_transfer_packed_in_workers_for_the_recommender_batch_reports_host_and_c
     assert all(n.endswith(" [recsys]") for n in names)
     assert "torchplace packed_collate + DeviceLoader, pinned [recsys]" in names
     assert "DataLoader, 2 workers, packed_collate + torchplace DeviceLoader [recsys]" in names
+    assert "DataLoader, 2 workers, packed_collate(slots=0) + torchplace DeviceLoader [recsys]" in names  # as before
     assert all(row.extra["cpu µs/step"] > 0 for row in result.rows)  # the training process's CPU per step
-    assert set(result.params["packed_recsys"]) >= {"host_vs_one_packed_copy", "dataloader_host_vs_one_packed_copy"}
+    assert set(result.params["packed_recsys"]) >= {"host_vs_one_packed_copy", "dataloader_host_vs_one_packed_copy",
+                                                   "dataloader_cpu_slots_vs_slots_0"}
     assert result.targets == []  # nothing is copied on the CPU
 
 

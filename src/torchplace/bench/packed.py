@@ -10,7 +10,10 @@ other variants:
   a pinned batch to a batch on the device.
 - "DataLoader, N workers": the whole way, from a real DataLoader with worker processes and
   pin_memory, plain (then `send_to_device`, as users write it) or packed (then DeviceLoader):
-  what the training process pays for receiving, pinning and copying each batch.
+  what the training process pays for receiving, pinning and copying each batch. Packed twice:
+  as packed_collate works by default (workers pack into slots the training process pinned in
+  place, so pinning copies nothing) and with `slots=0` (a fresh shared buffer per batch, copied
+  into pinned memory by the pin-memory step: the way before the slots).
 
 `cpu_clock` adds the training process's CPU time per step (all its threads: the loader's worker
 thread, the pin-memory thread, the copy helpers) to a variant, beside the wall time `measure` keeps.
@@ -68,8 +71,8 @@ class BatchSource:
         return map_tensors(self.batches[i % len(self.batches)], lambda t: t.clone())
 
 
-def dataloader(batches: list[Any], steps: int, workers: int, pin: bool, packed: bool) -> Any:
-    """A DataLoader of STEPS whole batches from WORKERS persistent worker processes."""
+def dataloader(batches: list[Any], steps: int, workers: int, pin: bool, packed: bool, slots: int | None = None) -> Any:
+    """A DataLoader of STEPS whole batches from WORKERS persistent worker processes (SLOTS: packed_collate's)."""
     from torch.utils.data import DataLoader, default_convert
 
     from ..placement.collate import packed_collate
@@ -77,7 +80,7 @@ def dataloader(batches: list[Any], steps: int, workers: int, pin: bool, packed: 
     gc.collect()  # CUDA objects in garbage cycles must not be freed in the forked workers (CUDA cannot run there)
     return DataLoader(BatchSource(batches, steps), batch_size=None, num_workers=workers, pin_memory=pin,
                       persistent_workers=True, prefetch_factor=4,
-                      collate_fn=packed_collate(default_convert) if packed else default_convert)
+                      collate_fn=packed_collate(default_convert, slots=slots) if packed else default_convert)
 
 
 def premade_packed(pageable: list[Any], pin: bool) -> list[Any]:

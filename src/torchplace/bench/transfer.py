@@ -30,6 +30,7 @@ _LOADER = "torchplace DeviceLoader, pinned"
 _LOADER_UNPACKED = "torchplace DeviceLoader, pinned, pack=False"
 _PACKED = "one pre-packed pinned copy"
 _IN_WORKERS = "torchplace packed_collate + DeviceLoader, pinned"
+_NO_SLOTS = "packed_collate(slots=0)"  # the whole way as before the slots: the pin-memory step copies each batch
 _RECSYS = " [recsys]"  # the recommender batch's rows: the same names with this tag
 
 
@@ -105,13 +106,16 @@ def run(args: argparse.Namespace) -> BenchResult:
         ways = [Variant(_IN_WORKERS + tag, lambda: iter(DeviceLoader([premade[i % len(premade)]
                                                                        for i in range(steps)], dev)))]
         if workers:
-            if tag not in loaders:  # one pair per batch structure, shared by the rows with and without compute
-                loaders[tag] = [pk.dataloader(source, steps, workers, env.can_pin, packed=p) for p in (False, True)]
-            plain, packed = loaders[tag]
+            if tag not in loaders:  # one set per batch structure, shared by the rows with and without compute
+                loaders[tag] = [pk.dataloader(source, steps, workers, env.can_pin, packed=p, slots=n)
+                                for p, n in ((False, None), (True, None), (True, 0))]
+            plain, packed, copied = loaders[tag]
             ways += [Variant(f"DataLoader, {workers} workers, + {send_name}{tag}",
                              lambda: (plain_send(b, dev, non_blocking=True) for b in plain)),
                      Variant(f"DataLoader, {workers} workers, packed_collate + torchplace DeviceLoader{tag}",
-                             lambda: iter(DeviceLoader(packed, dev)))]
+                             lambda: iter(DeviceLoader(packed, dev))),
+                     Variant(f"DataLoader, {workers} workers, {_NO_SLOTS} + torchplace DeviceLoader{tag}",
+                             lambda: iter(DeviceLoader(copied, dev)))]
         if stepped:
             for v in ways:
                 v.name += with_compute
@@ -221,11 +225,15 @@ def _packed_ratios(result: BenchResult, ms: dict[str, float], cpu: dict[str, flo
     if ours is not None and theirs:
         ratios[f"cpu_vs_{send_name}"] = ours / theirs
     whole_ours = cpu.get(f"DataLoader, {workers} workers, packed_collate + torchplace DeviceLoader{tag}")
+    whole_before = cpu.get(f"DataLoader, {workers} workers, {_NO_SLOTS} + torchplace DeviceLoader{tag}")
     whole_theirs = cpu.get(f"DataLoader, {workers} workers, + {send_name}{tag}")
     if workers and whole_ours is not None and whole_theirs:
         ratios[f"dataloader_cpu_vs_{send_name}"] = whole_ours / whole_theirs
         ratios["dataloader_host_vs_one_packed_copy"] = (
             ms[f"DataLoader, {workers} workers, packed_collate + torchplace DeviceLoader{tag}"] / ms[_PACKED + tag])
+        if whole_before:
+            ratios[f"dataloader_cpu_slots_0_vs_{send_name}"] = whole_before / whole_theirs
+            ratios["dataloader_cpu_slots_vs_slots_0"] = whole_ours / whole_before
     result.params["packed_recsys" if tag else "packed"] = ratios
     result.notes.append(f"packed_collate, {what}, copies only: " + ", ".join(f"{k} {v:.3g}" for k, v in ratios.items()))
     if not targets:

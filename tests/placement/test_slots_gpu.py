@@ -1,0 +1,76 @@
+"""packed_collate's slots on a GPU: page-locked in place (nothing copied by the pin-memory step), and
+never written again before the copy that reads them has run, even when copies queue behind compute."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from placement.test_slots import Numbered, _check, _rings
+from torch.utils.data import DataLoader, default_convert
+
+import torchplace as tp
+from torchplace.placement import _slots
+
+pytestmark = pytest.mark.gpu
+
+_SLEEP_CYCLES = 2_000_000  # about a millisecond of device time: copies queue behind it
+
+
+@pytest.fixture
+def dev() -> torch.device:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    gc.collect()  # CUDA objects left in cycles by earlier tests would otherwise be freed in the forked workers
+    return torch.device("cuda:0")
+
+
+def test_slots_are_pinned_in_place_and_the_pin_step_copies_nothing(dev):
+    fn = tp.packed_collate(default_convert)
+    loader = DataLoader(Numbered(16), batch_size=None, num_workers=2, pin_memory=True, collate_fn=fn)
+    for i, raw in enumerate(loader):
+        assert raw.lease is not None and raw.buffer.is_pinned()
+        assert raw.buffer.data_ptr() == raw.lease.storage.data_ptr()  # the worker's bytes, where it wrote them
+        assert raw.lease.slot in raw.lease.ring.pinned
+        _check(tp.to_device(raw, dev), i)
+    assert _slots.why_not_pinned() is None
+    assert all(len(ring.pinned) <= fn.slots for ring in _rings(fn))
+
+
+@pytest.mark.parametrize("pin_memory", [True, False], ids=["pin_memory", "pinned_by_the_loader_thread"])
+def test_device_loader_from_slots_over_epochs_with_copies_behind_compute(dev, pin_memory):
+    fn = tp.packed_collate(default_convert)
+    loader = DataLoader(Numbered(24), batch_size=None, num_workers=2, pin_memory=pin_memory, collate_fn=fn,
+                        persistent_workers=True)
+    for _ in range(3):
+        ok = []
+        for i, batch in enumerate(tp.DeviceLoader(loader, dev, prefetch=3)):
+            torch.cuda._sleep(_SLEEP_CYCLES)  # the step's compute: later copies wait behind it
+            ok.append(torch.stack([(batch["a"] == i).all(), (batch["b"] == i).all(), (batch["c"][0] == i).all()]))
+        assert bool(torch.stack(ok).all())  # no slot was written again before its copy had read it
+        assert not _slots._held  # the epoch's end let every slot go
+    assert all(ring.pinned for ring in _rings(fn))
+
+
+def test_a_host_batch_moved_by_hand_keeps_its_slot_until_the_copy_has_read_it(dev):
+    fn = tp.packed_collate(default_convert, slots=2)
+    loader = DataLoader(Numbered(16), batch_size=None, num_workers=1, pin_memory=True, collate_fn=fn)
+    ok = []
+    for i, raw in enumerate(loader):
+        torch.cuda._sleep(_SLEEP_CYCLES)  # the copy below runs only after this
+        batch = tp.to_device(raw, dev)
+        del raw  # the batch is gone at once; its slot must wait for the copy
+        ok.append((batch["a"] == i).all() & (batch["b"] == i).all())
+    assert bool(torch.stack(ok).all())
+
+
+def test_recommender_batches_grow_their_slots_and_stay_exact(dev):
+    from placement.test_collate import RecsysBatches, _recsys_batch, assert_same
+
+    fn = tp.packed_collate(default_convert, slots=2)
+    loader = DataLoader(RecsysBatches(), batch_size=None, num_workers=1, pin_memory=True, collate_fn=fn)
+    got = list(tp.DeviceLoader(loader, dev))
+    torch.cuda.synchronize()
+    for i, batch in enumerate(got):
+        assert_same(_recsys_batch(i), batch)
