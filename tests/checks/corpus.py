@@ -17,6 +17,7 @@ watch() and explain() on it; tests/checks/test_corpus.py asserts each outcome.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -93,6 +94,38 @@ def _explain(model: nn.Module, *inputs: Any) -> Any:
     from torchplace.checks.explain import explain
 
     return explain(model, *inputs)
+
+
+_REPORTS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("corpus_reports", default=None)
+
+
+def explain_here(model: nn.Module, *inputs: Any, optimizer: Any = None) -> None:
+    """The line a user adds at the top of the step that fails, while debugging: explain() with what the step
+    has at hand. Only the bench's explain() scoring reaches explain(); strict() and watch() run the step as is."""
+    reports = _REPORTS.get()
+    if reports is not None:
+        from torchplace.checks.explain import explain
+
+        reports.append(explain(model, *inputs, optimizer=optimizer))
+
+
+def explained(step: Callable[[], Any]) -> Any:
+    """Run a step that calls explain_here(), as the user does: the report comes first, then the step runs on
+    (and fails where the mistake is: that failure is what explain() had to foresee)."""
+    reports: list[Any] = []
+    token = _REPORTS.set(reports)
+    try:
+        step()
+    except RuntimeError:
+        pass
+    finally:
+        _REPORTS.reset(token)
+    return reports[0]
+
+
+def stepped(model: nn.Module, step: Callable[[], Any], inputs: tuple[Any, ...] = (), optimizer: Any = None) -> Program:
+    """A case whose user explains inside the step (explain_here): explain() reads that step's code too."""
+    return Program(model, step, inputs, optimizer, explain=lambda: explained(step))
 
 
 @contextlib.contextmanager
@@ -236,6 +269,7 @@ def generator_on_cpu(dev: torch.device, other: torch.device) -> Program:
 
 
 def data_parallel_step(wrapped: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    explain_here(wrapped, x)
     return wrapped(x)  # case: data_parallel_first_device
 
 
@@ -243,7 +277,7 @@ def data_parallel_step(wrapped: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def data_parallel_first_device(dev: torch.device, other: torch.device) -> Program:
     wrapped = nn.DataParallel(Toy().to(other), device_ids=[dev.index, other.index])
     x = randn(4, W, device=dev)
-    return Program(wrapped, lambda: data_parallel_step(wrapped, x), (x,))
+    return stepped(wrapped, lambda: data_parallel_step(wrapped, x), (x,))
 
 
 # ----------------------------------------------------------------------------- modules .to() does not reach
@@ -347,6 +381,7 @@ class Classifier(nn.Module):
 
 
 def weighted_loss_step(model: nn.Module, criterion: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    explain_here(model, batch["x"], criterion)
     loss = criterion(model(batch["x"]), batch["y"])  # case: loss_weight_not_moved
     return loss
 
@@ -357,11 +392,11 @@ def loss_weight_not_moved(dev: torch.device, other: torch.device) -> Program:
     with built_on(other):
         criterion = nn.CrossEntropyLoss(weight=torch.rand(C))
     batch = {"x": randn(4, W, device=dev), "y": labels(4, dev)}
-    return Program(model, lambda: weighted_loss_step(model, criterion, batch), (batch["x"],),
-                   explain=lambda: _explain(model, batch["x"], criterion))
+    return stepped(model, lambda: weighted_loss_step(model, criterion, batch), (batch["x"],))
 
 
 def multilabel_step(model: nn.Module, criterion: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    explain_here(model, x)
     return criterion(model(x), y)  # case: pos_weight_not_moved
 
 
@@ -371,8 +406,7 @@ def pos_weight_not_moved(dev: torch.device, other: torch.device) -> Program:
     with built_on(other):
         criterion = nn.BCEWithLogitsLoss(pos_weight=torch.full((C,), 2.0))
     x, y = randn(4, W, device=dev), torch.rand(4, C, device=dev)
-    return Program(model, lambda: multilabel_step(model, criterion, x, y), (x,),
-                   explain=lambda: _explain(model, x, criterion))
+    return stepped(model, lambda: multilabel_step(model, criterion, x, y), (x,))
 
 
 class WeightedHead(nn.Module):
@@ -395,6 +429,7 @@ def class_weights_attribute(dev: torch.device, other: torch.device) -> Program:
 
 
 def metric_step(model: nn.Module, metric: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    explain_here(model, batch["x"], metric)
     preds = model(batch["x"])
     return metric(preds, batch["t"])  # case: metric_not_moved
 
@@ -417,11 +452,11 @@ def metric_not_moved(dev: torch.device, other: torch.device) -> Program:
     with built_on(other):
         metric = MeanAbsError()
     batch = {"x": randn(4, W, device=dev), "t": randn(4, C, device=dev)}
-    return Program(model, lambda: metric_step(model, metric, batch), (batch["x"],),
-                   explain=lambda: _explain(model, batch["x"], metric))
+    return stepped(model, lambda: metric_step(model, metric, batch), (batch["x"],))
 
 
 def head_step(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    explain_here(model, x)
     return model(x)  # case: head_replaced_after_to
 
 
@@ -431,7 +466,7 @@ def head_replaced_after_to(dev: torch.device, other: torch.device) -> Program:
     with built_on(other):
         model.head = nn.Linear(W, C)  # a new classifier for fine-tuning, made after the move
     x = randn(4, W, device=dev)
-    return Program(model, lambda: head_step(model, x), (x,))
+    return stepped(model, lambda: head_step(model, x), (x,))
 
 
 class TwoStage(nn.Module):
@@ -466,20 +501,23 @@ def _stepped_before_move(dev: torch.device, other: torch.device, make: Callable[
         optimizer.zero_grad()
     model.to(dev)
     x = randn(4, W, device=dev)
-    return Program(model, lambda: _OPTIMIZER_STEPS[name](model, optimizer, x), (x,), optimizer)
+    return stepped(model, lambda: _OPTIMIZER_STEPS[name](model, optimizer, x), (x,), optimizer)
 
 
 def _sgd_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    explain_here(model, x, optimizer=optimizer)
     model(x).square().mean().backward()
     optimizer.step()  # case: sgd_stepped_before_move
 
 
 def _adam_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    explain_here(model, x, optimizer=optimizer)
     model(x).square().mean().backward()
     optimizer.step()  # case: adam_stepped_before_move
 
 
 def _adagrad_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    explain_here(model, x)
     model(x).square().mean().backward()
     optimizer.step()  # case: adagrad_built_before_move
 
@@ -507,6 +545,7 @@ def adagrad_built_before_move(dev: torch.device, other: torch.device) -> Program
 # ----------------------------------------------------------------------------- 0-dim CPU tensors where they are refused
 
 def detection_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    explain_here(model, batch["x"])
     cls_loss = F.cross_entropy(model(batch["x"]), batch["y"])
     box_loss = torch.tensor(0.0)  # no boxes in this batch
     return torch.stack([cls_loss, box_loss]).sum()  # case: stack_zero_dim_loss
@@ -516,7 +555,7 @@ def detection_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Te
 def stack_zero_dim_loss(dev: torch.device, other: torch.device) -> Program:
     model = Toy().to(dev)
     batch = {"x": randn(4, W, device=dev), "y": labels(4, dev)}
-    return Program(model, lambda: detection_loss(model, batch), (batch["x"],))
+    return stepped(model, lambda: detection_loss(model, batch), (batch["x"],))
 
 
 class HitRate(nn.Module):
@@ -767,6 +806,7 @@ def attention_mask_input(dev: torch.device, other: torch.device) -> Program:
 
 
 def supervised_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    explain_here(model, batch["x"])
     return F.cross_entropy(model(batch["x"]), batch["y"])  # case: labels_not_moved
 
 
@@ -774,10 +814,11 @@ def supervised_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.T
 def labels_not_moved(dev: torch.device, other: torch.device) -> Program:
     model = Toy().to(dev)
     batch = {"x": randn(4, W, device=dev), "y": labels(4, other)}
-    return Program(model, lambda: supervised_loss(model, batch), (batch,))
+    return stepped(model, lambda: supervised_loss(model, batch), (batch["x"],))
 
 
 def accuracy(model: nn.Module, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    explain_here(model, x)
     preds = model(x).argmax(1)
     return (preds == targets).float().mean()  # case: targets_not_moved
 
@@ -786,10 +827,11 @@ def accuracy(model: nn.Module, x: torch.Tensor, targets: torch.Tensor) -> torch.
 def targets_not_moved(dev: torch.device, other: torch.device) -> Program:
     model = Toy().to(dev)
     x, targets = randn(4, W, device=dev), labels(4, other)
-    return Program(model, lambda: accuracy(model, x, targets), (x, targets))
+    return stepped(model, lambda: accuracy(model, x, targets), (x,))
 
 
 def first_layer_input(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    explain_here(model, x)
     return model(x)  # case: input_not_moved
 
 
@@ -797,7 +839,7 @@ def first_layer_input(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def input_not_moved(dev: torch.device, other: torch.device) -> Program:
     model = Toy().to(dev)
     x = randn(4, W, device=other)
-    return Program(model, lambda: first_layer_input(model, x), (x,))
+    return stepped(model, lambda: first_layer_input(model, x), (x,))
 
 
 # ============================================================================= legal patterns
@@ -818,7 +860,7 @@ class PackedEncoder(nn.Module):
 def pack_padded_lengths_on_cpu(dev: torch.device, other: torch.device) -> Program:
     model = PackedEncoder().to(dev)
     x, lengths = randn(5, 2, W, device=dev), torch.tensor([5, 3])
-    return Program(model, lambda: model(x, lengths), (x, lengths))
+    return stepped(model, lambda: forward_step(model, x, lengths), (x, lengths))
 
 
 class LastStep(nn.Module):
@@ -836,7 +878,7 @@ class LastStep(nn.Module):
 def pad_packed_lengths_index(dev: torch.device, other: torch.device) -> Program:
     model = LastStep().to(dev)
     x, lengths = randn(2, 5, W, device=dev), torch.tensor([5, 3])
-    return Program(model, lambda: model(x, lengths), (x, lengths))
+    return stepped(model, lambda: forward_step(model, x, lengths), (x, lengths))
 
 
 class KeepColumns(nn.Module):
@@ -852,7 +894,7 @@ class KeepColumns(nn.Module):
 def cpu_index_tensor(dev: torch.device, other: torch.device) -> Program:
     model = KeepColumns().to(dev)
     y, keep = randn(4, W, device=dev), torch.tensor([0, 2, 5])
-    return Program(model, lambda: model(y, keep), (y, keep))
+    return stepped(model, lambda: forward_step(model, y, keep), (y, keep))
 
 
 class SplitHeads(nn.Module):
@@ -869,7 +911,7 @@ class SplitHeads(nn.Module):
 def host_only_attribute(dev: torch.device, other: torch.device) -> Program:
     model = SplitHeads().to(dev)
     x = randn(4, W, device=dev)
-    return Program(model, lambda: model(x), (x,))
+    return stepped(model, lambda: forward_step(model, x), (x,))
 
 
 class PipelineSplit(nn.Module):
@@ -889,7 +931,7 @@ def two_stage_explicit_to(dev: torch.device, other: torch.device) -> Program:
     model.stage1.to(other)
     model.stage2.to(dev)
     x = randn(4, W, device=other)
-    return Program(model, lambda: model(x), (x,))
+    return stepped(model, lambda: forward_step(model, x), (x,))
 
 
 class MaskedScores(nn.Module):
@@ -906,7 +948,7 @@ class MaskedScores(nn.Module):
 def cpu_scalar_fill(dev: torch.device, other: torch.device) -> Program:
     model = MaskedScores().to(dev)
     x = randn(4, W, device=dev)
-    return Program(model, lambda: model(x), (x,))
+    return stepped(model, lambda: forward_step(model, x), (x,))
 
 
 class SeededNoise(nn.Module):
@@ -924,7 +966,7 @@ class SeededNoise(nn.Module):
 def cpu_generator_then_to(dev: torch.device, other: torch.device) -> Program:
     model = SeededNoise().to(dev)
     x = randn(4, W, device=dev)
-    return Program(model, lambda: model(x), (x,))
+    return stepped(model, lambda: forward_step(model, x), (x,))
 
 
 class HalfScale(nn.Module):
@@ -940,7 +982,7 @@ class HalfScale(nn.Module):
 def cpu_scalar_operand(dev: torch.device, other: torch.device) -> Program:
     model = HalfScale().to(dev)
     x = randn(4, W, device=dev)
-    return Program(model, lambda: model(x), (x,))
+    return stepped(model, lambda: forward_step(model, x), (x,))
 
 
 class WithBuffer(nn.Module):
@@ -958,7 +1000,7 @@ class WithBuffer(nn.Module):
 def registered_buffer(dev: torch.device, other: torch.device) -> Program:
     model = WithBuffer().to(dev)
     x = randn(4, W, device=dev)
-    return Program(model, lambda: model(x), (x,))
+    return stepped(model, lambda: forward_step(model, x), (x,))
 
 
 class CausalWithDevice(nn.Module):
@@ -976,7 +1018,7 @@ class CausalWithDevice(nn.Module):
 def mask_made_on_input_device(dev: torch.device, other: torch.device) -> Program:
     model = CausalWithDevice().to(dev)
     x = randn(2, 5, W, device=dev)
-    return Program(model, lambda: model(x), (x,))
+    return stepped(model, lambda: forward_step(model, x), (x,))
 
 
 class MultiTaskFixed(nn.Module):
@@ -997,7 +1039,7 @@ def module_list_and_dict(dev: torch.device, other: torch.device) -> Program:
         model = MultiTaskFixed()
     model.to(dev)
     x = randn(4, W, device=dev)
-    return Program(model, lambda: model(x), (x,))
+    return stepped(model, lambda: forward_step(model, x), (x,))
 
 
 class WithCriterion(nn.Module):
@@ -1019,10 +1061,11 @@ def criterion_and_metric_registered(dev: torch.device, other: torch.device) -> P
         model = WithCriterion()
     model.to(dev)
     x, y = randn(4, W, device=dev), labels(4, dev)
-    return Program(model, lambda: model(x, y), (x, y))
+    return stepped(model, lambda: forward_step(model, x, y), (x, y))
 
 
 def train_steps(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, steps: int = 2) -> None:
+    explain_here(model, x)  # explain() finds the optimizer that steps here
     for _ in range(steps):
         model(x).square().mean().backward()
         optimizer.step()
@@ -1035,7 +1078,7 @@ def adam_built_after_move(dev: torch.device, other: torch.device) -> Program:
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)  # its 'step' counters stay on the CPU
     x = randn(4, W, device=dev)
     train_steps(model, optimizer, x)
-    return Program(model, lambda: train_steps(model, optimizer, x, 1), (x,), optimizer)
+    return stepped(model, lambda: train_steps(model, optimizer, x, 1), (x,), optimizer)
 
 
 @legal("pytorch/tutorials#577")
@@ -1050,12 +1093,13 @@ def optimizer_state_loaded_after_move(dev: torch.device, other: torch.device) ->
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     optimizer.load_state_dict(old_opt.state_dict())  # moves each state tensor to its parameter's device
     x = randn(4, W, device=dev)
-    return Program(model, lambda: train_steps(model, optimizer, x, 1), (x,), optimizer)
+    return stepped(model, lambda: train_steps(model, optimizer, x, 1), (x,), optimizer)
 
 
 def moved_batch_loss(model: nn.Module, batch: dict[str, torch.Tensor], dev: torch.device) -> torch.Tensor:
     import torchplace
 
+    explain_here(model)  # before the move: explain() must see that the batch is moved before its use
     batch = torchplace.to_device(batch, dev)
     return F.cross_entropy(model(batch["x"]), batch["y"])
 
@@ -1064,7 +1108,7 @@ def moved_batch_loss(model: nn.Module, batch: dict[str, torch.Tensor], dev: torc
 def batch_moved_before_use(dev: torch.device, other: torch.device) -> Program:
     model = Toy().to(dev)
     batch = {"x": randn(4, W, device=other), "y": labels(4, other)}
-    return Program(model, lambda: moved_batch_loss(model, batch, dev), ())
+    return stepped(model, lambda: moved_batch_loss(model, batch, dev))
 
 
 class TagEmbedding(nn.Module):
@@ -1082,7 +1126,103 @@ class TagEmbedding(nn.Module):
 def batch_key_moved_in_forward(dev: torch.device, other: torch.device) -> Program:
     model = TagEmbedding().to(dev)
     batch = {"image": randn(2, W, device=dev), "image_tag": torch.randint(0, 2, (2, 4), device=other)}
-    return Program(model, lambda: model(batch), (batch,))
+    return stepped(model, lambda: forward_step(model, batch), (batch,))
+
+
+# ----------------------------------------------------------------------------- legal in the step around the model
+
+def forward_step(model: nn.Module, *inputs: Any) -> Any:
+    explain_here(model, *inputs)
+    return model(*inputs)
+
+
+def scaled_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    explain_here(model, x)
+    scale = torch.tensor(0.5)  # a 0-dim CPU tensor: elementwise ops take it with tensors on any device
+    return F.cross_entropy(model(x), y) * scale
+
+
+@legal("pytorch/pytorch#42161")
+def cpu_scalar_in_step(dev: torch.device, other: torch.device) -> Program:
+    model = Toy().to(dev)
+    x, y = randn(4, W, device=dev), labels(4, dev)
+    return stepped(model, lambda: scaled_loss(model, x, y), (x,))
+
+
+def metric_on_copies(model: nn.Module, metric: nn.Module, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    explain_here(model, x)
+    preds = model(x)
+    return metric(preds.detach().to(t.device), t)  # the metric and its targets live elsewhere, fed a copy
+
+
+@legal("open-edge-platform/anomalib#202")
+def metric_fed_moved_copies(dev: torch.device, other: torch.device) -> Program:
+    model = Toy().to(other)
+    metric = MeanAbsError().to(dev)
+    x, t = randn(4, W, device=other), randn(4, C, device=dev)
+    return stepped(model, lambda: metric_on_copies(model, metric, x, t), (x,))
+
+
+def criterion_moved_step(model: nn.Module, criterion: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    explain_here(model, x)
+    criterion.to(x.device)  # moved where the batch is, before its first use
+    return criterion(model(x), y)
+
+
+@legal("pytorch/pytorch#122757")
+def criterion_moved_in_step(dev: torch.device, other: torch.device) -> Program:
+    model = Toy().to(dev)
+    with built_on(other):
+        criterion = nn.CrossEntropyLoss(weight=torch.rand(C))
+    x, y = randn(4, W, device=dev), labels(4, dev)
+    return stepped(model, lambda: criterion_moved_step(model, criterion, x, y), (x,))
+
+
+def kept_columns_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    explain_here(model, x)
+    return F.mse_loss(model(x)[:, keep], y[:, keep])  # keep: a CPU index tensor, which indexing accepts
+
+
+@legal("pytorch/xla#3188")
+def cpu_index_in_step(dev: torch.device, other: torch.device) -> Program:
+    model = Toy().to(dev)
+    x, y, keep = randn(4, W, device=dev), randn(4, C, device=dev), torch.tensor([0, 2])
+    return stepped(model, lambda: kept_columns_loss(model, x, y, keep), (x,))
+
+
+def labels_moved_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    explain_here(model, x)
+    y = y.to(x.device)
+    return F.cross_entropy(model(x), y)
+
+
+@legal("JieyuZ2/wrench#4")
+def labels_moved_in_step(dev: torch.device, other: torch.device) -> Program:
+    model = Toy().to(dev)
+    x, y = randn(4, W, device=dev), labels(4, other)
+    return stepped(model, lambda: labels_moved_step(model, x, y), (x,))
+
+
+class LastHidden(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(W, W)
+
+    def forward(self, packed: Any) -> torch.Tensor:
+        return self.lstm(packed)[1][0]
+
+
+def packed_step(model: nn.Module, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    explain_here(model, x)
+    packed = nn.utils.rnn.pack_padded_sequence(x, lengths, enforce_sorted=False)  # lengths stay on the CPU
+    return model(packed)
+
+
+@legal("pytorch/pytorch#43227")
+def pack_lengths_in_step(dev: torch.device, other: torch.device) -> Program:
+    model = LastHidden().to(dev)
+    x, lengths = randn(5, 2, W, device=dev), torch.tensor([3, 5])
+    return stepped(model, lambda: packed_step(model, x, lengths), (x,))
 
 
 def for_pair(pair: str, kind: str | None = None) -> list[Case]:

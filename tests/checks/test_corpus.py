@@ -1,5 +1,5 @@
-"""The corpus on cpu vs meta: strict() and watch() name every mistake with module path, tensor and
-user line; explain() names the ones its forward run or static checks can see; nothing cries wolf."""
+"""The corpus on cpu vs meta: strict(), watch() and explain() name every mistake with module path, tensor
+and user line; nothing cries wolf."""
 
 from __future__ import annotations
 
@@ -13,14 +13,6 @@ from torchplace.checks.culprits import misplaced_state
 PAIR = "cpu-meta"
 MISTAKES = corpus.for_pair(PAIR, "mistake")
 LEGAL = corpus.for_pair(PAIR, "legal")
-# mistakes whose line is the user's call of a loss, metric or the model itself, in a step function
-# explain() is not given: it names the culprit but cannot know that line (docs/strict-mode.md).
-# Lines it can read (a method of the model's or the companion's own class) are asserted below.
-EXPLAIN_NO_LINE = {"loss_weight_not_moved", "pos_weight_not_moved", "metric_not_moved",
-                   "head_replaced_after_to", "input_not_moved"}
-EXPLAIN_BLIND = {"stack_zero_dim_loss", "labels_not_moved", "targets_not_moved"}  # made in the user's loop
-
-
 def test_the_corpus_is_big_enough_and_cites_its_sources():
     assert len([c for c in corpus.CASES if c.kind == "mistake"]) >= 30 and len(MISTAKES) >= 30
     assert len([c for c in corpus.CASES if c.kind == "legal"]) >= 15
@@ -37,14 +29,11 @@ def test_strict_and_watch_name_path_tensor_and_line(case, tool):
 
 
 @pytest.mark.parametrize("case", MISTAKES, ids=lambda c: c.name)
-def test_explain_names_what_it_can_see(case):
+def test_explain_names_path_tensor_and_line(case):
+    """Mistakes made in the step around the model (a loss's weight, labels, a stacked 0-dim tensor) are read
+    from the code of the step that calls explain() (explain_here in the corpus), as a user calls it."""
     out = diagnose.score(case, PAIR, "explain", corpus)
-    if case.name in EXPLAIN_BLIND:
-        assert not out.named
-    elif case.name in EXPLAIN_NO_LINE:
-        assert out.named and not out.full, out.text
-    else:
-        assert out.full, f"missing {out.missing} in:\n{out.text}"
+    assert out.full, f"missing {out.missing} in:\n{out.text}"
 
 
 @pytest.mark.parametrize("tool", diagnose.TOOLS)

@@ -35,17 +35,9 @@ def test_strict_and_watch_name_path_tensor_and_line(pair, case, tool):
 
 
 @pytest.mark.parametrize("pair, case", MISTAKES)
-def test_explain_names_the_culprit(pair, case):
-    out = diagnose.score(case, pair, "explain", corpus)
-    if case.name in ("stack_zero_dim_loss", "labels_not_moved", "targets_not_moved", "generator_on_cpu",
-                     "data_parallel_first_device"):
-        pytest.skip("made outside what explain(model, *inputs) sees")
-    assert out.named, f"missing {out.missing} in:\n{out.text}"
-
-
-@pytest.mark.parametrize("pair, case", [p for p in MISTAKES if p.values[1].name in ("criterions_in_list",
-                                                                                    "scheduler_sigmas")])
-def test_explain_reads_the_line_from_the_class_that_uses_the_culprit(pair, case):
+def test_explain_names_path_tensor_and_line(pair, case):
+    """explain() called in the step as a user does (explain_here): the forward, the model's layout, the optimizer
+    and the step's own code around the model name every mistake with its line."""
     out = diagnose.score(case, pair, "explain", corpus)
     assert out.full, f"missing {out.missing} in:\n{out.text}"
 

@@ -24,11 +24,13 @@ The result is a dict (for code) that renders as rich tables (`print(result)`, `.
 from __future__ import annotations
 
 import io
+import sys
 from collections import Counter
 from typing import Any
 
 import torch
 
+from .caller_code import read_callers
 from .layout import _MODULE_INTERNALS, iter_tensors, model_devices, module_groups, own_tensors, plain_attributes
 
 _CPU = torch.device("cpu")
@@ -112,12 +114,30 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
     result["plain_attributes"] = _check_attributes(model, problems)
     result["inputs"] = _check_inputs(args, devices, problems)
     _check_unregistered(model, devices, problems)
-    _check_companions(companions, devices, problems)
+    _check_parallel(model, problems)
+    outputs: list[Any] = []
+    result["forward"] = _run_forward(model, args, problems, outputs) if args else "not run: no inputs given"
+    out = outputs[0] if outputs and isinstance(outputs[0], torch.Tensor) else None
+    reading = read_callers(sys._getframe(1), model, str(out.device) if out is not None else
+                           devices[0] if len(devices) == 1 else None, [v for _, v in companions])
+    _check_companions(companions, devices, problems, reading.used)
+    params = {id(p) for p in model.parameters()}
+    steps = {id(o): site for o, site in reversed(reading.optimizers)}  # the nearest frame's line
+    if optimizer is None:  # the optimizer that steps in the caller's code, when all its parameters are the model's
+        optimizer = next((o for o, _ in reading.optimizers
+                          if all(id(p) in params for g in o.param_groups for p in g["params"])), None)
     if optimizer is not None:
         result["optimizer"] = _check_optimizer(model, optimizer, problems)
-    _check_parallel(model, problems)
-    result["forward"] = _run_forward(model, args, problems) if args else "not run: no inputs given"
+    for p in problems:  # the user's lines: where the model is called, where the optimizer steps
+        if p["kind"] in _FAILS_IN_CALL and p["severity"] == "error" and reading.model_calls:
+            p["message"] += f" The model is called at {reading.model_calls[0]}."
+        elif p["kind"] == "optimizer-state-device" and id(optimizer) in steps:
+            p["message"] += f" The optimizer steps at {steps[id(optimizer)]}."
+    problems += reading.problems
     return result
+
+
+_FAILS_IN_CALL = ("mismatch", "input-device", "parallel-first-device")
 
 
 _LOOKS_ODD = ("input-device", "plain-attribute", "model-split")
@@ -132,7 +152,8 @@ def _is_companion(value: Any) -> bool:
     return any(isinstance(v, torch.Tensor) for v in vars(value).values())
 
 
-def _run_forward(model: torch.nn.Module, args: tuple[Any, ...], problems: list[dict[str, str]]) -> str:
+def _run_forward(model: torch.nn.Module, args: tuple[Any, ...], problems: list[dict[str, str]],
+                 outputs: list[Any]) -> str:
     """Run model(*args) once; a device mismatch becomes a problem naming its culprit, and placement that
     only looked odd becomes a note when the forward ran (torch accepted it)."""
     from ..errors import DeviceMismatchError
@@ -141,7 +162,7 @@ def _run_forward(model: torch.nn.Module, args: tuple[Any, ...], problems: list[d
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     try:
         with torch.no_grad(), watch(model):
-            model(*args)
+            outputs.append(model(*args))
     except DeviceMismatchError as exc:
         report = getattr(exc, "report", None)
         where = getattr(report, "module", None) or "model"
@@ -163,8 +184,6 @@ def _run_forward(model: torch.nn.Module, args: tuple[Any, ...], problems: list[d
 
 def _companion_names(values: list[Any]) -> dict[int, str]:
     """The caller's names for the companions (`criterion`), read from the frames that called explain()."""
-    import sys
-
     out: dict[int, str] = {}
     frame = sys._getframe(3)
     for _ in range(4):
@@ -178,7 +197,7 @@ def _companion_names(values: list[Any]) -> dict[int, str]:
 
 
 def _check_companions(companions: list[tuple[int, Any]], devices: list[str],
-                      problems: list[dict[str, str]]) -> None:
+                      problems: list[dict[str, str]], called: dict[int, str]) -> None:
     if not companions or not devices:
         return
     names = _companion_names([v for _, v in companions])
@@ -198,6 +217,7 @@ def _check_companions(companions: list[tuple[int, Any]], devices: list[str],
                      f"{label} ({type(value).__name__}) keeps {shown}, while the model is on {', '.join(devices)}; it "
                      f"is not part of the model, so model.to() does not move it"
                      + (f" (its own code uses {'; '.join(used)})" if used else "")
+                     + (f"; it is called at {called[id(value)]}" if id(value) in called else "")
                      + f". Fix: {label}.to({devices[0]!r}) (or make it a submodule of the model).")
 
 
