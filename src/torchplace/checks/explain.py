@@ -18,6 +18,10 @@ note, not an alarm, when the forward ran. Problems looked for:
   the inputs (a loss, a metric, a scheduler: any module or object holding tensors) that sit on
   another device than the model.
 
+Called inside the user's training step, it also reads that step's code (caller_code.py): a loss,
+metric, labels or a stacked tensor on another device where the step uses them, with the step's
+line; the line that calls the model; the optimizer that steps there.
+
 The result is a dict (for code) that renders as rich tables (`print(result)`, `.print()`).
 """
 
@@ -68,7 +72,9 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
     Looks without changing anything: each module's devices, plain tensor attributes that `.to()`
     would not move, inputs on another device than the layers that read them, optimizer state on
     another device than its parameters, DataParallel pitfalls; with inputs, one forward is run and
-    its outcome reported.
+    its outcome reported. Called at the top of the training step, it also reads the step's source
+    (never running it): the loss, metric, labels and tensors it mixes with the model's output, with
+    their line.
 
     Args:
         model: the model to examine.
