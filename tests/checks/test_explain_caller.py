@@ -121,6 +121,23 @@ def moved_after_explain(model, x, y, reports):
     return F.cross_entropy(model(x), y)
 
 
+class Wrapper(nn.Module):
+    """A wrapper around the model (as DDP or torch.compile make) with host-side bookkeeping of its own."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        self.calls = torch.zeros(4)
+
+    def forward(self, x):
+        return self.module(x)
+
+
+def wrapped_step(model, wrapped, x, y, reports):
+    reports.append(tp.explain(model, x))
+    return F.cross_entropy(wrapped(x), y)
+
+
 def test_legal_placements_in_the_step_stay_silent():
     model = Toy().to(M)
     x, y = torch.randn(2, 8, device=M), torch.randn(2, 3, device=M)
@@ -128,6 +145,8 @@ def test_legal_placements_in_the_step_stay_silent():
     labels = torch.randint(0, 3, (2,), device=M)
     assert step_problems(run_step(reassigned_after_use, model, x, labels)) == []
     assert step_problems(run_step(moved_after_explain, Toy(), x, labels)) == []  # the model moves in the step
+    model = Toy().to(M)
+    assert step_problems(run_step(wrapped_step, model, Wrapper(model), x, labels)) == []
 
 
 def optimizer_step(model, optimizer, x, reports):

@@ -272,11 +272,7 @@ class _Function:
         if not isinstance(value, (str, torch.device)):
             known = self.infer(node, depth + 1)
             return known.device if known else None
-        try:
-            device = torch.device(value)
-        except (RuntimeError, TypeError):
-            return None
-        return str(device) if device.index is not None or device.type in ("cpu", "meta") else None
+        return _name(value)
 
     def _call(self, node: ast.Call, label: str, depth: int) -> Known | None:
         callee = self._object(node.func, identity=True)
@@ -284,7 +280,7 @@ class _Function:
             root = _root(node.func)
             if root is None or not self._bound(root.id, node.lineno):
                 return None  # moved in place (`model.to(dev)`) before this call
-            if callee is self.model:
+            if callee is self.model or _contains(callee, self.model):  # the model, or a wrapper (DDP, compile)
                 return Known(self.output_device, label) if self.output_device else None
             if _contains(self.model, callee):
                 devices = {str(t.device) for t in [*callee.parameters(), *callee.buffers()]}
@@ -296,7 +292,7 @@ class _Function:
                 spec = next((k.value for k in node.keywords if k.arg == "device"), None)
                 if spec is None and id(node) in self.in_with:
                     return None
-                device = self._device_of(spec, depth) if spec is not None else str(torch.get_default_device())
+                device = self._device_of(spec, depth) if spec is not None else _name(torch.get_default_device())
                 # 0-dim unless shown otherwise: torch.tensor(<not a list>), or a shape of ()
                 first = node.args[0] if node.args else None
                 scalar = (not isinstance(first, (ast.List, ast.Tuple, ast.ListComp)) if name in ("tensor",
@@ -381,7 +377,7 @@ class _Function:
 
     def _module_call(self, node: ast.Call, module: torch.nn.Module) -> None:
         site = self._site(node)
-        if module is self.model:
+        if module is self.model or _contains(module, self.model):  # the model, or a wrapper (DDP, compile)
             self.reading.model_calls.append(site)
             return
         if _contains(self.model, module):
@@ -406,6 +402,15 @@ class _Function:
                 "message": f"{label} ({type(module).__name__}) keeps {shown}, but is called with tensors on "
                            f"{device} in {site}; it is not part of the model, so model.to() does not move it. "
                            f"Fix: {label}.to({device!r}) once, after building it."})
+
+
+def _name(value: str | torch.device) -> str | None:
+    """'cuda:1' for a device spec; None for one without an index ('cuda': whichever GPU is current)."""
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError):
+        return None
+    return str(device) if device.index is not None or device.type in ("cpu", "meta") else None
 
 
 def _mutated(node: ast.AST) -> ast.Name | None:
