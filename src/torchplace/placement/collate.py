@@ -103,7 +103,7 @@ class PackedBatch:
 
         dev = target_device(device)
         src = self.buffer
-        if self.lease is not None and dev.type != "cpu":
+        if self.lease is not None and dev.type not in ("cpu", "meta"):
             pin_slot(self.lease)
         buf = to_device(src, dev, non_blocking=non_blocking)
         if self.lease is not None and buf is not src:  # the slot stays busy until the copy has read it
@@ -144,13 +144,17 @@ class PackedCollate:
         self.token = secrets.token_hex(8)  # names this collate's rings in the training process
         self.wait_s = _slots.WAIT_S  # how long a worker waits for a free slot
         self._ring: _slots.WorkerRing | None = None
+        self.no_ring: str | None = None  # why this worker packs without slots
 
     def __call__(self, samples: Any) -> Any:
         if self.collate_fn is None:
             batch = _default_collate(samples)
         else:
             batch = self.collate_fn(samples)
-        return pack(batch, self.max_tensor_bytes, self._worker_ring(), self.wait_s)
+        out = pack(batch, self.max_tensor_bytes, self._worker_ring(), self.wait_s)
+        if self.no_ring is not None and type(out) is PackedBatch:  # said once, in the training process
+            out.note = self.no_ring if out.note is None else f"{out.note}\n{self.no_ring}"
+        return out
 
     def _worker_ring(self) -> _slots.WorkerRing | None:
         """This worker process's slots (made at its first batch), or None outside workers or with slots=0."""
@@ -162,8 +166,11 @@ class PackedCollate:
             return None
         try:
             self._ring = _slots.WorkerRing(self.token, info.id, self.slots)
-        except (RuntimeError, OSError):  # no shared memory for the flags: every batch in a fresh buffer
+        except (RuntimeError, OSError) as exc:  # no shared memory for the flags: every batch in a fresh buffer
             self.slots = 0
+            self.no_ring = (f"packed_collate: a DataLoader worker could not make its slots in shared memory ({exc}), "
+                            "so each batch goes in a fresh shared buffer, which the pin-memory step copies. Fix: give "
+                            "the container more shared memory (docker --shm-size), or pass slots=0 to silence this.")
             return None
         return self._ring
 
@@ -313,7 +320,7 @@ def pin_slot(lease: _slots.Lease) -> bool:
     if lease.pin():
         return True
     why = _slots.why_not_pinned()
-    if why is not None and torch.cuda.is_available():  # without CUDA there is nothing to pin for
+    if why is not None:
         _say(f"packed_collate could not page-lock its workers' slots in place ({why}), so the pin-memory step "
              "copies each batch into pinned memory, as with packed_collate(slots=0).")
     return False
