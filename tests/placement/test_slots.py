@@ -42,7 +42,7 @@ def _check(batch, i: int) -> None:
 
 
 def _rings(collate_fn) -> list[_slots.HostRing]:
-    return [_slots._rings[r] for (owner, _), r in _slots._latest.items() if owner == collate_fn.token]
+    return [_slots._rings[r] for r in _slots._owned.get(collate_fn.token, ())]
 
 
 def test_workers_reuse_their_slots_and_batches_come_back_bit_for_bit():
@@ -97,8 +97,18 @@ def test_epochs_with_persistent_or_restarted_workers(persistent):
         for i, batch in enumerate(tp.DeviceLoader(loader, "cpu", background=True)):
             _check(batch, i)
         seen |= {r.id for r in _rings(fn)}
-    assert len(_rings(fn)) == 2  # the newest ring of each worker
+    assert len(_rings(fn)) == 2  # the rings of the running workers
     assert len(seen) == (2 if persistent else 6)  # restarted workers made new rings, which replaced the old
+
+
+def test_two_iterators_of_one_loader_at_once_each_keep_their_workers_slots():
+    fn = packed_collate(default_convert, slots=2)
+    loader = DataLoader(Numbered(8), batch_size=None, num_workers=2, collate_fn=fn)
+    first, second = iter(loader), iter(loader)  # four workers, two with each worker id
+    for i in range(8):
+        _check(next(first).unpack(), i)
+        _check(next(second).unpack(), i)
+    assert len(_rings(fn)) == 4
 
 
 def test_slots_grow_for_larger_batches_and_variable_lengths_stay_exact():
@@ -123,7 +133,7 @@ if __name__ == "__main__":
     loader = DataLoader(Numbered(6), batch_size=None, num_workers=2, collate_fn=fn, multiprocessing_context="spawn")
     for i, batch in enumerate(tp.DeviceLoader(loader, "cpu")):
         _check(batch, i)
-    print(len([r for (owner, _), r in _slots._latest.items() if owner == fn.token]), "rings")
+    print(len(_slots._owned[fn.token]), "rings")
 """
 
 

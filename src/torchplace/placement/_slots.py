@@ -180,7 +180,7 @@ class Lease:
 
 
 _rings: dict[str, HostRing] = {}
-_latest: dict[tuple[str, int], str] = {}  # (owner, worker id) -> its newest ring
+_owned: dict[str, list[str]] = {}  # packed_collate token -> the rings of its workers
 _lock = threading.Lock()
 
 
@@ -199,10 +199,13 @@ def receive(ref: SlotRef) -> tuple[torch.Tensor, Lease]:
                                    "has not seen (its first batch went elsewhere). Fix: iterate a DataLoader "
                                    "with packed_collate in one process, or pass packed_collate(slots=0).")
             ring = _rings[ref.ring] = HostRing(ref.ring, ref.flags)
-            old = _latest.get((ref.owner, ref.worker))
-            _latest[(ref.owner, ref.worker)] = ref.ring
-            if old is not None:  # a restarted worker: its predecessor's slots go once no batch holds them
-                _rings.pop(old, None)
+            # Workers that have ended (restarted each epoch, or an iterator shut down) lose their
+            # rings here; their slots go once no batch holds them. Workers of another iterator of
+            # the same loader, alive at the same time, keep theirs.
+            alive = [r for r in _owned.get(ref.owner, ()) if _alive(r)]
+            for r in set(_owned.get(ref.owner, ())) - set(alive):
+                _rings.pop(r, None)
+            _owned[ref.owner] = [*alive, ref.ring]
         if ref.storage is not None:
             ring.replace(ref.slot, ref.version, ref.storage)
     version, storage = ring.storages[ref.slot]
@@ -215,8 +218,19 @@ def receive(ref: SlotRef) -> tuple[torch.Tensor, Lease]:
 def forget(owner: str) -> None:
     """Drop the rings of OWNER (a packed_collate that is gone); batches still held keep theirs."""
     with _lock:
-        for key in [k for k in _latest if k[0] == owner]:
-            _rings.pop(_latest.pop(key), None)
+        for ring in _owned.pop(owner, ()):
+            _rings.pop(ring, None)
+
+
+def _alive(ring: str) -> bool:
+    """True while the worker process that made RING (its id starts with the pid) is running."""
+    try:
+        os.kill(int(ring.split(".", 1)[0]), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return True
 
 
 # -- copies that read a slot -----------------------------------------------------------------------
