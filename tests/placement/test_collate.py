@@ -148,7 +148,7 @@ def test_layout_aligns_each_group_and_each_tensor_to_its_dtype_and_is_cached():
     assert total % _pack.ALIGN == 0
     for _dtype, _rows, offset, nbytes, _sizes, _ in groups:
         assert offset % _pack.ALIGN == 0 and offset + nbytes <= total
-    for t in collate.views(raw.buffer, raw.layout, raw.count):
+    for t in _pack.group_views(raw.buffer, raw.layout, raw.count):
         assert (t.data_ptr() - raw.buffer.data_ptr()) % t.element_size() == 0
     assert pack(default_collate([_sample(i) for i in range(3, 6)])).layout is raw.layout
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -120,3 +121,61 @@ def copy(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor], *, non_blocki
     except (AttributeError, RuntimeError, TypeError):
         for d, s in zip(dst, src):
             d.copy_(s, non_blocking=non_blocking)
+
+
+# -- the layout of packed_collate's buffers: one region per dtype and trailing shape ----------------
+
+_grouped: dict[tuple, tuple] = {}
+
+
+def group_layout(key: tuple) -> tuple:
+    """The (cached) layout for tensors of KEY's (dtype, shape)s as packed_collate lays them out."""
+    plan = _grouped.get(key)
+    if plan is None:
+        if len(_grouped) >= _CACHE_SIZE:
+            _grouped.clear()
+        plan = _grouped[key] = _group_layout(key)
+    return plan
+
+
+def group_views(buf: torch.Tensor, plan: tuple, count: int) -> list[torch.Tensor]:
+    """The packed tensors, in batch order, as views of BUF (one split or unbind per group)."""
+    _, ordered, groups = plan
+    if ordered:  # one group holding the tensors in batch order: its split is the answer
+        dtype, rows, offset, nbytes, sizes, _ = groups[0]
+        region = buf[offset:offset + nbytes].view(dtype).view(rows)
+        return list(region.unbind(0) if sizes is None else region.split(sizes))
+    out: list[Any] = [None] * count
+    for dtype, rows, offset, nbytes, sizes, positions in groups:
+        region = buf[offset:offset + nbytes].view(dtype).view(rows)
+        for i, view in zip(positions, region.unbind(0) if sizes is None else region.split(sizes)):
+            out[i] = view
+    return out
+
+
+def _group_layout(key: tuple) -> tuple:
+    """(total bytes, ordered, groups) for tensors of KEY's (dtype, shape)s, grouped by dtype and trailing shape.
+
+    A group is (dtype, shape of its rows, byte offset, bytes, first-dimension sizes or None for
+    0-dim tensors, positions in the batch). Plain tuples: the record is pickled with every batch.
+    """
+    members: dict[tuple, list[int]] = {}
+    for i, (dtype, shape) in enumerate(key):
+        members.setdefault((dtype, tuple(shape[1:]) if len(shape) else None), []).append(i)
+    groups, end = [], 0
+    for (dtype, trailing), positions in members.items():
+        end = -(-end // ALIGN) * ALIGN
+        if trailing is None:
+            sizes, rows = None, (len(positions),)
+        else:
+            sizes = tuple(key[i][1][0] for i in positions)
+            rows = (sum(sizes), *trailing)
+        numel = 1
+        for n in rows:
+            numel *= n
+        nbytes = numel * dtype.itemsize
+        groups.append((dtype, rows, end, nbytes, sizes, tuple(positions)))
+        end += nbytes
+    total = max(-(-end // ALIGN) * ALIGN, ALIGN)
+    ordered = len(groups) == 1
+    return (total, ordered, tuple(groups))

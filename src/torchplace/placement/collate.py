@@ -9,10 +9,12 @@ and the batch's skeleton; the DataLoader's pin-memory step pins one buffer (`Pac
 (or `to_device`, or `PackedBatch.to`) makes one copy of the buffer and rebuilds the batch as views
 of the device buffer.
 
-The layout groups tensors by dtype and trailing shape: a group's tensors sit one after another
-(so each starts on its dtype's boundary) and a group starts on a 64-byte boundary. One `split`
-(or `unbind`, for 0-dim tensors) per group makes all its views, however many tensors there are
-and whatever their first dimension (variable-length sparse features included). Tensors larger
+The layout (`_pack.group_layout`) groups tensors by dtype and trailing shape: a group's tensors
+sit one after another (so each starts on its dtype's boundary) and a group starts on a 64-byte
+boundary. One `split` (or `unbind`, for 0-dim tensors) per group makes all its views, however many
+tensors there are and whatever their first dimension (variable-length sparse features included),
+in a function made once per batch structure (`_build`). In a worker, the buffer is one of the
+worker's slots (`_slots`), page-locked in place in the training process. Tensors larger
 than `max_tensor_bytes` keep their own copy, as do tensors that cannot be viewed back from bytes
 (non-contiguous, needing grad, sparse, subclasses, not on the host): DeviceLoader moves those as
 it moves any tensor, and the first batch with such a tensor says why, once (`PackingWarning`).
@@ -34,8 +36,6 @@ from . import _build, _hostcopy, _pack, _slots
 from .traverse import _walk
 
 _Tensor = torch.Tensor
-_CACHE_SIZE = 64  # layouts kept per process; ever-changing shapes start it over when full
-_layouts: dict[tuple, tuple] = {}
 _warned: set[str] = set()
 # Stands where a packed tensor was in the skeleton: a tensor, so the traversal's fast paths for
 # dicts and lists see it; on "meta", so it has no bytes to send. One per process: a pickle keeps
@@ -124,7 +124,7 @@ class PackedBatch:
             build = _build.builder(self.key, self.skeleton, self.slot, self.layout)
             if build is not None:
                 return build(buf, self.skeleton, tensor, other)
-        nxt: Callable[[], torch.Tensor] = iter(views(buf, self.layout, self.count)).__next__
+        nxt: Callable[[], torch.Tensor] = iter(_pack.group_views(buf, self.layout, self.count)).__next__
         slot = self.slot
 
         def fn(t: torch.Tensor) -> Any:
@@ -287,11 +287,7 @@ def pack(batch: Any, max_tensor_bytes: int = _pack.MAX_TENSOR_BYTES, ring: _slot
             _say(note)
         return batch
     key = tuple([(t.dtype, t.shape) for t in small])
-    plan = _layouts.get(key)
-    if plan is None:
-        if len(_layouts) >= _CACHE_SIZE:
-            _layouts.clear()
-        plan = _layouts[key] = _layout(key)
+    plan = _pack.group_layout(key)
     total = plan[0]
     ref = None
     taken = ring.take(total, wait_s) if ring is not None else None
@@ -304,7 +300,7 @@ def pack(batch: Any, max_tensor_bytes: int = _pack.MAX_TENSOR_BYTES, ring: _slot
         buf = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(total))
     else:
         buf = torch.empty(total, dtype=torch.uint8)
-    _pack.copy(views(buf, plan, len(small)), small)
+    _pack.copy(_pack.group_views(buf, plan, len(small)), small)
     return PackedBatch(buf, plan, skeleton, _SLOT, len(small), note, _names.key(skeleton, _SLOT, key), loose, ref)
 
 
@@ -336,49 +332,6 @@ def _hold(buf: torch.Tensor, dev: torch.device) -> None:
     event = mod.Event()
     event.record(mod.current_stream(dev))
     _slots.hold_until(event, buf)
-
-
-def views(buf: torch.Tensor, plan: tuple, count: int) -> list[torch.Tensor]:
-    """The packed tensors, in batch order, as views of BUF (one split or unbind per group)."""
-    _, ordered, groups = plan
-    if ordered:  # one group holding the tensors in batch order: its split is the answer
-        dtype, rows, offset, nbytes, sizes, _ = groups[0]
-        region = buf[offset:offset + nbytes].view(dtype).view(rows)
-        return list(region.unbind(0) if sizes is None else region.split(sizes))
-    out: list[Any] = [None] * count
-    for dtype, rows, offset, nbytes, sizes, positions in groups:
-        region = buf[offset:offset + nbytes].view(dtype).view(rows)
-        for i, view in zip(positions, region.unbind(0) if sizes is None else region.split(sizes)):
-            out[i] = view
-    return out
-
-
-def _layout(key: tuple) -> tuple:
-    """(total bytes, ordered, groups) for tensors of KEY's (dtype, shape)s, grouped by dtype and trailing shape.
-
-    A group is (dtype, shape of its rows, byte offset, bytes, first-dimension sizes or None for
-    0-dim tensors, positions in the batch). Plain tuples: the record is pickled with every batch.
-    """
-    members: dict[tuple, list[int]] = {}
-    for i, (dtype, shape) in enumerate(key):
-        members.setdefault((dtype, tuple(shape[1:]) if len(shape) else None), []).append(i)
-    groups, end = [], 0
-    for (dtype, trailing), positions in members.items():
-        end = -(-end // _pack.ALIGN) * _pack.ALIGN
-        if trailing is None:
-            sizes, rows = None, (len(positions),)
-        else:
-            sizes = tuple(key[i][1][0] for i in positions)
-            rows = (sum(sizes), *trailing)
-        numel = 1
-        for n in rows:
-            numel *= n
-        nbytes = numel * dtype.itemsize
-        groups.append((dtype, rows, end, nbytes, sizes, tuple(positions)))
-        end += nbytes
-    total = max(-(-end // _pack.ALIGN) * _pack.ALIGN, _pack.ALIGN)
-    ordered = len(groups) == 1
-    return (total, ordered, tuple(groups))
 
 
 def pin_buffer(buf: torch.Tensor) -> torch.Tensor:
