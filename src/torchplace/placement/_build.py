@@ -106,7 +106,7 @@ def _make(skeleton: Any, slot: torch.Tensor, plan: tuple) -> Callable[..., Any] 
     consts: dict[str, Any] = {}
     for g, (dtype, rows, offset, nbytes, sizes, positions) in enumerate(groups):
         consts[f"D{g}"], consts[f"R{g}"], consts[f"S{g}"] = dtype, rows, sizes
-        cut = "unbind(0)" if sizes is None else f"split(S{g})"
+        cut = "unbind(0)" if sizes is None else f"split_with_sizes(S{g})"  # not Tensor.split's Python wrapper
         lines.append(f"        g{g} = buf[{offset}:{offset + nbytes}].view(D{g}).view(R{g}).{cut}")
         for j, p in enumerate(positions):
             where[p] = f"g{g}[{j}]"
@@ -121,8 +121,11 @@ def _make(skeleton: Any, slot: torch.Tensor, plan: tuple) -> Callable[..., Any] 
         if cls is dict:
             parts, changed = [], False
             for k, v in x.items():
-                keys.append(k)
-                ref = f"K[{len(keys) - 1}]"
+                if type(k) is str or type(k) is int:  # written as a literal: no lookup per key
+                    ref = repr(k)
+                else:
+                    keys.append(k)
+                    ref = f"K[{len(keys) - 1}]"
                 e, c = expr(v, f"{path}[{ref}]")
                 parts.append(f"{ref}: {e}")
                 changed = changed or c
