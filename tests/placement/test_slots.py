@@ -164,6 +164,9 @@ def test_device_loader_gives_slots_for_a_deep_prefetch():
     for i, batch in enumerate(tp.DeviceLoader(loader, "cpu", prefetch=3)):
         _check(batch, i)
     assert fn.slots == 6 + 3 + 2
+    timed = packed_collate(default_convert)
+    list(tp.DeviceLoader(DataLoader(Numbered(2), batch_size=None, num_workers=1, collate_fn=timed, timeout=2), "cpu"))
+    assert timed.wait_s == 0.5  # a quarter of the DataLoader's timeout
     assert packed_collate(slots=4).auto_slots is False
 
 

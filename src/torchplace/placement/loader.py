@@ -249,6 +249,7 @@ def _produce(it: Iterator[Any], owned: bool, stage: Stager, prefetch: int, out: 
                 try:
                     batch = next(it)
                 except StopIteration:
+                    _slots.settle()  # before the end is announced, so the next epoch finds every slot free
                     out.put(_END)
                     return
                 staged = stage(batch)
@@ -265,19 +266,25 @@ def _produce(it: Iterator[Any], owned: bool, stage: Stager, prefetch: int, out: 
         if stop.is_set() and owned:
             _close_upstream(it)
         del it
-        _slots.settle()  # the workers' slots this epoch copied from are free again (nothing held: no-op)
+        _slots.settle()  # stopped early or failed: let the slots go all the same (nothing held: no-op)
 
 
 def _fit_slots(loader: Any, prefetch: int) -> None:
     """Give a packed_collate's workers enough slots for the batches in flight: the DataLoader's
-    prefetch_factor per worker, this loader's PREFETCH, the batch being staged and one more
-    (set before iter() starts the workers; workers already running keep theirs)."""
+    prefetch_factor per worker, this loader's PREFETCH, the batch being staged and one more, and
+    a wait for a free slot shorter than the DataLoader's timeout (set before iter() starts the
+    workers; workers already running keep theirs)."""
     from .collate import PackedCollate
 
     collate = getattr(loader, "collate_fn", None)
-    if type(collate) is PackedCollate and collate.auto_slots and collate.slots:
+    if type(collate) is not PackedCollate:
+        return
+    if collate.auto_slots and collate.slots:
         depth = getattr(loader, "prefetch_factor", None) or 2
         collate.slots = max(_slots.SLOTS, depth + prefetch + 2)
+    timeout = getattr(loader, "timeout", 0) or 0
+    if timeout > 0:  # a worker waiting for a slot must give up well before the DataLoader gives up on it
+        collate.wait_s = min(collate.wait_s, timeout / 4)
 
 
 def _close_upstream(it: Any) -> None:
