@@ -12,14 +12,16 @@ modules that raise them re-export theirs (`torchplace.memory.MemoryLeakError`, .
     ├── LeaseError (RuntimeError)           GPUs that could not be picked or leased in time
     ├── SnapshotError (ValueError)          a topology snapshot that cannot be read
     ├── PrecisionError (RuntimeError)       a precision the device cannot run, or autocast that did nothing
-    └── MemoryLeakError (RuntimeError)      memory that grew across steps (track_memory under strict mode)
+    ├── MemoryLeakError (RuntimeError)      memory that grew across steps (track_memory under strict mode)
+    └── PackingError (RuntimeError)         a packed batch whose worker slot this process never received
 
     TorchplaceWarning (UserWarning)
     ├── StrictWarning                       a device mistake strict mode reports as a warning
     ├── DeviceLeakWarning                   a changed current device that torchplace restored
     ├── PrecisionWarning                    a precision that works but wastes speed or falls back
     ├── MemoryLeakWarning                   a probable leak found by track_memory
-    └── PackingWarning                      tensors packed_collate left out of a batch's one buffer
+    └── PackingWarning                      tensors packed_collate left out of a batch's one buffer, or slots
+                                            it could not use
 
 `warnings.filterwarnings("error", category=TorchplaceWarning)` turns every one into an error.
 """
@@ -187,6 +189,10 @@ class MemoryLeakError(TorchplaceError, RuntimeError):
     """Memory grew across steps beyond the tolerance, or graph-holding tensors piled up."""
 
 
+class PackingError(TorchplaceError, RuntimeError):
+    """A batch packed into a DataLoader worker's slot reached a process that never received that slot."""
+
+
 class TorchplaceWarning(UserWarning):
     """Root of every warning torchplace issues (a `UserWarning`).
 
@@ -220,4 +226,5 @@ class MemoryLeakWarning(TorchplaceWarning):
 
 
 class PackingWarning(TorchplaceWarning):
-    """Tensors `packed_collate` could not pack into a batch's buffer (they are copied one by one)."""
+    """Tensors `packed_collate` could not pack into a batch's buffer (they are copied one by one), or
+    worker slots it could not use (batches are then copied into pinned memory, as without slots)."""

@@ -17,7 +17,7 @@ from placement.test_collate import RecsysBatches, _recsys_batch, _sample, assert
 from torch.utils.data import DataLoader, Dataset, default_collate, default_convert
 
 import torchplace as tp
-from torchplace.errors import PackingWarning
+from torchplace.errors import PackingError, PackingWarning
 from torchplace.placement import _build, _slots, collate
 from torchplace.placement.collate import PackedBatch, pack, packed_collate
 
@@ -201,6 +201,8 @@ def test_the_cached_rebuild_equals_the_walk_and_reads_each_batchs_own_values():
         assert_same(built, raw.unpack())  # the walk gives the same batch
     assert len({pack(b).key for b in batches}) == 3  # variable lengths: other layouts, other names
     assert pack({"a": torch.ones(2), "b": torch.ones(2)}).loose is False
+    one, true = pack({1: torch.ones(2), "b": torch.ones(2)}), pack({True: torch.ones(2), "b": torch.ones(2)})
+    assert one.key != true.key and list(true.unpack()) == [True, "b"] and type(list(one.unpack())[0]) is int
     odd = pack({"p": Pair(torch.ones(2), torch.zeros(2))})  # a namedtuple: walked, as before
     assert odd.key is None and type(odd.unpack()["p"]) is Pair
 
@@ -223,3 +225,18 @@ def test_rebuilt_views_work_with_autograd_and_in_place_ops_like_collated_tensors
     leaf = batch["n"].float().requires_grad_()
     (leaf * 2).sum().backward()
     assert torch.equal(leaf.grad, torch.full((4,), 2.0))
+
+
+def test_a_slot_batch_in_a_process_that_never_received_its_slot_says_what_to_do():
+    import pickle
+
+    fn = packed_collate(default_convert)
+    it = iter(DataLoader(Numbered(4), batch_size=None, num_workers=1, collate_fn=fn))
+    first, second = next(it), next(it)
+    ref = second.lease.ring.id
+    stray = _slots.SlotRef("123.abc", fn.token, 0, 0, 1, 64, None, None)
+    with pytest.raises(PackingError, match="has not received"):
+        _slots.receive(stray)
+    with pytest.raises(PackingError, match="has no version"):
+        _slots.receive(stray._replace(ring=ref, slot=5))
+    assert pickle.loads(pickle.dumps(first)).unpack()["i"] == 0  # a batch held here travels with its bytes

@@ -73,7 +73,8 @@ def signature(x: Any, slot: torch.Tensor) -> Any:
         return "v"
     if cls is dict:
         items = [signature(v, slot) for v in x.values()]
-        return None if None in items else ("d", tuple(x), tuple(items))
+        # key types too: 1, 1.0 and True are one dict key, but the builder writes the first it saw
+        return None if None in items else ("d", tuple(x), tuple(map(type, x)), tuple(items))
     if cls is list or cls is tuple:
         items = [signature(v, slot) for v in x]
         return None if None in items else (cls.__name__, tuple(items))

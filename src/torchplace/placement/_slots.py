@@ -35,6 +35,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..errors import PackingError
+
 SLOTS = 6  # per worker: DataLoader's default prefetch_factor (2) + DeviceLoader's prefetch (2) + 2
 WAIT_S = 1.0  # how long a worker waits for a free slot before it packs into a fresh buffer
 _GRAIN = 64 << 10  # slot sizes are multiples of this (page-aligned for cudaHostRegister)
@@ -195,8 +197,8 @@ def receive(ref: SlotRef) -> tuple[torch.Tensor, Lease]:
         ring = _rings.get(ref.ring)
         if ring is None:
             if ref.flags is None:
-                raise RuntimeError(f"packed_collate: a batch came from slot ring {ref.ring}, which this process "
-                                   "has not seen (its first batch went elsewhere). Fix: iterate a DataLoader "
+                raise PackingError(f"packed_collate: a batch came from worker ring {ref.ring}, which this process "
+                                   "has not received (its first batch went elsewhere). Fix: iterate a DataLoader "
                                    "with packed_collate in one process, or pass packed_collate(slots=0).")
             ring = _rings[ref.ring] = HostRing(ref.ring, ref.flags)
             # Workers that have ended (restarted each epoch, or an iterator shut down) lose their
@@ -208,7 +210,13 @@ def receive(ref: SlotRef) -> tuple[torch.Tensor, Lease]:
             _owned[ref.owner] = [*alive, ref.ring]
         if ref.storage is not None:
             ring.replace(ref.slot, ref.version, ref.storage)
-    version, storage = ring.storages[ref.slot]
+    version, storage = ring.storages.get(ref.slot, (None, None))
+    if version != ref.version or storage is None:  # the batch that carried this version's memory never arrived here
+        have = "no version" if version is None else f"version {version}"
+        raise PackingError(f"packed_collate: a batch is in version {ref.version} of slot {ref.slot} of worker ring "
+                           f"{ref.ring}, but this process has {have} of it (the batch that carried it went elsewhere). "
+                           "Fix: iterate a DataLoader with packed_collate in one process, or pass "
+                           "packed_collate(slots=0).")
     holder = (ctypes.c_uint8 * ref.nbytes).from_address(storage.data_ptr())
     lease = Lease(ring, ref.slot, storage)
     holder._lease = lease  # type: ignore[attr-defined]
