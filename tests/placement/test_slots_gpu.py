@@ -30,7 +30,7 @@ def test_slots_are_pinned_in_place_and_the_pin_step_copies_nothing(dev):
     fn = tp.packed_collate(default_convert)
     loader = DataLoader(Numbered(16), batch_size=None, num_workers=2, pin_memory=True, collate_fn=fn)
     for i, raw in enumerate(loader):
-        assert raw.lease is not None and raw.buffer.is_pinned()
+        assert raw.lease is not None and raw.buffer.is_pinned(), _slots.why_not_pinned()
         assert raw.buffer.data_ptr() == raw.lease.storage.data_ptr()  # the worker's bytes, where it wrote them
         assert raw.lease.slot in raw.lease.ring.pinned
         _check(tp.to_device(raw, dev), i)
