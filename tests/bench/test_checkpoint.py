@@ -21,7 +21,8 @@ def test_quick_run_measures_every_variant_and_cleans_up(tmp_path: Path) -> None:
                         "4MiB stall: bare copy into pinned host memory", "4MiB stall: torch.save+fsync",
                         "4MiB stall: dcp.async_save", "4MiB stall: torchplace.save_async", "4MiB step alone",
                         "4MiB step while save_async writes", "4MiB load -> cpu: safetensors load_file",
-                        "4MiB load -> cpu: torch.load(mmap)+.to", "4MiB load -> cpu: torchplace.load"]
+                        "4MiB load -> cpu: torch.load(mmap)+.to", "4MiB load -> cpu: torchplace.load",
+                        "4MiB cold: raw O_DIRECT read of the file", "4MiB cold: torchplace.load -> cpu"]
     assert all(row.value > 0 and row.unit in ("GB/s", "ms") and row.ratio is not None for row in result.rows)
     assert [t.name for t in result.targets] == ["4MiB save vs plain write", "4MiB save_async stall vs bare pinned copy",
                                                 "4MiB save_async stall vs dcp.async_save stall",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from torchplace.checkpoint import stream
@@ -30,3 +31,53 @@ def test_pieces_round_trip_through_the_staging_buffer_across_chunk_boundaries():
         buf[:c1 - c0] = image[c0:c1]
         stream._copy_pieces(pieces, flat_out, buf, staging, into_buffer=False)
     assert all(torch.equal(out[k], tensors[k]) for k in tensors)
+
+
+def _image_and_chunks(tensors: dict[str, torch.Tensor], chunk: int):
+    entries = plan_layout(tensors)
+    data_bytes = entries[-1].end
+    image = torch.zeros(data_bytes, dtype=torch.uint8)
+    for e in entries:
+        image[e.start:e.end] = stream.byte_view(tensors[e.key])
+    return entries, image, list(stream._chunks(entries, data_bytes, chunk))
+
+
+def test_windowed_load_fills_every_tensor_across_windows_and_chunks(monkeypatch):
+    """The CUDA load's windows (cuda_load.py), run with CPU tensors: tensors cut across chunks and
+    windows, a window smaller than a tensor, a last window shorter than the others."""
+    from torchplace.checkpoint import cuda_load
+
+    tensors = {"a": torch.randn(1000), "b": torch.arange(37, dtype=torch.int16), "c": torch.randn(3, 300).double(),
+               "d": torch.randn(5000)}
+    chunk = 1024
+    entries, image, chunks = _image_and_chunks(tensors, chunk)
+    monkeypatch.setattr(cuda_load, "WINDOW_BYTES", 3 * chunk)
+    out = {k: torch.zeros_like(t) for k, t in tensors.items()}
+    flat = {e.key: stream.byte_view(out[e.key]) for e in entries}
+    read = []
+
+    def read_chunk(c, view):
+        _, c0, c1, _ = c
+        view[:] = image[c0:c1].numpy()
+        read.append(c0)
+
+    cuda_load.read_chunks_to_cuda(flat, entries, chunks, chunk, 3, read_chunk)
+    assert sorted(read) == [c[1] for c in chunks]  # each chunk read once
+    assert all(torch.equal(out[k], tensors[k]) for k in tensors)
+
+
+def test_windowed_load_raises_a_readers_error_and_stops():
+    from torchplace.checkpoint import cuda_load
+    from torchplace.errors import CheckpointError
+
+    tensors = {"a": torch.randn(4000)}
+    entries, image, chunks = _image_and_chunks(tensors, 1024)
+    flat = {"a": stream.byte_view(torch.zeros(4000))}
+
+    def read_chunk(c, view):
+        if c[0] == 2:
+            raise CheckpointError("chunk 2 is damaged")
+        view[:] = image[c[1]:c[2]].numpy()
+
+    with pytest.raises(CheckpointError, match="chunk 2"):
+        cuda_load.read_chunks_to_cuda(flat, entries, chunks, 1024, 2, read_chunk)

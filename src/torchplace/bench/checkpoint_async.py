@@ -4,10 +4,13 @@
   dcp.async_save (until it returns), torchplace.save_async (until it returns, staging buffers
   already made by an untimed first call), and the floor: a bare copy of the same bytes into
   already pinned host memory (a plain memcpy on the CPU);
-- step time: a fixed compute step (matmuls on the benchmark device), median without a save, and
-  median of the steps run while a save_async writes in the background;
-- loads to the device from the page cache, against safetensors `load_file(device=...)` and
-  `torch.load(mmap=True)` + `.to(device)` (the plain torch.load row is the other module's).
+- step time: a fixed compute step (matmuls on the benchmark device), median of the steps run
+  while a save_async writes in the background, against the median of steps run back to back for
+  as long, before and after the save (the same sustained load on the device);
+- loads to the device from the page cache, against safetensors `load_file(device=...)`,
+  `torch.load(mmap=True)` + `.to(device)` and fastsafetensors without GDS where it imports (the
+  plain torch.load row is the other module's); cold loads (the file's pages dropped with
+  posix_fadvise first) against a raw O_DIRECT read of the same file by as many threads.
 """
 
 from __future__ import annotations
@@ -111,27 +114,101 @@ def measure_stalls(state: dict[str, Any], size: int, dev: Any, root: str, repeat
     return {k: median(v) for k, v in out.items()}
 
 
+def _steps_for(step: Callable[[], None], seconds: float) -> list[float]:
+    """Run STEP back to back for about SECONDS; each step's seconds."""
+    times: list[float] = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(times) < 3:
+        times.append(_best(step, 1))
+    return times
+
+
 def measure_steps(state: dict[str, Any], dev: Any, root: str) -> dict[str, float]:
-    """Median step seconds without a save, and while a save_async of STATE writes in the background."""
+    """Median step seconds while a save_async of STATE writes in the background, and without a save:
+    steps run back to back for as long as a save takes, before it and after it. Both sides run under
+    the same sustained load: a GPU computing flat out for seconds runs slower than in its first
+    milliseconds (power and clocks), so a short burst of steps is no baseline for seconds of them."""
     from ..checkpoint.background import save_async
 
     step = _step_fn(dev)
-    for _ in range(3):
-        step()
-    alone = [_best(step, 1) for _ in range(20)]
     path = os.path.join(root, "steps-tp")
+    start = time.perf_counter()
     save_async(path, model=state, rng_state=False).result()  # untimed: staging buffers made
+    seconds = min(max(time.perf_counter() - start, 1.0), 20.0)
+    before = _steps_for(step, seconds)
     during: list[float] = []
     pending = save_async(path, model=state, rng_state=False)
     while not pending.done() or len(during) < 3:
         during.append(_best(step, 1))
     pending.result()
+    after = _steps_for(step, seconds)
     os.unlink(path)
-    return {"alone": median(alone), "during": median(during), "during_steps": float(len(during))}
+    return {"alone": median(before + after), "during": median(during), "during_steps": float(len(during)),
+            "before": median(before), "after": median(after)}
+
+
+def _drop_cache(path: str) -> None:
+    """Evict PATH's pages from the page cache (the file is fsynced, so they are clean): its next read is cold."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _direct_read(path: str) -> None:
+    """Read PATH whole with O_DIRECT (no page cache), one thread per core in 16 MiB blocks: what the disk
+    gives a reader that does nothing else (the floor for a cold load)."""
+    import mmap
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..checkpoint.stream import load_workers
+
+    block = 16 * 2**20
+    size = os.path.getsize(path)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+    try:
+        def read(offsets: range) -> None:
+            buf = mmap.mmap(-1, block)  # page-aligned, as O_DIRECT wants
+            try:
+                for at in offsets:
+                    os.preadv(fd, [buf], at)
+            finally:
+                buf.close()
+
+        n = load_workers(size)
+        starts = range(0, size, block)
+        with ThreadPoolExecutor(n) as pool:
+            list(pool.map(read, [starts[i::n] for i in range(n)]))
+    finally:
+        os.close(fd)
+
+
+def _fastsafetensors_load(path: str, dev: Any) -> Callable[[], None] | None:
+    """fastsafetensors' loader without GDS (pread into a bounce buffer, then copies), or None where it
+    does not import or run here."""
+    try:
+        from fastsafetensors import fastsafe_open
+    except ImportError:
+        return None
+
+    def load() -> None:
+        with fastsafe_open(filenames=[path], nogds=True, device=str(dev)) as f:
+            {k: f.get_tensor(k) for k in f.keys()}
+        _sync(dev)()
+
+    try:
+        load()
+    except Exception:  # noqa: BLE001 - a peer that fails to run here is left out, and the notes say so
+        return None
+    return load
 
 
 def measure_loads(state: dict[str, Any], dev: Any, root: str, repeats: int) -> dict[str, float]:
-    """Seconds to load STATE's bytes onto DEV from the page cache: safetensors, torch.load(mmap) + .to, ours."""
+    """Seconds to load STATE's bytes onto DEV: from the page cache with safetensors, torch.load(mmap) +
+    .to, fastsafetensors (where it runs) and ours; cold (pages dropped first) with ours and with a raw
+    O_DIRECT read of the same file."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -156,10 +233,25 @@ def measure_loads(state: dict[str, Any], dev: Any, root: str, repeats: int) -> d
         load(paths["tp"], device=dev, restore_rng=False)
         sync()
 
+    def cold(fn: Callable[[], None], path: str) -> float:
+        times = []
+        for _ in range(repeats):
+            _drop_cache(path)
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return median(times)
+
     try:
         for fn in (st_load, mmap_load, tp_load):  # untimed: every file in the page cache
             fn()
-        return {"st": _best(st_load, repeats), "mmap": _best(mmap_load, repeats), "tp": _best(tp_load, repeats)}
+        out = {"st": _best(st_load, repeats), "mmap": _best(mmap_load, repeats), "tp": _best(tp_load, repeats)}
+        fst = _fastsafetensors_load(paths["st"], dev)
+        if fst is not None:
+            out["fst"] = _best(fst, repeats)
+        out["tp_cold"] = cold(tp_load, paths["tp"])
+        out["direct_cold"] = cold(lambda: _direct_read(paths["tp"]), paths["tp"])
+        return out
     finally:
         for p in paths.values():
             os.unlink(p)
@@ -177,7 +269,8 @@ def rows_for(label: str, size: int, dev: Any, stalls: dict[str, float], steps: d
             {**extra, "total_ms": stalls["dcp_total"] * ms}),
         Row(f"{label} stall: torchplace.save_async", stalls["async"] * ms, "ms", stalls["async"] / floor,
             {**extra, "total_ms": stalls["async_total"] * ms}),
-        Row(f"{label} step alone", steps["alone"] * ms, "ms", 1.0, extra),
+        Row(f"{label} step alone", steps["alone"] * ms, "ms", 1.0,
+            {**extra, "before_ms": steps["before"] * ms, "after_ms": steps["after"] * ms}),
         Row(f"{label} step while save_async writes", steps["during"] * ms, "ms", steps["during"] / steps["alone"],
             {**extra, "steps": int(steps["during_steps"])}),
         Row(f"{label} load -> {dev}: safetensors load_file", size / loads["st"] / 1e9, "GB/s", 1.0, extra),
@@ -185,7 +278,13 @@ def rows_for(label: str, size: int, dev: Any, stalls: dict[str, float], steps: d
             loads["st"] / loads["mmap"], extra),
         Row(f"{label} load -> {dev}: torchplace.load", size / loads["tp"] / 1e9, "GB/s", loads["st"] / loads["tp"],
             extra),
+        Row(f"{label} cold: raw O_DIRECT read of the file", size / loads["direct_cold"] / 1e9, "GB/s", 1.0, extra),
+        Row(f"{label} cold: torchplace.load -> {dev}", size / loads["tp_cold"] / 1e9, "GB/s",
+            loads["direct_cold"] / loads["tp_cold"], extra),
     ]
+    if "fst" in loads:
+        rows.insert(-2, Row(f"{label} load -> {dev}: fastsafetensors (no GDS)", size / loads["fst"] / 1e9, "GB/s",
+                            loads["st"] / loads["fst"], extra))
     targets = [
         Target(f"{label} save_async stall vs bare pinned copy", stalls["async"] / floor, 1.2, "<="),
         Target(f"{label} save_async stall vs dcp.async_save stall", stalls["async"] / stalls["dcp"], 0.25, "<="),
@@ -193,5 +292,9 @@ def rows_for(label: str, size: int, dev: Any, stalls: dict[str, float], steps: d
     ]
     if dev.type == "cuda":
         targets.append(Target(f"{label} load to {dev} from the page cache (GB/s)", size / loads["tp"] / 1e9, 35.0,
+                              ">="))
+        if "fst" in loads:
+            targets.append(Target(f"{label} load vs fastsafetensors (no GDS)", loads["fst"] / loads["tp"], 1.5, ">="))
+        targets.append(Target(f"{label} cold load vs raw O_DIRECT read", loads["direct_cold"] / loads["tp_cold"], 0.9,
                               ">="))
     return rows, targets
