@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -64,5 +66,14 @@ def test_setup_continues_from_the_newest_checkpoint_when_torchrun_restarted_the_
     ck = rt.resume(model=other)
     assert ck.extra["step"] == 2 and torch.equal(other.weight, model.weight)
     assert tp.setup("cpu", checkpoint_dir=tmp_path, resume=False, verbose=False).resume(model=other) is None
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")  # the first attempt starts from the beginning
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "another-job")  # another job's first start: from the beginning
+    assert tp.setup("cpu", checkpoint_dir=tmp_path, verbose=False).resume_from is None
+    assert json.loads((tmp_path / ".torchplace-job").read_text()) == {"run_id": "another-job"}
+    # the same job again with no restart counted (a node started again after a membership change): it continues
+    rt = tp.setup("cpu", checkpoint_dir=tmp_path, verbose=False)
+    assert rt.resume_from == tmp_path / "step2.tpck"
+    assert any("job 'another-job' started in this folder before" in d for d in rt.decisions)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's default id names no job: never matched
+    assert tp.setup("cpu", checkpoint_dir=tmp_path, verbose=False).resume_from is None
     assert tp.setup("cpu", checkpoint_dir=tmp_path, verbose=False).resume_from is None

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 
-from .hardware.launch_env import read_launch_env
+from .errors import CheckpointError
+from .hardware.launch_env import LaunchEnv, read_launch_env
 
 if TYPE_CHECKING:
     from .amp import PrecisionPolicy
@@ -167,24 +168,33 @@ def _describe_device(dev: torch.device) -> str:
 
 
 def _decide_resume(resume: bool | Literal["auto"], checkpoint_dir: str | os.PathLike[str] | None,
-                   info: DistInfo | None, restart_count_here: bool, decisions: list[str]) -> Path | None:
+                   info: DistInfo | None, launch: LaunchEnv, decisions: list[str]) -> Path | None:
     """What every rank agreed to continue from: each reads the folder, rank 0's view wins, and
-    views that differ (folders not shared between nodes) are refused."""
-    from .checkpoint.resume import decide_resume, newest_name
+    views that differ (folders not shared between nodes) are refused. Rank 0 then records the job's
+    run id in the folder, so a restart torchrun does not count still continues (checkpoint/resume.py)."""
+    from .checkpoint.resume import decide_resume, job_id, mark_started, newest_name, started_here
 
-    mine = newest_name(checkpoint_dir) if resume is not False and checkpoint_dir is not None else None
-    found, hosts = [mine], []
-    if info is not None and info.world_size > 1 and resume is not False and checkpoint_dir is not None:
+    looks = resume is not False and checkpoint_dir is not None
+    job = job_id(launch.run_id) if looks else None
+    mine = newest_name(checkpoint_dir) if looks else None
+    found, hosts, seen = [mine], [], started_here(checkpoint_dir, job)
+    if info is not None and info.world_size > 1 and looks:
         import json
 
         from .distributed.health import gather_text
 
-        rows = [json.loads(r) for r in gather_text("resume", json.dumps([mine, info.hostname]))]
-        found, hosts = [r[0] for r in rows], [r[1] for r in rows]
-    restarted = restart_count_here or (info is not None and info.restarted)
-    decision = decide_resume(resume, checkpoint_dir, restarted, found, hosts)
+        rows = [json.loads(r) for r in gather_text("resume", json.dumps([mine, info.hostname, seen]))]
+        found, hosts, seen = [r[0] for r in rows], [r[1] for r in rows], rows[0][2]
+    restarted = launch.restart_count > 0 or (info is not None and info.restarted)
+    decision = decide_resume(resume, checkpoint_dir, restarted, found, hosts, same_job=job if seen else None)
     if decision.reason:
         decisions.append(f"resume: {decision.reason}")
+    if job is not None and checkpoint_dir is not None and not seen and (info is None or info.rank == 0):
+        try:
+            mark_started(checkpoint_dir, job)
+        except (OSError, CheckpointError) as exc:  # a read-only folder can still be resumed from
+            decisions.append(f"resume: could not record job {job!r} in {checkpoint_dir} ({exc}); a restart "
+                             "torchrun does not count will start from the beginning")
     return decision.path
 
 
@@ -287,7 +297,7 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
         enable(make_config(mode))
         decisions.append(f"strict mode: {mode}s on device mistakes")
 
-    resume_from = _decide_resume(resume, checkpoint_dir, info, launch.restart_count > 0, decisions)
+    resume_from = _decide_resume(resume, checkpoint_dir, info, launch, decisions)
     runtime = Runtime(dev, policy, plan, info, seed, mode, decisions,
                       Path(checkpoint_dir) if checkpoint_dir is not None else None, resume_from)
     if verbose and runtime.is_main:

@@ -87,6 +87,22 @@ def test_decide_resume_continues_after_a_restart_only_when_asked_to(tmp_path: Pa
     assert decide_resume(True, ck, restarted=False, found=["a.tpck"]).path == ck / "a.tpck"
     blind = decide_resume("auto", None, restarted=True, found=[None])
     assert blind.path is None and "no checkpoint_dir was given" in blind.reason
+    # no restart counted, but this job started here before: a node started again after a membership change
+    rejoined = decide_resume("auto", ck, restarted=False, found=["epoch003.tpck"], same_job="job42")
+    assert rejoined.path == ck / "epoch003.tpck" and "job 'job42' started in this folder before" in rejoined.reason
+    assert decide_resume(False, ck, restarted=False, found=["epoch003.tpck"], same_job="job42").path is None
+
+
+def test_a_job_is_known_by_its_run_id_in_the_folder(tmp_path: Path) -> None:
+    from torchplace.checkpoint.resume import JOB_FILE, job_id, mark_started, started_here
+
+    assert [job_id(r) for r in ("job42", "none", "", None)] == ["job42", None, None, None]  # "none": torchrun's default
+    assert not started_here(tmp_path / "ck", "job42")  # no folder yet
+    mark_started(tmp_path / "ck", "job42")  # makes the folder
+    assert started_here(tmp_path / "ck", "job42") and not started_here(tmp_path / "ck", "job43")
+    assert not started_here(tmp_path / "ck", None)
+    (tmp_path / "ck" / JOB_FILE).write_text("not json")
+    assert not started_here(tmp_path / "ck", "job42")
 
 
 @pytest.mark.parametrize("resume,directory,found,match", [

@@ -1,12 +1,21 @@
 """Whether a starting program continues from a checkpoint: the decision `setup()` makes.
 
-Pure: it takes what every rank found in the checkpoint folder and whether the launcher restarted
-the job, and returns the file to load (or none) with the reason, for the summary setup() prints.
-The reading (`newest_name`) and the loading stay in the callers.
+The decision is pure: it takes what every rank found in the checkpoint folder and whether the
+launcher restarted the job, and returns the file to load (or none) with the reason, for the summary
+setup() prints. The reading (`newest_name`, `started_here`) and the loading stay in the callers.
+
+A restart torchrun does not count. When a node is started again (or replaced) while the other
+nodes' workers still run (a frozen or unreachable host: their collective waits instead of failing),
+torchrun's agents restart those workers as a membership change, which leaves
+TORCHELASTIC_RESTART_COUNT at 0 on every node, so no rank knows it is a restart. What does tell:
+the job's run id (`--rdzv-id`, one per job, the same on every node and across restarts), which rank
+0 writes into the checkpoint folder (`JOB_FILE`) when the job starts there; a later start that
+finds its own run id there is a restart of the same job and continues.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,7 +23,11 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import CheckpointError
+from .atomic import write_bytes
 from .rotation import latest
+
+#: the file in checkpoint_dir naming the job (torchrun's run id) that started there last
+JOB_FILE = ".torchplace-job"
 
 Resume = bool | Literal["auto"]
 
@@ -35,8 +48,31 @@ def newest_name(checkpoint_dir: str | os.PathLike[str] | None) -> str | None:
     return found.name if found is not None else None
 
 
+def job_id(run_id: str | None) -> str | None:
+    """The id that names one job across its restarts: torchrun's run id, but not its default "none"
+    (every job started without --rdzv-id has it). None outside torchrun."""
+    return run_id if run_id and run_id != "none" else None
+
+
+def started_here(checkpoint_dir: str | os.PathLike[str] | None, job: str | None) -> bool:
+    """Whether the job JOB (a `job_id`) started in CHECKPOINT_DIR before (its `JOB_FILE` names it)."""
+    if job is None or checkpoint_dir is None:
+        return False
+    try:
+        return json.loads((Path(checkpoint_dir) / JOB_FILE).read_text()).get("run_id") == job
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def mark_started(checkpoint_dir: str | os.PathLike[str], job: str) -> None:
+    """Record in CHECKPOINT_DIR (made if missing) that the job JOB started there (rank 0 only)."""
+    Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    write_bytes(Path(checkpoint_dir) / JOB_FILE, json.dumps({"run_id": job}).encode())
+
+
 def decide_resume(resume: Resume, checkpoint_dir: str | os.PathLike[str] | None, restarted: bool,
-                  found: Sequence[str | None], hosts: Sequence[str] = ()) -> ResumeDecision:
+                  found: Sequence[str | None], hosts: Sequence[str] = (),
+                  same_job: str | None = None) -> ResumeDecision:
     """Decide where the program starts.
 
     resume: "auto" continues only when the launcher restarted the job (torchrun's `--max-restarts`)
@@ -44,6 +80,8 @@ def decide_resume(resume: Resume, checkpoint_dir: str | os.PathLike[str] | None,
         one); False never continues.
     found: the newest complete checkpoint's name as each rank sees it (rank 0 first); ranks that
         see another one have another folder, which setup() refuses rather than mix states.
+    same_job: this job's run id when checkpoint_dir shows that it started there before
+        (`started_here`): a restart torchrun did not count, which "auto" continues too.
     """
     if resume not in (True, False, "auto"):
         raise CheckpointError(f"resume={resume!r} is not understood. Fix: pass resume='auto' (continue "
@@ -58,7 +96,7 @@ def decide_resume(resume: Resume, checkpoint_dir: str | os.PathLike[str] | None,
             return ResumeDecision(None, "restarted by the launcher, but no checkpoint_dir was given: starting "
                                         "from the beginning (pass setup(checkpoint_dir=...) to continue)")
         return ResumeDecision(None, "")
-    if resume == "auto" and not restarted:
+    if resume == "auto" and not restarted and same_job is None:
         return ResumeDecision(None, "")
     newest = found[0] if found else None
     differ = [(rank, name) for rank, name in enumerate(found) if name != newest]
@@ -70,7 +108,9 @@ def decide_resume(resume: Resume, checkpoint_dir: str | os.PathLike[str] | None,
             f"but rank {rank}{host} sees {name or 'none'} ({len(differ)} rank(s) differ): the folder is not one "
             "shared file system for every node. Fix: put checkpoint_dir on storage every node mounts at the "
             "same path (NFS, Lustre), or copy the checkpoint to every node before the restart.")
-    why = "restarted by the launcher" if resume == "auto" else "resume=True"
+    why = ("resume=True" if resume is True else "restarted by the launcher" if restarted else
+           f"job {same_job!r} started in this folder before (a node started again or replaced: a restart "
+           "torchrun does not count)")
     if newest is None:
         if resume is True:
             raise CheckpointError(f"resume=True, but {checkpoint_dir} holds no complete torchplace checkpoint. "
