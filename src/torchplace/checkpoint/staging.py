@@ -88,6 +88,7 @@ class HostStaging:
             self._dcp = DefaultStager(StagingOptions(use_pinned_memory=pinned, use_shared_memory=False,
                                                      use_async_staging=False, use_non_blocking_copy=pinned))
             self._dcp_pinned, self.dcp_bytes = pinned, 0
+            _copy_classes_as_themselves(self._dcp)
         staged = self._dcp.stage(tensors)  # synchronous: returns once every copy is complete
         self.dcp_bytes = local_bytes(tensors)
         return dict(staged)
@@ -155,3 +156,15 @@ def available_memory() -> int:
     import psutil
 
     return int(psutil.virtual_memory().available)
+
+
+def _copy_classes_as_themselves(stager: Any) -> None:
+    """Let torch's DCP stager copy class objects met in a state (they are atomic, as `copy.deepcopy` has
+    it). torch 2.11's StateDictStager has no entry for `type` in its copy table and raises KeyError:
+    <class 'type'> on a sharded FSDP2 state on the GPU (seen 2026-12-01); later versions copy it.
+    Only an inner stager whose table lacks the entry is touched."""
+    for inner in vars(stager).values():
+        table = getattr(inner, "_deepcopy_dispatch", None)
+        if isinstance(table, dict) and type not in table:
+            table[type] = lambda x, memo: x
+
