@@ -84,7 +84,7 @@ class WorkerRing:
                 slot = self._free(nbytes)
             if slot is None:
                 self._starved = True
-                return (f"a DataLoader worker found none of its {len(self.storages)} pinned slots free for "
+                return (f"a DataLoader worker found none of its {len(self.storages)} slots free for "
                         f"{wait_s:g} s (the training process holds that many of its batches), so it packed into "
                         "a fresh buffer, which the pin-memory step copies")
         if slot is None:
