@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -58,11 +59,11 @@ def test_two_cpu_processes_through_torchplace_run(tmp_path):
     assert len(result["losses"]) == 3 and result["losses"][-1] < result["losses"][0]
 
 
-def _job(folder: Path, *launch: str) -> list[str]:
-    """`torchplace run LAUNCH -- python examples/train.py` for 3 epochs into FOLDER (made here)."""
+def _job(folder: Path, *launch: str, gpus: str = "none", device: str = "cpu", epochs: int = 3) -> list[str]:
+    """`torchplace run --gpus GPUS LAUNCH -- python examples/train.py` for EPOCHS into FOLDER (made here)."""
     folder.mkdir(exist_ok=True)
-    return [sys.executable, "-m", "torchplace", "run", "--gpus", "none", *launch,
-            "--", sys.executable, str(EXAMPLE), "--device", "cpu", "--epochs", "3", "--batch-size", "32",
+    return [sys.executable, "-m", "torchplace", "run", "--gpus", gpus, *launch,
+            "--", sys.executable, str(EXAMPLE), "--device", device, "--epochs", str(epochs), "--batch-size", "32",
             "--ckpt-dir", str(folder / "ck"), "--log", str(folder / "log.json")]
 
 
@@ -104,7 +105,7 @@ def _wait_for_first_checkpoint(job: subprocess.Popen, ck: Path) -> None:
 
 def _resumed_from(out: str) -> int:
     """The epoch of the checkpoint the restarted run continued from (examples/train.py's line)."""
-    found = re.search(r"resumed epoch(\d{3})\.tpck \(saved on cpu\) at epoch (\d+)", out)
+    found = re.search(r"resumed epoch(\d{3})\.tpck \(saved on [^)]+\) at epoch (\d+)", out)
     assert found, out[-2000:]
     assert int(found[2]) == int(found[1]) + 1
     return int(found[1])
@@ -172,11 +173,38 @@ def test_a_node_that_fails_mid_epoch_and_is_started_again_rejoins_and_the_job_re
     collective waits; the new agent's arrival makes torchrun restart the survivor's worker as a
     membership change, which it does not count, so setup() knows the restart by the job's run id
     in the checkpoint folder."""
+    node = node_failure_run(tmp_path, failure)
+    assert node.returncodes == [0, -signal.SIGKILL, 0], node.out["first"][-3000:] + node.out["again"][-3000:]
+    assert ("restarted by the launcher: continuing from" if failure == "killed" else
+            "job 'node-restart' started in this folder before") in node.survivors
+    _same_run(uninterrupted, tmp_path / "nodes")
+
+
+@dataclass
+class NodeRun:
+    """What `node_failure_run` saw: exit codes (first, failed, again), each agent's output, and the
+    epoch of the checkpoint the run continued from."""
+
+    returncodes: list[int | None]
+    out: dict[str, str]
+    resumed: int
+
+    @property
+    def survivors(self) -> str:
+        return self.out["first"] + self.out["again"]
+
+
+def node_failure_run(tmp_path: Path, failure: str, *, gpus: str = "none", device: str = "cpu",
+                     epochs: int = 3) -> NodeRun:
+    """Two agents of one job (c10d rendezvous on this host, `--gpus GPUS` each); after the first
+    checkpoint the second node is killed (SIGKILL) or frozen (SIGSTOP) whole, and the same command
+    is started again. Checks that the run continued from the newest complete checkpoint."""
     endpoint = f"127.0.0.1:{free_port()}"
     # a node is declared dead 5 s after its last heartbeat (torchrun's default: 15 s), so the new round forms sooner
     node = _job(tmp_path / "nodes", "--nproc", "1", "--nnodes", "2", "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", endpoint, "--rdzv-id", "node-restart", "--max-restarts", "1",
-                "--rdzv-conf", "join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=5")
+                "--rdzv-conf", "join_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=5",
+                gpus=gpus, device=device, epochs=epochs)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -203,14 +231,10 @@ def test_a_node_that_fails_mid_epoch_and_is_started_again_rejoins_and_the_job_re
                 _kill_node(agent)  # the frozen node too (SIGKILL ends a stopped process)
     out = {name: (logs / f"{name}.out").read_text() + (logs / f"{name}.err").read_text()
            for name in ("first", "second", "again")}
-    assert [a.returncode for a in agents] == [0, -signal.SIGKILL, 0], out["first"][-3000:] + out["again"][-3000:]
-    assert "epoch002.tpck" not in saved_before  # the failure came before the run's end
-    both = out["first"] + out["again"]
-    resumed = _resumed_from(both)  # printed by rank 0, on whichever node it is now
+    assert f"epoch{epochs - 1:03d}.tpck" not in saved_before  # the failure came before the run's end
+    resumed = _resumed_from(out["first"] + out["again"])  # printed by rank 0, on whichever node it is now
     assert resumed >= int(saved_before[-1][5:8])  # the newest complete one: at most one epoch redone
-    assert ("restarted by the launcher: continuing from" if failure == "killed" else
-            "job 'node-restart' started in this folder before") in both
-    _same_run(uninterrupted, tmp_path / "nodes")
+    return NodeRun([a.returncode for a in agents], out, resumed)
 
 
 def _listening(agent: subprocess.Popen, endpoint: str) -> bool:

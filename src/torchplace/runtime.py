@@ -221,10 +221,11 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
         checkpoint_dir: the folder the run saves its checkpoints into (`rt.checkpoint_dir`).
         resume: where the run starts, for `rt.resume(model=..., optimizer=...)`: "auto" continues
             from the newest complete checkpoint in checkpoint_dir when the launcher restarted the
-            job (torchrun's `--max-restarts`, on any node) and starts from the beginning otherwise;
-            True continues from it now (one must exist); False always starts from the beginning.
-            Every rank continues from the file rank 0 found; a rank that sees another folder is
-            refused.
+            job (torchrun's `--max-restarts`, on any node, or a node started again: the job's
+            run id, which rank 0 records in checkpoint_dir, is found there) and starts from the
+            beginning otherwise; True continues from it now (one must exist); False always starts
+            from the beginning. Every rank continues from the file rank 0 found; a rank that sees
+            another folder is refused.
         verbose: print the decisions (rank 0, stderr).
 
     Returns:
