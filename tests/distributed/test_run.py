@@ -76,6 +76,19 @@ def test_multinode_options_pass_through_without_standalone():
     assert run.argv[run.argv.index("--rdzv-endpoint") + 1] == "node0:29400"
 
 
+def test_several_nodes_get_a_rendezvous_store_per_start(monkeypatch):
+    """torch's shared store keeps a node that is started again out of the job (tests/test_example.py)."""
+    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
+    nodes = {"nnodes": "2", "rdzv_backend": "c10d", "rdzv_endpoint": "node0:29400"}
+    run = plan(["python", "train.py"], gpus="none", nproc=1, torchrun=nodes)
+    assert run.env_changes["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert any("a node that dies and is started again can rejoin" in note for note in run.notes)
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in plan(["python", "t.py"], gpus="none", nproc=2).env_changes
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0")  # the user's own choice stands
+    run = plan(["python", "train.py"], gpus="none", nproc=1, torchrun=nodes)
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in run.env_changes
+
+
 def test_nproc_must_match_the_gpus(h200x2_file, lease_dir):
     with pytest.raises(DistributedError, match=r"--nproc 3 does not match the 2 GPU\(s\) picked"):
         plan(["python", "x.py"], gpus=2, nproc=3, snapshot=str(h200x2_file))
