@@ -287,10 +287,11 @@ def _register(ptr: int, nbytes: int) -> bool:
     if _cannot:
         return False
     try:
-        if not torch.cuda.is_available():
+        if not torch.cuda.is_available():  # cuda-only: page-locking in place is CUDA's cudaHostRegister
             raise RuntimeError("no CUDA device here")
-        cudart = torch.cuda.cudart()
-        torch.cuda.check_error(cudart.cudaHostRegister(ptr, nbytes, 1))  # 1: portable, pinned for every device
+        cudart = torch.cuda.cudart()  # cuda-only: CUDA's runtime, for cudaHostRegister
+        portable = 1  # cudaHostRegisterPortable: pinned for every device, not only the current one
+        torch.cuda.check_error(cudart.cudaHostRegister(ptr, nbytes, portable))  # cuda-only: CUDA's runtime
         return True
     except Exception as exc:  # noqa: BLE001 - a CPU build, no driver, a refused registration: copy instead
         _cannot.append(f"{type(exc).__name__}: {exc}")
@@ -298,7 +299,8 @@ def _register(ptr: int, nbytes: int) -> bool:
 
 
 def _unregister(ptr: int) -> None:
-    torch.cuda.check_error(torch.cuda.cudart().cudaHostUnregister(ptr))
+    cudart = torch.cuda.cudart()  # cuda-only: undoes CUDA's cudaHostRegister
+    torch.cuda.check_error(cudart.cudaHostUnregister(ptr))  # cuda-only: undoes CUDA's cudaHostRegister
 
 
 def why_not_pinned() -> str | None:
