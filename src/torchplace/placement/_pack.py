@@ -13,7 +13,7 @@ and on the device (to unpack).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,11 +65,16 @@ def layout(tensors: Sequence[torch.Tensor]) -> Layout:
 
 def layout_of(key: tuple) -> Layout:
     """The (cached) layout for KEY, the (dtype, shape) of each tensor in order."""
-    found = _layouts.get(key)
+    return _cached(_layouts, key, _make_layout)
+
+
+def _cached(cache: dict, key: tuple, make: Callable[[tuple], Any]) -> Any:
+    """CACHE[KEY], made by MAKE(KEY) the first time; a full cache starts over (ever-changing shapes)."""
+    found = cache.get(key)
     if found is None:
-        if len(_layouts) >= _CACHE_SIZE:
-            _layouts.clear()
-        found = _layouts[key] = _make_layout(key)
+        if len(cache) >= _CACHE_SIZE:
+            cache.clear()
+        found = cache[key] = make(key)
     return found
 
 
@@ -130,12 +135,7 @@ _grouped: dict[tuple, tuple] = {}
 
 def group_layout(key: tuple) -> tuple:
     """The (cached) layout for tensors of KEY's (dtype, shape)s as packed_collate lays them out."""
-    plan = _grouped.get(key)
-    if plan is None:
-        if len(_grouped) >= _CACHE_SIZE:
-            _grouped.clear()
-        plan = _grouped[key] = _group_layout(key)
-    return plan
+    return _cached(_grouped, key, _group_layout)
 
 
 def group_views(buf: torch.Tensor, plan: tuple, count: int) -> list[torch.Tensor]:
