@@ -82,13 +82,13 @@ class HostStaging:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         if self._dcp is None or self._dcp_pinned != pinned:
-            if self._dcp is not None:
-                self._dcp.close()
+            # the old stager is dropped, never closed: torch 2.11's StateDictStager.close() empties a copy
+            # table that every stager in the process shares, after which any stager fails on its next state
+            # (KeyError: <class 'type'>, seen on the H200 run of 2026-12-01); its copies are freed with it
             # pinned and non-blocking copies only for a state on a GPU (both need an accelerator)
             self._dcp = DefaultStager(StagingOptions(use_pinned_memory=pinned, use_shared_memory=False,
                                                      use_async_staging=False, use_non_blocking_copy=pinned))
             self._dcp_pinned, self.dcp_bytes = pinned, 0
-            _copy_classes_as_themselves(self._dcp)
         staged = self._dcp.stage(tensors)  # synchronous: returns once every copy is complete
         self.dcp_bytes = local_bytes(tensors)
         return dict(staged)
@@ -156,15 +156,3 @@ def available_memory() -> int:
     import psutil
 
     return int(psutil.virtual_memory().available)
-
-
-def _copy_classes_as_themselves(stager: Any) -> None:
-    """Let torch's DCP stager copy class objects met in a state (they are atomic, as `copy.deepcopy` has
-    it). torch 2.11's StateDictStager has no entry for `type` in its copy table and raises KeyError:
-    <class 'type'> on a sharded FSDP2 state on the GPU (seen 2026-12-01); later versions copy it.
-    Only an inner stager whose table lacks the entry is touched."""
-    for inner in vars(stager).values():
-        table = getattr(inner, "_deepcopy_dispatch", None)
-        if isinstance(table, dict) and type not in table:
-            table[type] = lambda x, memo: x
-
