@@ -18,13 +18,13 @@ A mismatch is reported only where torch itself refuses it: an arithmetic or comp
 between tensors on two devices (a 0-dim CPU tensor is allowed there), torch.stack / torch.cat
 (which refuse 0-dim CPU tensors too), a torch loss or matmul, and a module outside the model
 whose own tensors sit elsewhere than what it is called with (unless the function moves it).
-Without source (a REPL, python -c) nothing is read. Runs only inside explain().
+Without source (a REPL, python -c) nothing is read. Runs only inside explain(); the parsing of the
+source (the function's statements, its assignments) is source_reading.py's.
 """
 
 from __future__ import annotations
 
 import ast
-import linecache
 import os
 import sysconfig
 from dataclasses import dataclass, field
@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from . import frames as fr
+from . import source_reading as src
 from .layout import own_tensors, plain_attributes
 
 _FRAMES = 3  # the function that called explain() and the two that called it
@@ -46,8 +47,6 @@ _KEEPS_DEVICE = frozenset({
 })
 _RESHAPES = frozenset({"unsqueeze", "view", "reshape", "flatten", "expand", "expand_as", "view_as", "reshape_as",
                        "repeat"})
-_KEEPS_PLACE = frozenset({"train", "eval", "zero_grad", "step", "backward", "append", "extend", "requires_grad_",
-                          "add_", "mul_", "sub_", "div_", "copy_", "zero_", "fill_", "clamp_", "register_forward_hook"})
 _STACKS = frozenset({"stack", "cat", "concat", "concatenate", "hstack", "vstack"})
 _SAME_DEVICE = _STACKS | frozenset({
     "matmul", "mm", "bmm", "dot", "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
@@ -56,7 +55,6 @@ _SAME_DEVICE = _STACKS | frozenset({
 })
 _OPERATORS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.MatMult)
 _COMPARISONS = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)
-_TREES: dict[str, tuple[str, ast.Module | None]] = {}
 
 
 @dataclass(frozen=True)
@@ -88,99 +86,11 @@ def read_callers(start: FrameType | None, model: torch.nn.Module, output_device:
         filename = frame.f_code.co_filename
         if fr.is_user(filename) and not filename.startswith((*fr._SITE_DIRS, _STDLIB, "<")):
             seen += 1
-            scope = _scope_of(frame)
+            scope = src.scope_of(frame)
             if scope is not None:
                 _Function(frame, scope, model, output_device, skip, reading).judge()
         frame = frame.f_back
     return reading
-
-
-def _tree(frame: FrameType) -> ast.Module | None:
-    filename = frame.f_code.co_filename
-    text = "".join(linecache.getlines(filename, frame.f_globals))
-    if not text:
-        return None
-    cached = _TREES.get(filename)
-    if cached is None or cached[0] != text:
-        try:
-            tree: ast.Module | None = ast.parse(text)
-        except SyntaxError:
-            tree = None
-        if len(_TREES) > 64:
-            _TREES.clear()
-        cached = _TREES[filename] = (text, tree)
-    return cached[1]
-
-
-def _scope_of(frame: FrameType) -> ast.AST | None:
-    """The function (or module) node that FRAME runs."""
-    tree = _tree(frame)
-    code = frame.f_code
-    if tree is None or code.co_name == "<module>":
-        return tree
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == code.co_name:
-            if min([node.lineno, *(d.lineno for d in node.decorator_list)]) == code.co_firstlineno:
-                return node
-        elif isinstance(node, ast.Lambda) and code.co_name == "<lambda>" and node.lineno == code.co_firstlineno:
-            return node
-    return None
-
-
-def _own_nodes(scope: ast.AST) -> list[ast.AST]:
-    """Every node of the function itself (not of functions, lambdas or classes defined in it)."""
-    nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
-    out: list[ast.AST] = []
-    todo = [scope.body] if isinstance(scope, ast.Lambda) else list(getattr(scope, "body", []))
-    while todo:
-        node = todo.pop()
-        if isinstance(node, nested):
-            continue
-        out.append(node)
-        todo.extend(ast.iter_child_nodes(node))
-    return sorted((n for n in out if hasattr(n, "lineno")), key=lambda n: (_line(n), getattr(n, "col_offset", 0)))
-
-
-def _line(node: ast.AST) -> int:
-    return int(getattr(node, "lineno", 0))
-
-
-def _assignments(nodes: list[ast.AST]) -> dict[str, list[tuple[int, ast.AST | None, ast.AST]]]:
-    """name -> [(line, the value assigned, or None when unknown; the statement)]. A statement calling a method
-    of a name (`criterion.to(dev)`, `batch.update(...)`) counts as an unknown assignment: it may move it."""
-    out: dict[str, list[tuple[int, ast.AST | None, ast.AST]]] = {}
-    for node in nodes:
-        pairs: list[tuple[ast.AST | None, ast.AST | None]] = []
-        if isinstance(node, ast.Assign):
-            pairs = [(t, node.value if isinstance(t, ast.Name) else None) for t in node.targets]
-        elif isinstance(node, ast.AnnAssign):
-            pairs = [(node.target, node.value if isinstance(node.target, ast.Name) else None)]
-        elif isinstance(node, (ast.AugAssign, ast.For, ast.AsyncFor, ast.NamedExpr)):
-            pairs = [(node.target, None)]
-        elif isinstance(node, (ast.With, ast.AsyncWith)):
-            pairs = [(i.optional_vars, None) for i in node.items]
-        elif isinstance(node, ast.Expr):
-            pairs = [(_mutated(node.value), None)]
-        for target, value in pairs:
-            for name in {n.id for n in ast.walk(target) if isinstance(n, ast.Name)} if target else ():
-                out.setdefault(name, []).append((_line(node), value, node))
-    return out
-
-
-def _comprehension_names(nodes: list[ast.AST]) -> set[int]:
-    """The Name nodes that a comprehension binds itself: whatever the frame holds under that name is not them."""
-    out: set[int] = set()
-    for node in nodes:
-        if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
-            names = {t.id for g in node.generators for t in ast.walk(g.target) if isinstance(t, ast.Name)}
-            out |= {id(n) for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names}
-    return out
-
-
-def _root(node: ast.AST) -> ast.Name | None:
-    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
-        node = node.func if isinstance(node, ast.Call) else node.value
-    return node if isinstance(node, ast.Name) else None
 
 
 class _Function:
@@ -191,11 +101,11 @@ class _Function:
         self.frame, self.model, self.reading = frame, model, reading
         self.output_device = output_device
         self.skip = {id(v) for v in skip}
-        self.nodes = _own_nodes(scope)
+        self.nodes = src.own_nodes(scope)
         self.where = f"{fr.short_path(frame.f_code.co_filename)}"
         self.function = frame.f_code.co_name
-        self.assigned = _assignments(self.nodes)
-        self.shadowed = _comprehension_names(self.nodes)
+        self.assigned = src.assignments(self.nodes)
+        self.shadowed = src.comprehension_names(self.nodes)
         # factories under a `with` block (torch.device(...) as a context) land where this reading does not follow
         self.in_with = {id(n) for w in self.nodes if isinstance(w, (ast.With, ast.AsyncWith))
                         for statement in w.body for n in ast.walk(statement)}
@@ -213,8 +123,8 @@ class _Function:
 
     def _object(self, node: ast.AST, identity: bool = False) -> Any:
         """The live object of a name, attribute chain or constant subscript, when the code there sees it."""
-        root = _root(node)
-        if root is None or id(root) in self.shadowed or not self._bound(root.id, _line(node), identity):
+        root = src.root_name(node)
+        if root is None or id(root) in self.shadowed or not self._bound(root.id, src.line_of(node), identity):
             return fr._UNKNOWN
         return fr._evaluate(node, self.frame)
 
@@ -277,7 +187,7 @@ class _Function:
     def _call(self, node: ast.Call, label: str, depth: int) -> Known | None:
         callee = self._object(node.func, identity=True)
         if isinstance(callee, torch.nn.Module):
-            root = _root(node.func)
+            root = src.root_name(node.func)
             if root is None or not self._bound(root.id, node.lineno):
                 return None  # moved in place (`model.to(dev)`) before this call
             if callee is self.model or _contains(callee, self.model):  # the model, or a wrapper (DDP, compile)
@@ -347,7 +257,7 @@ class _Function:
     def _site(self, node: ast.AST) -> str:
         text = " ".join(ast.unparse(node).split())
         function = "" if self.function == "<module>" else f" in {self.function}()"
-        return f"{self.where}:{_line(node)}{function}: `{text[:160]}`"
+        return f"{self.where}:{src.line_of(node)}{function}: `{text[:160]}`"
 
     def _expected(self, devices: set[str]) -> str:
         model = {str(t.device) for t in [*self.model.parameters(), *self.model.buffers()]}
@@ -383,7 +293,7 @@ class _Function:
         if _contains(self.model, module):
             return
         self.reading.used.setdefault(id(module), site)
-        root = _root(node.func)
+        root = src.root_name(node.func)
         if id(module) in self.skip or root is None or not self._bound(root.id, node.lineno):
             return  # a companion explain() was handed, or one the function moves before this call
         args = [self.infer(a) for a in [*node.args, *(k.value for k in node.keywords)]]
@@ -411,14 +321,6 @@ def _name(value: str | torch.device) -> str | None:
     except (RuntimeError, TypeError):
         return None
     return str(device) if device.index is not None or device.type in ("cpu", "meta") else None
-
-
-def _mutated(node: ast.AST) -> ast.Name | None:
-    """`criterion.to(dev)`, `batch.update(...)`: a method called on a name, as a statement."""
-    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
-            and node.func.attr not in _KEEPS_PLACE):
-        return node.func.value
-    return None
 
 
 def _contains(root: torch.nn.Module, module: torch.nn.Module) -> bool:
