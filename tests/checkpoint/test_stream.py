@@ -66,18 +66,28 @@ def test_windowed_load_fills_every_tensor_across_windows_and_chunks(monkeypatch)
     assert all(torch.equal(out[k], tensors[k]) for k in tensors)
 
 
-def test_windowed_load_raises_a_readers_error_and_stops():
+def test_windowed_load_raises_a_readers_error_and_stops(monkeypatch):
+    """A damaged chunk raises its error, and the reads of the windows after it that have not started
+    are never started (one reader thread, busy with the chunk after the damaged one meanwhile)."""
+    import threading
+
     from torchplace.checkpoint import cuda_load
     from torchplace.errors import CheckpointError
 
     tensors = {"a": torch.randn(4000)}
     entries, image, chunks = _image_and_chunks(tensors, 1024)
+    monkeypatch.setattr(cuda_load, "WINDOW_BYTES", 2 * 1024)  # two chunks a window
     flat = {"a": stream.byte_view(torch.zeros(4000))}
+    read, hold = [], threading.Event()
 
     def read_chunk(c, view):
+        read.append(c[0])
         if c[0] == 2:
             raise CheckpointError("chunk 2 is damaged")
+        if c[0] == 3:  # keeps the one reader busy while the failure is handled
+            hold.wait(1.0)
         view[:] = image[c[1]:c[2]].numpy()
 
     with pytest.raises(CheckpointError, match="chunk 2"):
-        cuda_load.read_chunks_to_cuda(flat, entries, chunks, 1024, 2, read_chunk)
+        cuda_load.read_chunks_to_cuda(flat, entries, chunks, 1024, 1, read_chunk)
+    assert sorted(read) == [0, 1, 2, 3]  # window 2 (chunks 4 and 5) was queued, and cancelled
