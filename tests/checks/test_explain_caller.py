@@ -242,3 +242,24 @@ def test_a_clean_training_step_stays_silent():
     batch = {"x": torch.randn(2, 8), "y": torch.randint(0, 3, (2,))}
     report = run_step(clean_step, model, teacher, criterion, optimizer, batch, 3)
     assert report.problems == [] and report["optimizer"]["type"] == "AdamW"
+
+
+def labels_from_a_list_step(model, x, label_list, reports):
+    reports.append(tp.explain(model, x))
+    labels = torch.tensor(label_list)
+    return F.cross_entropy(model(x), labels)
+
+
+def labels_from_a_number_step(model, x, scale, reports):
+    reports.append(tp.explain(model, x))
+    weight = torch.tensor(scale)
+    return model(x).sum() * weight
+
+
+def test_a_tensor_made_from_a_list_variable_is_not_taken_for_a_cpu_scalar():
+    """torch.tensor(label_list) has the list's shape: on the CPU it is refused by a loss on another device
+    (a 0-dim CPU tensor would be allowed), so the mismatch is named; torch.tensor(a number) stays legal."""
+    model, x = Toy().to(M), torch.randn(2, 8, device=M)
+    [problem] = step_problems(run_step(labels_from_a_list_step, model, x, [0, 2]))
+    assert "labels" in problem["message"] and line_of(labels_from_a_list_step, "F.cross_entropy") in problem["message"]
+    assert step_problems(run_step(labels_from_a_number_step, model, x, 0.5)) == []

@@ -171,6 +171,37 @@ class _Function:
         text = " ".join(ast.unparse(statement).split())
         return Known(found.device, node.id, found.scalar, f"`{text}` at {self.where}:{line}")
 
+    def _zero_dim(self, factory: str, node: ast.Call) -> bool:
+        """Whether torch.FACTORY(...) at NODE surely makes a 0-dim tensor: torch.scalar_tensor, torch.tensor of
+        a number (a literal, or a name holding one now), a shape of (). Anything unknown is not 0-dim: a CPU
+        scalar is allowed where other tensors are not, so guessing 0-dim would hide a real mismatch."""
+        first = node.args[0] if node.args else None
+        if factory == "scalar_tensor":
+            return True
+        if factory == "tensor":
+            return first is not None and self._number(first)
+        if first is None:
+            return not node.keywords or all(k.arg != "size" for k in node.keywords)
+        return isinstance(first, ast.Tuple) and not first.elts
+
+    def _number(self, node: ast.AST) -> bool:
+        """Whether NODE surely evaluates to a Python number: a literal, a name holding one now, float(...) /
+        int(...) / bool(...) / len(...) / round(...), `.item()`, or arithmetic of those."""
+        if isinstance(node, ast.Constant):
+            return isinstance(node.value, (bool, int, float, complex))
+        if isinstance(node, ast.UnaryOp):
+            return self._number(node.operand)
+        if isinstance(node, ast.BinOp):
+            return self._number(node.left) and self._number(node.right)
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name) and func.id in ("float", "int", "bool", "complex", "len", "round"):
+                return self._object(func) in (float, int, bool, complex, len, round)
+            return isinstance(func, ast.Attribute) and func.attr == "item" and not node.args
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            return isinstance(self._object(node), (bool, int, float, complex))
+        return False
+
     def _device_of(self, node: ast.AST, depth: int) -> str | None:
         """A device argument: 'cuda:1', a torch.device, `x.device`, another tensor."""
         if isinstance(node, ast.Attribute) and node.attr == "device":
@@ -203,11 +234,7 @@ class _Function:
                 if spec is None and id(node) in self.in_with:
                     return None
                 device = self._device_of(spec, depth) if spec is not None else _name(torch.get_default_device())
-                # 0-dim unless shown otherwise: torch.tensor(<not a list>), or a shape of ()
-                first = node.args[0] if node.args else None
-                scalar = (not isinstance(first, (ast.List, ast.Tuple, ast.ListComp)) if name in ("tensor",
-                          "scalar_tensor") else first is None or isinstance(first, ast.Tuple) and not first.elts)
-                return Known(device, label, scalar and device == "cpu") if device else None
+                return Known(device, label, self._zero_dim(name, node) and device == "cpu") if device else None
             return self._first(node.args, depth)
         if isinstance(node.func, ast.Attribute) and callee is fr._UNKNOWN:
             method = node.func.attr
