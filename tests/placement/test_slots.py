@@ -240,3 +240,20 @@ def test_a_slot_batch_in_a_process_that_never_received_its_slot_says_what_to_do(
     with pytest.raises(PackingError, match="has no version"):
         _slots.receive(stray._replace(ring=ref, slot=5))
     assert pickle.loads(pickle.dumps(first)).unpack()["i"] == 0  # a batch held here travels with its bytes
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "copy", "pickle"])
+def test_a_copy_of_the_collate_collected_in_the_training_process_leaves_the_loaders_rings(how):
+    import copy
+    import pickle
+
+    fn = packed_collate(default_convert, slots=2)
+    it = iter(DataLoader(Numbered(4), batch_size=None, num_workers=1, collate_fn=fn))
+    _check(next(it).unpack(), 0)
+    twin = {"deepcopy": copy.deepcopy, "copy": copy.copy, "pickle": lambda f: pickle.loads(pickle.dumps(f))}[how](fn)
+    assert twin.token != fn.token  # its own name: forgetting it forgets nothing of fn's
+    del twin
+    gc.collect()
+    for i in range(1, 4):  # before: PackingError "... has not received", the worker's ring forgotten
+        _check(next(it).unpack(), i)
+    assert len(_rings(fn)) == 1

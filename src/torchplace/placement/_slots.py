@@ -31,6 +31,7 @@ import os
 import secrets
 import threading
 import time
+import weakref
 from typing import Any, NamedTuple
 
 import torch
@@ -221,6 +222,23 @@ def receive(ref: SlotRef) -> tuple[torch.Tensor, Lease]:
     lease = Lease(ring, ref.slot, storage)
     holder._lease = lease  # type: ignore[attr-defined]
     return torch.frombuffer(holder, dtype=torch.uint8), lease
+
+
+_tokens: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()  # token -> its packed_collate
+
+
+def claim(holder: Any, token: str | None = None) -> str:
+    """A token naming HOLDER's rings: TOKEN, unless another live holder in this process has it.
+
+    A DataLoader worker that unpickles a packed_collate keeps its token (its batches must name the
+    training process's collate); a copy made in the process that holds the original (deepcopy,
+    pickle) gets a new one, so collecting the copy (`forget`) cannot drop the original's rings.
+    """
+    with _lock:
+        if token is None or token in _tokens:
+            token = secrets.token_hex(8)
+        _tokens[token] = holder
+    return token
 
 
 def forget(owner: str) -> None:

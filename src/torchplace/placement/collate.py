@@ -23,7 +23,6 @@ it moves any tensor, and the first batch with such a tensor says why, once (`Pac
 from __future__ import annotations
 
 import os
-import secrets
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -141,7 +140,7 @@ class PackedCollate:
         self.max_tensor_bytes = max_tensor_bytes
         self.slots = _slots.SLOTS if slots is None else slots
         self.auto_slots = slots is None  # DeviceLoader may raise it to cover a deeper prefetch
-        self.token = secrets.token_hex(8)  # names this collate's rings in the training process
+        self.token = _slots.claim(self)  # names this collate's rings in the training process
         self.wait_s = _slots.WAIT_S  # how long a worker waits for a free slot
         self._ring: _slots.WorkerRing | None = None
         self.no_ring: str | None = None  # why this worker packs without slots
@@ -176,6 +175,11 @@ class PackedCollate:
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_ring": None}  # a worker started by spawn makes its own
+
+    def __setstate__(self, state: dict) -> None:
+        # a spawned worker keeps the token; a copy beside a live holder of it gets its own (`claim`)
+        self.__dict__.update(state)
+        self.token = _slots.claim(self, state["token"])
 
     def __del__(self) -> None:
         try:
