@@ -257,3 +257,32 @@ def test_a_copy_of_the_collate_collected_in_the_training_process_leaves_the_load
     for i in range(1, 4):  # before: PackingError "... has not received", the worker's ring forgotten
         _check(next(it).unpack(), i)
     assert len(_rings(fn)) == 1
+
+
+class _Pending:
+    """An event stand-in for a copy still in flight (CPU has no stream to record one on)."""
+
+    def __init__(self) -> None:
+        self.waited = False
+
+    def query(self) -> bool:
+        return self.waited
+
+    def synchronize(self) -> None:
+        self.waited = True
+
+
+def test_the_oldest_held_buffer_is_dropped_outside_the_lock():
+    import weakref
+
+    _slots.settle()
+    locked = []
+    first = torch.zeros(4)
+    weakref.finalize(first, lambda: locked.append(_slots._held_lock.locked()))  # as a slot's Lease.__del__ would run
+    _slots.hold_until(_Pending(), first)
+    del first
+    for _ in range(_slots._HOLD_MAX):  # one more than are kept: the oldest is waited for and let go
+        _slots.hold_until(_Pending(), torch.zeros(4))
+    assert locked == [False]  # before: dropped while holding the lock its last reference may need
+    _slots.settle()
+    assert not _slots._held

@@ -267,10 +267,14 @@ _held_lock = threading.Lock()
 
 def hold_until(event: Any, buffer: torch.Tensor) -> None:
     """Keep BUFFER (and so its slot) until EVENT, recorded after a copy that reads it, has completed."""
+    oldest = None  # waited for and dropped outside the lock: its last reference may free (and unpin) a slot
     with _held_lock:
         _held.append((event, buffer))
         if len(_held) > _HOLD_MAX:
-            _held.popleft()[0].synchronize()
+            oldest = _held.popleft()
+    if oldest is not None:
+        oldest[0].synchronize()
+        del oldest
     reap()
 
 
