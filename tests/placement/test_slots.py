@@ -286,3 +286,25 @@ def test_the_oldest_held_buffer_is_dropped_outside_the_lock():
     assert locked == [False]  # before: dropped while holding the lock its last reference may need
     _slots.settle()
     assert not _slots._held
+
+
+def test_a_loaders_epoch_end_waits_only_for_its_own_copies():
+    import threading
+
+    _slots.settle()
+    train, evaluate = _Pending(), _Pending()
+    evaluating = threading.Thread(target=_slots.hold_until, args=(evaluate, torch.zeros(4)))
+    evaluating.start()  # another DeviceLoader's worker thread: its copy is in flight
+    evaluating.join()
+    _slots.hold_until(train, torch.zeros(4))
+    _slots.settle()  # this thread's epoch ended
+    assert train.waited and not evaluate.waited  # before: it waited for the other loader's copy too
+    assert len(_slots._held) == 1
+    _slots.hold_until(_Pending(), torch.zeros(4), owner="eval")  # an explicit owner: settled by name
+    _slots.settle("eval")
+    assert len(_slots._held) == 1
+    _slots.reap()
+    assert len(_slots._held) == 1  # still in flight
+    evaluate.synchronize()
+    _slots.reap()
+    assert not _slots._held

@@ -261,17 +261,23 @@ def _alive(ring: str) -> bool:
 
 # -- copies that read a slot -----------------------------------------------------------------------
 
-_held: collections.deque = collections.deque()  # (event, host buffer): a copy from the buffer in flight
+# Held per owner: by default the thread that queued the copies, which for a DeviceLoader is its
+# epoch's worker thread, so one loader's epoch end (`settle`) never waits on another's copies.
+_held: dict[Any, collections.deque] = {}  # owner -> (event, host buffer): copies from the buffer in flight
 _held_lock = threading.Lock()
 
 
-def hold_until(event: Any, buffer: torch.Tensor) -> None:
-    """Keep BUFFER (and so its slot) until EVENT, recorded after a copy that reads it, has completed."""
+def hold_until(event: Any, buffer: torch.Tensor, owner: Any = None) -> None:
+    """Keep BUFFER (and so its slot) until EVENT, recorded after a copy that reads it, has completed.
+
+    OWNER (default: the calling thread) is who may `settle` it; each keeps at most `_HOLD_MAX`.
+    """
     oldest = None  # waited for and dropped outside the lock: its last reference may free (and unpin) a slot
     with _held_lock:
-        _held.append((event, buffer))
-        if len(_held) > _HOLD_MAX:
-            oldest = _held.popleft()
+        held = _held.setdefault(threading.get_ident() if owner is None else owner, collections.deque())
+        held.append((event, buffer))
+        if len(held) > _HOLD_MAX:
+            oldest = held.popleft()
     if oldest is not None:
         oldest[0].synchronize()
         del oldest
@@ -279,21 +285,24 @@ def hold_until(event: Any, buffer: torch.Tensor) -> None:
 
 
 def reap() -> None:
-    """Let go of the buffers whose copies have completed (the oldest first)."""
+    """Let go of the buffers whose copies have completed (each owner's oldest first)."""
     if not _held:
         return
     gone = []  # dropped outside the lock: a buffer's last reference frees its slot
     with _held_lock:
-        while _held and _held[0][0].query():
-            gone.append(_held.popleft())
+        for owner, held in list(_held.items()):
+            while held and held[0][0].query():
+                gone.append(held.popleft())
+            if not held:
+                del _held[owner]
     del gone
 
 
-def settle() -> None:
-    """Wait for every copy that reads a slot, and let go of their buffers (a loader's epoch ended)."""
+def settle(owner: Any = None) -> None:
+    """Wait for the copies OWNER (default: the calling thread) holds, and let go of their buffers
+    (a loader's epoch ended); other owners' copies, another loader's, are left in flight."""
     with _held_lock:
-        gone = list(_held)
-        _held.clear()
+        gone = list(_held.pop(threading.get_ident() if owner is None else owner, ()))
     for event, _ in gone:
         event.synchronize()
     del gone

@@ -249,7 +249,7 @@ def _produce(it: Iterator[Any], owned: bool, stage: Stager, prefetch: int, out: 
                 try:
                     batch = next(it)
                 except StopIteration:
-                    _slots.settle()  # before the end is announced, so the next epoch finds every slot free
+                    _slots.settle()  # this thread's copies, before the end is told: the next epoch finds its slots free
                     out.put(_END)
                     return
                 staged = stage(batch)
