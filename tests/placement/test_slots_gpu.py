@@ -74,3 +74,35 @@ def test_recommender_batches_grow_their_slots_and_stay_exact(dev):
     torch.cuda.synchronize()
     for i, batch in enumerate(got):
         assert_same(_recsys_batch(i), batch)
+
+
+def test_one_refused_slot_falls_back_alone_and_leaves_no_cuda_error_behind(dev):
+    import warnings
+
+    from torchplace.errors import PackingWarning
+    from torchplace.placement import collate
+
+    collate._warned.clear()
+    fn = tp.packed_collate(default_convert, slots=2)
+    it = iter(DataLoader(Numbered(4), batch_size=None, num_workers=1, collate_fn=fn))  # nothing pinned by the loader
+    first, second = next(it), next(it)  # two slots of one worker
+    cudart = torch.cuda.cudart()
+    taken = first.lease.storage  # registered by someone else first: cudaHostRegister refuses it as registered already
+    torch.cuda.check_error(cudart.cudaHostRegister(taken.data_ptr(), taken.nbytes(), 1))
+    try:
+        with pytest.warns(PackingWarning, match="could not page-lock a slot") as said:
+            assert collate.pin_slot(first.lease) is False
+            assert collate.pin_slot(first.lease) is False  # not tried again, not said again
+        assert len(said) == 1
+        assert int(cudart.cudaGetLastError()) == 0  # before: the refusal was left as the runtime's last error
+        torch.ones(4, device=dev).add_(1)
+        torch.cuda.synchronize()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PackingWarning)
+            assert collate.pin_slot(second.lease) is True  # before: every later slot went copying
+        assert _slots.why_not_pinned() is None
+        _check(tp.to_device(first, dev), 0)
+        _check(tp.to_device(second, dev), 1)
+        torch.cuda.synchronize()
+    finally:
+        torch.cuda.check_error(cudart.cudaHostUnregister(taken.data_ptr()))

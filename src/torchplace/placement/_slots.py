@@ -130,9 +130,11 @@ class HostRing:
         self._flags = (ctypes.c_int32 * flags.numel()).from_address(flags.data_ptr())
         self.storages: dict[int, tuple[int, Any]] = {}  # slot -> (version, storage)
         self.pinned: dict[int, int] = {}  # slot -> address registered with cudaHostRegister
+        self.refused: dict[int, str] = {}  # slot -> why cudaHostRegister refused it (this version only)
 
     def replace(self, slot: int, version: int, storage: Any) -> None:
         self._unpin(slot)
+        self.refused.pop(slot, None)  # new memory: tried again
         self.storages[slot] = (version, storage)
 
     def free(self, slot: int) -> None:
@@ -142,8 +144,12 @@ class HostRing:
         """Page-lock SLOT's memory (once per version); False where this build or machine cannot."""
         if slot in self.pinned:
             return True
+        if slot in self.refused:
+            return False
         storage = self.storages[slot][1]
-        if not _register(storage.data_ptr(), storage.nbytes()):
+        why = _register(storage.data_ptr(), storage.nbytes())
+        if why is not None:
+            self.refused[slot] = why
             return False
         self.pinned[slot] = storage.data_ptr()
         return True
@@ -310,23 +316,37 @@ def settle(owner: Any = None) -> None:
 
 # -- page-locking ------------------------------------------------------------------------------------
 
-_cannot: list[str] = []  # why registering does not work here, once known
+_cannot: list[str] = []  # why registering cannot work on this machine or build, once known
+# cudaErrorInsufficientDriver, cudaErrorNoDevice, cudaErrorNotSupported: no block will ever register here
+_MACHINE_CANNOT = (35, 100, 801)
 
 
-def _register(ptr: int, nbytes: int) -> bool:
-    """cudaHostRegister(PTR, NBYTES); False (and the reason kept in `why_not_pinned`) where it fails."""
+def _register(ptr: int, nbytes: int) -> str | None:
+    """cudaHostRegister(PTR, NBYTES): None where it worked, else why not.
+
+    Where the machine or build cannot (no CUDA, a CPU build, no support) the reason is kept
+    (`why_not_pinned`) and nothing is tried again; any other refusal (over the locked-memory
+    limit, memory registered already) fails this block alone, and the CUDA runtime's error
+    state is cleared, so the next CUDA call that checks it does not raise this one.
+    """
     if _cannot:
-        return False
+        return _cannot[0]
     try:
         if not torch.cuda.is_available():  # cuda-only: page-locking in place is CUDA's cudaHostRegister
             raise RuntimeError("no CUDA device here")
         cudart = torch.cuda.cudart()  # cuda-only: CUDA's runtime, for cudaHostRegister
-        portable = 1  # cudaHostRegisterPortable: pinned for every device, not only the current one
-        torch.cuda.check_error(cudart.cudaHostRegister(ptr, nbytes, portable))  # cuda-only: CUDA's runtime
-        return True
-    except Exception as exc:  # noqa: BLE001 - a CPU build, no driver, a refused registration: copy instead
+    except Exception as exc:  # noqa: BLE001 - a CPU build, no driver: copy instead
         _cannot.append(f"{type(exc).__name__}: {exc}")
-        return False
+        return _cannot[0]
+    portable = 1  # cudaHostRegisterPortable: pinned for every device, not only the current one
+    code = int(cudart.cudaHostRegister(ptr, nbytes, portable))  # cuda-only: CUDA's runtime
+    if code == 0:
+        return None
+    cudart.cudaGetLastError()  # cuda-only: clears the error cudaHostRegister left behind
+    why = f"cudaHostRegister: {torch.cuda.CudaError(code)}"  # cuda-only: the runtime's words for CODE
+    if code in _MACHINE_CANNOT:
+        _cannot.append(why)
+    return why
 
 
 def _unregister(ptr: int) -> None:
@@ -337,3 +357,15 @@ def _unregister(ptr: int) -> None:
 def why_not_pinned() -> str | None:
     """Why slots cannot be page-locked in place here (None while they can, or before the first try)."""
     return _cannot[0] if _cannot else None
+
+
+def not_pinned(lease: Lease) -> str:
+    """What to say (once) when LEASE's slot could not be page-locked in place."""
+    why = why_not_pinned()
+    if why is not None:
+        return (f"packed_collate could not page-lock its workers' slots in place ({why}), so the pin-memory step "
+                "copies each batch into pinned memory, as with packed_collate(slots=0).")
+    return (f"packed_collate could not page-lock a slot of a worker in place ({lease.ring.refused.get(lease.slot)}), "
+            "so the pin-memory step copies the batches packed into it into pinned memory; its other slots are "
+            "page-locked as before. Fix: raise the locked-memory limit (ulimit -l), or pass a smaller "
+            "packed_collate(slots=N) or max_tensor_bytes.")

@@ -319,10 +319,7 @@ def pin_slot(lease: _slots.Lease) -> bool:
     """Page-lock a slot in place; where this cannot be done, say once that batches are copied instead."""
     if lease.pin():
         return True
-    why = _slots.why_not_pinned()
-    if why is not None:
-        _say(f"packed_collate could not page-lock its workers' slots in place ({why}), so the pin-memory step "
-             "copies each batch into pinned memory, as with packed_collate(slots=0).")
+    _say(_slots.not_pinned(lease))
     return False
 
 
