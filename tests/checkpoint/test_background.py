@@ -187,6 +187,20 @@ def test_an_uncollected_failure_is_reported_at_exit(tmp_path: Path) -> None:
     assert "does not exist" in out.stderr
 
 
+def test_a_stuck_sharded_write_is_abandoned_at_exit(tmp_path: Path) -> None:
+    # a sharded write waiting in a collective for a peer that died never ends: exit must not wait forever
+    out = _run("import threading\n"
+               "from pathlib import Path\n"
+               "from torchplace.checkpoint import background\n"
+               "from torchplace.checkpoint.staging import HostStaging\n"
+               "background.SHARDED_EXIT_WAIT_S = 0.2\n"
+               "fut = background.SaveFuture(Path('sharded-ckpt'))\n"
+               "fut.sharded_rank = 1\n"
+               "background.default_saver().submit(fut, HostStaging(), threading.Event().wait)\n", tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "abandoned the background save of sharded-ckpt (sharded, rank 1)" in out.stderr, out.stderr
+
+
 def test_runtime_save_async(tmp_path: Path) -> None:
     rt = torchplace.setup("cpu", threads=None, verbose=False)
     try:

@@ -35,11 +35,14 @@ with the numbers otherwise.
 
 Errors: `SaveFuture.result()` raises the write's CheckpointError; an error nobody collected is
 raised by the next save_async (which then saves nothing), and at interpreter exit pending saves
-are waited for and uncollected errors printed. In a process group every rank calls save_async;
-the RNG states are gathered at the call, rank 0 copies and writes, the other ranks' futures are
-done at once (a sharded model: every rank writes its shards, and every future ends once rank 0 has
-published the folder), and a failure of any rank's write is raised on every rank at the next
-save_async. Call `result()` before destroying the process group: a sharded write needs it.
+are waited for (a sharded one at most SHARDED_EXIT_WAIT_S: its collectives need every rank, and a
+rank that died would hang the exit; what is abandoned is printed) and uncollected errors printed.
+In a process group every rank calls save_async; the RNG states are gathered at the call, rank 0
+copies and writes, the other ranks' futures are done at once (a sharded model: every rank writes
+its shards, and every future ends once rank 0 has published the folder; a failure at the call on
+any one rank is raised at the call on every rank, before any collective of the save), and a
+failure of any rank's write is raised on every rank at the next save_async. Call `result()`
+before destroying the process group: a sharded write needs it.
 """
 
 from __future__ import annotations
@@ -53,20 +56,20 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from ..errors import CheckpointError
 from . import distributed as tpdist
 from .background_sharded import stage_sharded
-from .fileio import Planned, plan_file, write_planned
+from .fileio import Planned, plan_file
 from .rotation import rotate
 from .saving import capture_rng, check_request, collect_state, series_info
 from .staging import HostStaging, check_memory
-from .stream import default_workers, write_region
+from .stream import default_workers
 
 MAX_BACKGROUND_WORKERS = 4  # writer threads: enough for a disk, few enough to leave the CPU to training
 WRITER_NICE = 10  # how much the writer threads lower their CPU priority (Linux nice; 0: not at all)
+SHARDED_EXIT_WAIT_S = 60.0  # at exit, how long to wait for a sharded write (its collectives need every peer)
 
 
 def lower_priority(nice: int) -> int | None:
@@ -98,6 +101,7 @@ class SaveFuture:
         allocated_bytes: host memory the call allocated (0 once the staging buffers are reused).
         pinned: whether the staging copy is in pinned memory (a state on a CUDA device).
         writer_nice: the writer thread's nice value once it started (Linux; None elsewhere).
+        sharded_rank: this process's rank when the save is of a sharded model (every rank writes), else None.
 
     `stall_s` is what training waited: `wait_s + copy_s`. `result(timeout=None)` returns the path
     or raises the save's `CheckpointError` (`TimeoutError` past TIMEOUT); `exception()` returns
@@ -122,6 +126,7 @@ class SaveFuture:
         self.pinned = False
         self.written_here = True
         self.writer_nice: int | None = None
+        self.sharded_rank: int | None = None  # this process's rank, for a sharded save (every rank writes)
         self._event = threading.Event()
         self._error: CheckpointError | None = None
         self._collected = False
@@ -230,8 +235,16 @@ class BackgroundSaver:
             names = ", ".join(str(f.path) for f in pending)
             print(f"torchplace: waiting for {len(pending)} background checkpoint save(s) to finish: {names}",
                   file=sys.stderr, flush=True)
+        deadline = time.monotonic() + SHARDED_EXIT_WAIT_S
         for fut in pending:
-            fut._event.wait()
+            if fut.sharded_rank is None:
+                fut._event.wait()
+            elif not fut._event.wait(max(0.0, deadline - time.monotonic())):
+                # its collectives wait for a peer that may be gone: exit rather than hang forever
+                print(f"torchplace: abandoned the background save of {fut.path} (sharded, rank {fut.sharded_rank}): "
+                      f"still writing after {SHARDED_EXIT_WAIT_S:g} s at exit (a rank that died or exited without "
+                      "calling result()?); its temporary folder may be left, the previous checkpoint is untouched.",
+                      file=sys.stderr, flush=True)
         while (failed := self.uncollected()) is not None:
             print(f"torchplace: a background checkpoint save failed and its error was never collected: "
                   f"{failed._error}", file=sys.stderr, flush=True)
@@ -329,6 +342,7 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
         start = time.perf_counter()
         info = {"world_size": world_size, "rotation": rotate_after}
         if sharded is not None:
+            fut.sharded_rank = rank
             write = stage_sharded(fut, staging, target, sharded, optimizer,
                                   (scheduler, scaler, extra, more_state, rng_tree, info), keep_last=keep_last,
                                   rotate_after=rotate_after, allow_pickle=allow_pickle,
@@ -352,8 +366,7 @@ def _raise_earlier_failure(saver: BackgroundSaver, target: Path, world_size: int
     """Raise, on every rank, a background save's error that nobody collected (on any rank)."""
     failed = saver.uncollected()
     if world_size > 1:  # every rank learns of every rank's failure
-        messages: list[str | None] = [None] * world_size
-        torch.distributed.all_gather_object(messages, str(failed._error) if failed is not None else None)
+        messages = tpdist.all_gather(str(failed._error) if failed is not None else None)
         first = next(((k, m) for k, m in enumerate(messages) if m is not None), None)
         if first is not None and failed is None:
             raise CheckpointError(f"rank {first[0]}'s earlier background save failed, so this "
@@ -380,11 +393,8 @@ def _stage_file(fut: SaveFuture, staging: HostStaging, planned: Planned, meta: d
     planned.tensors = {}  # the copy is taken: keep none of the caller's tensors alive
     n = threads(planned.data_bytes)
 
-    def data(sink: Any, offset: int, chunk: int, k: int | None) -> list[str]:
-        return write_region(sink, offset, staging.slabs, planned.data_bytes, chunk, workers=k)
-
     def write() -> None:
-        write_planned(target, planned, info={**meta, **series_info(target, rotate_after)}, workers=n, data=data)
+        staging.write_file(target, planned, {**meta, **series_info(target, rotate_after)}, n)
         if rotate_after:
             rotate(target, keep_last)
 

@@ -18,7 +18,6 @@ itself, so that the background part is a torchplace save like the others:
 from __future__ import annotations
 
 import secrets
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,11 +27,10 @@ from torch import nn
 
 from ..errors import CheckpointError
 from . import distributed as tpdist
-from .fileio import Planned, plan_file, write_planned
+from .fileio import Planned, plan_file
 from .rotation import rotate
 from .saving import collect_side, series_info
 from .staging import HostStaging, check_memory, local_bytes
-from .stream import write_region
 
 _group: tuple[Any, Any] | None = None  # (the default group it was made for, the gloo group)
 
@@ -52,7 +50,77 @@ def stage_sharded(fut: Any, staging: HostStaging, target: Path, model: nn.Module
                   threads: Callable[[int], int]) -> Callable[[], None]:
     """Copy this rank's shards of MODEL (and OPTIMIZER) and, on rank 0, the side file's state (SIDE:
     scheduler, scaler, extra, more_state, RNG tree, metadata) into STAGING; return the write to run in
-    the background (every rank runs its own)."""
+    the background (every rank runs its own).
+
+    Every step that can fail on one rank alone (rank 0's side file, each host's memory check, the
+    copies) comes first; then one collective tells every rank every rank's outcome (and rank 0's
+    token), so a failure anywhere raises the same CheckpointError on every rank, before any other
+    collective (a rank waiting in a broadcast its peer never reaches would wait forever)."""
+    rank, _ = tpdist.world()
+    failure: BaseException | None = None
+    try:
+        staged, planned, meta, nbytes = _stage(fut, staging, target, model, optimizer, side, allow_pickle,
+                                               max_in_flight)
+    except BaseException as exc:  # told to every rank below, then raised
+        failure = exc
+    token = secrets.token_hex(4) if rank == 0 else ""
+    outcomes = tpdist.all_gather((None if failure is None else f"{type(failure).__name__}: {failure}", token))
+    failed = [(k, message) for k, (message, _) in enumerate(outcomes) if message is not None]
+    if failed:
+        reasons = "; ".join(f"rank {k}: {message}" for k, message in failed)
+        error = CheckpointError(f"save_async({str(target)!r}) of a sharded model saved nothing on any rank: "
+                                f"{'rank' if len(failed) == 1 else 'ranks'} {', '.join(str(k) for k, _ in failed)} "
+                                f"could not copy its state ({reasons}). Nothing was written; the previous checkpoint "
+                                "is untouched.")
+        if failure is not None and not isinstance(failure, Exception):
+            raise failure  # KeyboardInterrupt and the like, after telling the other ranks
+        raise error from failure
+    token = outcomes[0][1]
+    group = writer_group()
+    tmp_dir = tpdist.dcp_folder(target, token)
+    n = threads(nbytes)
+
+    def write() -> None:
+        import torch.distributed.checkpoint as dcp
+
+        error: BaseException | None = None
+        published = False
+        try:  # every rank writes its shards; DCP's coordinator (rank 0) then writes .metadata
+            dcp.save(staged, storage_writer=dcp.FileSystemWriter(str(tmp_dir), thread_count=n), process_group=group)
+        except BaseException as exc:
+            error = _dcp_error(exc, target)
+        status = (True, "", False)
+        if rank == 0:
+            if error is None and planned is not None:
+                try:
+                    info = {**meta, **series_info(target, rotate_after)}
+                    staging.write_file(tmp_dir / tpdist.SIDE_FILE, planned, info, n)
+                    tpdist.publish_folder(tmp_dir, target, token)
+                    published = True
+                    if rotate_after:
+                        rotate(target, keep_last)
+                except BaseException as exc:
+                    error = _rotate_error(exc, target, keep_last) if published else exc
+            if error is not None:
+                status = (False, f"{type(error).__name__}: {error}", published)
+        ok, message, published = tpdist.broadcast(status, group=group)  # every rank ends with rank 0's outcome
+        if rank == 0 and not ok:
+            tpdist.discard_unpublished(tmp_dir, target)
+        if error is not None:
+            raise error
+        if not ok and published:  # the checkpoint is there: only what follows the publish failed
+            raise CheckpointError(f"{target} is saved (rank 0 published it), but rank 0 failed after that: {message}")
+        if not ok:
+            raise CheckpointError(f"rank 0 could not save {target}, so no rank has a new checkpoint: {message}")
+
+    return write
+
+
+def _stage(fut: Any, staging: HostStaging, target: Path, model: nn.Module, optimizer: Any,
+           side: tuple[Any, Any, Any, dict[str, Any], Any, dict[str, Any]], allow_pickle: bool,
+           max_in_flight: int) -> tuple[dict[str, Any], Planned | None, dict[str, Any], int]:
+    """This rank's part of the call, with no collective: (the staged shards, rank 0's staged side file
+    or None, its metadata, this rank's bytes of shards)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     rank, _ = tpdist.world()
@@ -76,41 +144,18 @@ def stage_sharded(fut: Any, staging: HostStaging, target: Path, model: nn.Module
         staging.copy_in(planned)
         planned.tensors = {}  # the copy is taken: keep none of the caller's tensors alive
     fut.allocated_bytes, fut.pinned = need, pinned
-    token = tpdist.broadcast(secrets.token_hex(4))
-    group = writer_group()
-    tmp_dir = tpdist.dcp_folder(target, token)
-    n = threads(nbytes)
+    return staged, planned, meta, nbytes
 
-    def write() -> None:
-        import torch.distributed.checkpoint as dcp
 
-        error: BaseException | None = None
-        try:  # every rank writes its shards; DCP's coordinator (rank 0) then writes .metadata
-            dcp.save(staged, storage_writer=dcp.FileSystemWriter(str(tmp_dir), thread_count=n), process_group=group)
-        except BaseException as exc:
-            error = _dcp_error(exc, target)
-        status = (True, "")
-        if rank == 0:
-            if error is None and planned is not None:
-                try:
-                    _write_side(tmp_dir / tpdist.SIDE_FILE, planned, staging,
-                                {**meta, **series_info(target, rotate_after)}, n)
-                    tpdist.publish_folder(tmp_dir, target, token)
-                    if rotate_after:
-                        rotate(target, keep_last)
-                except BaseException as exc:
-                    error = exc
-            if error is not None:
-                status = (False, f"{type(error).__name__}: {error}")
-        ok, message = tpdist.broadcast(status, group=group)  # every rank ends with rank 0's outcome
-        if rank == 0 and not ok and not (target.is_symlink() and target.resolve() == tmp_dir.resolve()):
-            shutil.rmtree(tmp_dir, ignore_errors=True)  # never published: nothing points at it
-        if error is not None:
-            raise error
-        if not ok:
-            raise CheckpointError(f"rank 0 could not save {target}, so no rank has a new checkpoint: {message}")
-
-    return write
+def _rotate_error(exc: BaseException, target: Path, keep_last: int | None) -> CheckpointError:
+    """A failure after TARGET was published (the rotation): the checkpoint is saved, say so."""
+    if isinstance(exc, CheckpointError) and "was saved" in str(exc):
+        return exc  # rotation's own message says it already
+    error = CheckpointError(f"{target} was saved (every rank's shards, published), but rotating the series after it "
+                            f"(keep_last={keep_last}, the `latest` pointer) failed: {type(exc).__name__}: {exc}. "
+                            f"Fix: check {target.parent} (the older checkpoints may still be there).")
+    error.__cause__ = exc
+    return error
 
 
 def _dcp_error(exc: BaseException, target: Path) -> BaseException:
@@ -129,11 +174,3 @@ def _dcp_error(exc: BaseException, target: Path) -> BaseException:
                             "when the ranks run on several hosts).")
     error.__cause__ = exc
     return error
-
-
-def _write_side(path: Path, planned: Planned, staging: HostStaging, info: dict[str, Any], workers: int) -> None:
-    """Write the side file from its staged copy (checksums, fsync, rename: as every torchplace file)."""
-    def data(sink: Any, offset: int, chunk: int, n: int | None) -> list[str]:
-        return write_region(sink, offset, staging.slabs, planned.data_bytes, chunk, workers=n)
-
-    write_planned(path, planned, info=info, workers=workers, data=data)

@@ -74,6 +74,13 @@ def broadcast(value: T, group: Any = None) -> T:
     return box[0]
 
 
+def all_gather(value: T) -> list[T]:
+    """Every rank's VALUE, as a list on every rank (a collective of the default group)."""
+    out: list[Any] = [None] * world()[1]
+    dist.all_gather_object(out, value)
+    return out
+
+
 def gather(value: T) -> list[T] | None:
     """Every rank's VALUE, as a list on rank 0 (None elsewhere)."""
     rank, size = world()
@@ -153,6 +160,17 @@ def publish_folder(tmp_dir: Path, target: Path, token: str) -> None:
             old.unlink(missing_ok=True)
 
 
+def published(target: Path, tmp_dir: Path) -> bool:
+    """True when TARGET is the symlink `publish_folder` made to TMP_DIR (once true, TMP_DIR is the checkpoint)."""
+    return target.is_symlink() and os.readlink(target) == tmp_dir.name
+
+
+def discard_unpublished(tmp_dir: Path, target: Path) -> None:
+    """Remove TMP_DIR unless TARGET points at it: a sharded save that failed before its publish."""
+    if not published(target, tmp_dir):
+        shutil.rmtree(tmp_dir, ignore_errors=True)  # never published: nothing points at it
+
+
 def dcp_folder(target: Path, token: str) -> Path:
     """The temporary folder a sharded save of TARGET writes into before `publish_folder` (TOKEN: one per
     save, the same on every rank)."""
@@ -180,8 +198,7 @@ def save_sharded(target: Path, model: nn.Module, optimizer: Any, write_side: Cal
             write_side(tmp_dir / SIDE_FILE, skeleton)
             publish_folder(tmp_dir, target, token)
         except BaseException:
-            if not (target.is_symlink() and os.readlink(target) == tmp_dir.name):
-                shutil.rmtree(tmp_dir, ignore_errors=True)  # never published: nothing points at it
+            discard_unpublished(tmp_dir, target)
             raise
         return target
 

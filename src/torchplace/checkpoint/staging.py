@@ -12,14 +12,15 @@ the slot: it keeps each shard's host copy for the next save of the same tensors 
 from __future__ import annotations
 
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import CheckpointError
 from ..units import format_bytes
-from .fileio import Planned
-from .stream import byte_view
+from .fileio import Planned, write_planned
+from .stream import byte_view, write_region
 
 SLAB_BYTES = 256 * 2**20  # a multiple of format.CHUNK_BYTES, and a power of two (pinned memory is cached in those)
 SMALL_ROUND = 2**20
@@ -92,6 +93,14 @@ class HostStaging:
         staged = self._dcp.stage(tensors)  # synchronous: returns once every copy is complete
         self.dcp_bytes = local_bytes(tensors)
         return dict(staged)
+
+    def write_file(self, path: Path, planned: Planned, info: dict[str, Any], workers: int) -> None:
+        """Write PLANNED to PATH with its data region from this staged copy (checksums, fsync, rename:
+        as every torchplace file)."""
+        def data(sink: Any, offset: int, chunk: int, n: int | None) -> list[str]:
+            return write_region(sink, offset, self.slabs, planned.data_bytes, chunk, workers=n)
+
+        write_planned(path, planned, info=info, workers=workers, data=data)
 
     def stream(self, device: torch.device) -> Any:
         if device not in self._streams:

@@ -6,7 +6,10 @@ Usage: async_sharded_worker.py RANK WORLD DIR (MASTER_ADDR / MASTER_PORT from th
 2. atomic publish and rotation: saves in a row (max_in_flight=2 too) leave the newest keep_last
    folders, no temporary folder, and `latest` naming the newest;
 3. a failed background write is raised by result() on every rank, and an error not collected on
-   one rank is raised on every rank at the next save_async, which saves nothing.
+   one rank is raised on every rank at the next save_async, which saves nothing;
+4. a failure at the call on one rank only (rank 0's side file, rank 1's memory check) is raised on
+   every rank, naming that rank, with nothing written and no collective left pending;
+5. a failure after the publish (the rotation) says on every rank that the checkpoint is saved.
 Prints "ok RANK" at the end; any failure exits non-zero with a traceback.
 """
 
@@ -23,14 +26,14 @@ import torchplace
 from torchplace.checkpoint import latest
 
 
-def _model(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
+def _model(seed: int, width: int = 32) -> tuple[nn.Module, torch.optim.Optimizer]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
 
     torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    model = nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, 4))
     for layer in (model[0], model[2]):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -123,7 +126,60 @@ def failures(rank: int, root: Path) -> None:
     assert not leftovers, leftovers
 
 
+def one_rank_fails_at_the_call(rank: int, root: Path) -> None:
+    from torchplace.checkpoint import staging
+
+    model, opt = _model(4, width=256)  # larger than the host copies kept from the saves above
+    free = staging.available_memory
+    if rank == 1:  # rank 1's host has no memory for a copy of these shards: its memory check alone fails
+        staging.available_memory = lambda: 0
+    try:
+        torchplace.save_async(root / "b", model=model, optimizer=opt)
+    except torchplace.CheckpointError as exc:
+        assert "rank 1: CheckpointError" in str(exc) and "host memory" in str(exc), str(exc)
+    else:
+        raise AssertionError("rank 1's failure at the call was not raised on every rank")
+    finally:
+        staging.available_memory = free
+    try:  # rank 0 alone plans the side file: an object without allow_pickle fails there only
+        torchplace.save_async(root / "a", model=model, optimizer=opt, extra={"o": object()})
+    except torchplace.CheckpointError as exc:
+        assert "saved nothing on any rank" in str(exc) and "rank 0: " in str(exc), str(exc)
+        assert "rank 1: " not in str(exc), str(exc)
+    else:
+        raise AssertionError("rank 0's failure at the call was not raised on every rank")
+    total = torch.ones(1)  # the next collective pairs with its own: nothing is left pending
+    dist.all_reduce(total)
+    assert total.item() == 2.0
+    assert torchplace.save_async(root / "c", model=model, optimizer=opt).result(timeout=120) == root / "c"
+    dist.barrier()
+    names = sorted(p.name for p in root.iterdir())
+    assert len(names) == 2 and names[0].startswith(".c.dcp-") and names[1] == "c", names  # nothing half-written
+
+
+def rotation_fails_after_the_publish(rank: int, root: Path) -> None:
+    from torchplace.checkpoint import background_sharded
+
+    def rotate(target: Path, keep_last: int | None) -> list[Path]:
+        raise OSError(f"the disk holding {target.parent} went read-only")
+
+    model, opt = _model(6)
+    real = background_sharded.rotate
+    if rank == 0:
+        background_sharded.rotate = rotate
+    try:
+        error = torchplace.save_async(root / "s", model=model, optimizer=opt, keep_last=2).exception(timeout=120)
+    finally:
+        background_sharded.rotate = real
+    assert error is not None and "was saved" in str(error) and "went read-only" in str(error), str(error)
+    assert "no rank has a new checkpoint" not in str(error), str(error)
+    dist.barrier()
+    assert (root / "s").is_symlink()
+    torchplace.load(root / "s", model=_model(7)[0])  # the published checkpoint is whole
+
+
 if __name__ == "__main__":
     from dist_worker import run_checks  # this folder is on sys.path when run as a script
 
-    run_checks((("call", state_at_the_call), ("rotation", rotation), ("failures", failures)))
+    run_checks((("call", state_at_the_call), ("rotation", rotation), ("failures", failures),
+                ("one_rank", one_rank_fails_at_the_call), ("after_publish", rotation_fails_after_the_publish)))
