@@ -73,3 +73,30 @@ def test_a_rank_without_any_attempt_to_join_is_told_why():
     start(dist.HashStore(), 1, results, timeout_s=0.2).join(30)
     with pytest.raises(DistributedError, match=r"Rank 1 of WORLD_SIZE=2 found no start of the group to join"):
         raise results[1]
+
+
+def test_a_rank_that_loses_the_store_says_so_instead_of_a_traceback():
+    """Rank 0's process hosts the store: when it is gone while rank 1 waits, rank 1 raises a
+    DistributedError naming the store and rank 0, not torch's connection error."""
+    import subprocess
+    import sys
+    from datetime import timedelta
+
+    from ports import free_port
+
+    port = free_port()
+    host = subprocess.Popen([sys.executable, "-c", "import sys, time, datetime, torch.distributed as d; "
+                             f"s = d.TCPStore('127.0.0.1', {port}, 2, True, datetime.timedelta(seconds=30), "
+                             "wait_for_workers=False); print('up', flush=True); time.sleep(60)"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout.readline().strip() == "up"
+        client = dist.TCPStore("127.0.0.1", port, 2, False, timedelta(seconds=5))
+        threading.Timer(0.5, host.kill).start()
+        env = LaunchEnv(launcher="torchrun", rank=1, world_size=2, local_rank=1, local_world_size=2,
+                        master_addr="127.0.0.1", master_port=port)
+        with pytest.raises(DistributedError, match=f"lost the rendezvous store at 127.0.0.1:{port}"):
+            join(client, env, 1, 2, torch.device("cpu"), "gloo", 20.0)
+    finally:
+        host.kill()
+        host.wait()

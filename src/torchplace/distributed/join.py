@@ -26,7 +26,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -36,6 +36,8 @@ from ..hardware.launch_env import LaunchEnv
 
 #: the store key counting attempts (rank 0 of each start of the group adds one)
 ATTEMPTS_KEY = "torchplace/attempts"
+VERDICT_GRACE_S = 3.0  # rank 0 hosts the store: before leaving with an error, it waits this long for every
+# rank that joined to read it, so each rank reports the group's error instead of a lost connection
 
 
 def attempt_prefix(number: int) -> str:
@@ -76,8 +78,6 @@ def join(base: Any, launch: LaunchEnv, rank: int, world: int, dev: torch.device,
           "pid": os.getpid(), "device": str(dev), "gpu": _device_uuid(dev), "local_rank": launch.local_rank,
           "restart_count": launch.restart_count}
     started = time.monotonic()
-    deadline = started + timeout_s
-    delay, next_notice = 0.01, started + 30.0
     keys = [f"rank/{r}" for r in range(world)]
     number, store = 0, None
     if rank == 0:
@@ -85,6 +85,23 @@ def join(base: Any, launch: LaunchEnv, rank: int, world: int, dev: torch.device,
         store = dist.PrefixStore(attempt_prefix(number), base)
         store.set("rank/0", json.dumps(me))
     tried: set[int] = set()
+    try:
+        return _wait(base, launch, rank, world, me, keys, number, store, tried, started, timeout_s)
+    except DistributedError:
+        raise
+    except RuntimeError as exc:  # the store went away (torch's DistNetworkError / DistStoreError are RuntimeErrors)
+        where = f"{launch.master_addr or '127.0.0.1'}:{launch.master_port}"
+        raise DistributedError(
+            f"Rank {rank} lost the rendezvous store at {where} while joining ({str(exc).splitlines()[0][:200]}): "
+            "rank 0, which hosts it, exited or became unreachable. Fix: read rank 0's log for its error; start "
+            "every rank with the same launcher command.") from None
+
+
+def _wait(base: Any, launch: LaunchEnv, rank: int, world: int, me: dict[str, Any], keys: list[str], number: int,
+          store: Any, tried: set[int], started: float, timeout_s: float) -> Joined:
+    """join()'s polling loop: follow rank 0's newest attempt until it decides."""
+    deadline = started + timeout_s
+    delay, next_notice = 0.01, started + 30.0
     while True:
         if rank != 0:
             newest = int(base.add(ATTEMPTS_KEY, 0))
@@ -116,9 +133,9 @@ def join(base: Any, launch: LaunchEnv, rank: int, world: int, dev: torch.device,
 
 def _step(store: Any, rank: int, keys: list[str], me: dict[str, Any]) -> bool | None:
     """One look at the attempt: None while undecided, else whether any rank was restarted.
-    Raises the verdict or an error another rank published."""
+    Raises the verdict or an error another rank published (rank 0 first lets the others read it)."""
     if store.check(["error"]):
-        raise DistributedError(store.get("error").decode())
+        _leave(store, rank, keys, store.get("error").decode())
     if rank == 0:
         if not store.check(keys):
             return None
@@ -127,19 +144,32 @@ def _step(store: Any, rank: int, keys: list[str], me: dict[str, Any]) -> bool | 
         restarted = any(int(e.get("restart_count") or 0) > 0 for e in entries)
         store.set("verdict", json.dumps({"error": problem, "restarted": restarted}))
         if problem:
-            raise DistributedError(problem)
+            _leave(store, rank, keys, problem)
         return restarted
     if store.check(["verdict"]):
         verdict = json.loads(store.get("verdict"))
         if verdict["error"]:
-            raise DistributedError(verdict["error"])
+            _leave(store, rank, keys, verdict["error"])
         return bool(verdict["restarted"])
     if store.check(["rank/0"]):
         problem = _compare_pair(json.loads(store.get("rank/0")), me)
         if problem:
             store.set("error", problem)
-            raise DistributedError(problem)
+            _leave(store, rank, keys, problem)
     return None
+
+
+def _leave(store: Any, rank: int, keys: list[str], problem: str) -> NoReturn:
+    """Raise the group's error PROBLEM. Other ranks say they read it; rank 0, whose process hosts the store,
+    first waits up to VERDICT_GRACE_S for every rank that joined to read it."""
+    if rank != 0:
+        store.set(f"read/{rank}", "1")
+    else:
+        others = [k.split("/")[1] for k in keys[1:] if store.check([k])]
+        end = time.monotonic() + VERDICT_GRACE_S
+        while others and time.monotonic() < end and not store.check([f"read/{r}" for r in others]):
+            time.sleep(0.02)
+    raise DistributedError(problem)
 
 
 def _missing_message(store: Any, launch: LaunchEnv, world: int, timeout_s: float, rank: int,
