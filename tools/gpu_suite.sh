@@ -2,9 +2,16 @@
 # Run torchplace's GPU checks on a lent GPU machine; everything lands in one tarball under $OUT.
 #   bash tools/gpu_suite.sh tests|final-tests|bench-a|bench-ddp|bench-b|final [pytest args...]
 #   bash tools/gpu_suite.sh final-bench PAGE...   (benches, then docs/PAGE.md's runnable blocks on this machine)
+#   bash tools/gpu_suite.sh verify-1gpu|verify-2gpu   (what the 2026-12-01 session left to check on GPUs)
+# The GPU machine has no network and lacks isal (fast CRC-32) and fastsafetensors: fetch their wheels
+# here first with `bash tools/fetch_gpu_wheels.sh` (into .whl/, git-ignored) and carry .whl along.
 set -u
 part=$1; shift || true
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 COLUMNS=160
+if ls .whl/*.whl > /dev/null 2>&1; then  # the carried wheels, beside the machine's own packages
+  pip install -q --no-index --no-deps --target /tmp/gpu-suite-deps .whl/*.whl > /dev/null 2>&1
+  export PYTHONPATH=$PYTHONPATH:/tmp/gpu-suite-deps
+fi
 R=/tmp/gpu-suite-$part; mkdir -p "$R"  # packed into one tarball under $OUT at the end
 tag=$(nvidia-smi -L | wc -l)gpu
 tp() { python3 -m torchplace "$@"; }
@@ -60,6 +67,18 @@ case $part in
     for b in checkpoint cpu; do
       timeout 240 python3 -m torchplace bench $b --out "$R" "$@" 2>&1 | tee "$R/bench-$b-$tag.txt" | tail -25
     done
+    ;;
+  verify-1gpu)
+    timeout 240 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --timeout 120 tests/checkpoint/test_background_gpu.py \
+      tests/placement 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -12
+    for b in strict loader; do
+      timeout 200 python3 -m torchplace bench $b --out "$R" 2>&1 | tee "$R/bench-$b-$tag.txt" | tail -25
+    done
+    ;;
+  verify-2gpu)
+    timeout 150 python3 -m torchplace bench diagnose --out "$R" 2>&1 | tee "$R/bench-diagnose-$tag.txt" | tail -25
+    timeout 300 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --timeout 240 tests/test_example_gpu.py \
+      tests/distributed/test_hang_gpu.py 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -12
     ;;
 esac
 tar czf "${OUT:-/tmp/out}/results-$part-$tag.tgz" -C "$R" .
