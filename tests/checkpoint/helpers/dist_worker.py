@@ -126,17 +126,23 @@ def background(rank: int, root: Path) -> None:
     ck = torchplace.load(path)
     assert ck.extra == {"rank": 0} and torch.equal(ck["model"]["weight"] + 1.0, model.module.weight.detach())
     broken = torchplace.save_async(root / "missing-dir" / "c.safetensors", model=model)
-    while not broken.done():  # wait for the failure without collecting it
+    next_save_refused(broken, root / "next.safetensors",
+                      "does not exist" if rank == 0 else "rank 0's earlier background save failed", model=model)
+    dist.barrier()
+
+
+def next_save_refused(broken, path: Path, expected: str, **state) -> None:
+    """Once the failed save BROKEN is done (its error not collected here), the next save_async of STATE
+    to PATH raises a CheckpointError containing EXPECTED and writes nothing."""
+    while not broken.done():
         time.sleep(0.01)
     try:
-        torchplace.save_async(root / "next.safetensors", model=model)
+        torchplace.save_async(path, **state)
     except torchplace.CheckpointError as exc:
-        expected = "does not exist" if rank == 0 else "rank 0's earlier background save failed"
         assert expected in str(exc), str(exc)
     else:
         raise AssertionError("an uncollected background failure was not raised at the next save_async")
-    assert not (root / "next.safetensors").exists()
-    dist.barrier()
+    assert not path.exists()
 
 
 Check = Callable[[int, Path], None]
