@@ -46,18 +46,19 @@ LOAD_MAX_WORKERS = 12  # a load: threads reading the page cache; 12 measured bes
 READ_BYTES = 8 * 2**20  # a load reads and checksums in pieces this size (measured best of 2 and 8 MiB)
 
 
+def _threads(data_bytes: int, most: int) -> int:
+    """One thread for a small region (starting threads would cost more than they save), else one a core up to MOST."""
+    return 1 if data_bytes < PARALLEL_MIN_BYTES else max(1, min(most, os.cpu_count() or 1))
+
+
 def default_workers(data_bytes: int) -> int:
     """Threads for one save: enough to overlap I/O, checksums and copies, at most SAVE_MAX_WORKERS."""
-    if data_bytes < PARALLEL_MIN_BYTES:
-        return 1
-    return max(1, min(SAVE_MAX_WORKERS, os.cpu_count() or 1))
+    return _threads(data_bytes, SAVE_MAX_WORKERS)
 
 
 def load_workers(data_bytes: int) -> int:
     """Threads for one load or verification: one per core, at most LOAD_MAX_WORKERS."""
-    if data_bytes < PARALLEL_MIN_BYTES:
-        return 1
-    return max(1, min(LOAD_MAX_WORKERS, os.cpu_count() or 1))
+    return _threads(data_bytes, LOAD_MAX_WORKERS)
 
 
 Chunk = tuple[int, int, int, list["_Piece"]]  # (index, start, end, pieces) of one chunk of the data region
@@ -228,7 +229,7 @@ def write_region(sink: Sink, data_offset: int, slabs: Sequence[torch.Tensor], da
 
 def _pread_into(fd: int, view: Any, offset: int, path: Path, crc: int = 0) -> int:
     """Fill VIEW from the file at OFFSET, in pieces of at most READ_BYTES, each checksummed right after
-    it is read (while it is still in the CPU's cache); return the CRC-32 of VIEW continued from CRC."""
+    it is read; return the CRC-32 of VIEW continued from CRC."""
     mv = memoryview(view).cast("B")
     for lo in range(0, len(mv), READ_BYTES):
         piece = mv[lo:lo + READ_BYTES]
