@@ -97,6 +97,24 @@ def test_large_states_grow_by_whole_slabs_and_keep_the_slabs_they_have() -> None
     assert staging.need(SLAB_BYTES + 1, pinned=False) == 2 * SLAB_BYTES  # large: whole slabs, the small one goes
 
 
+def test_the_shard_stager_is_reused_across_saves_of_a_state_holding_a_class() -> None:
+    """torch 2.11's DefaultStager closes its stager after each stage, emptying its copy table, so the
+    second stage of a state that holds a class object raised KeyError: <class 'type'> (H200 run,
+    2026-12-01; pytorch's own report of it names the same line). The shard stager survives that, keeps
+    each tensor's host copy for the next save, and still copies the values of the call."""
+    staging = HostStaging()
+    w = torch.ones(4)
+    w.made_by = {"cls": torch.nn.Linear}  # a class inside a tensor's attributes, as in a DTensor's spec
+    state = {"w": w}
+    first = staging.dcp_stage(state, pinned=False)
+    state["w"].add_(1)
+    second = staging.dcp_stage(state, pinned=False)
+    assert second["w"].made_by["cls"] is torch.nn.Linear
+    assert torch.equal(second["w"], torch.full((4,), 2.0))
+    assert second["w"].data_ptr() == first["w"].data_ptr()  # the host copy of the first save, reused
+    assert staging.dcp_bytes == 16
+
+
 def test_the_next_save_waits_for_the_one_in_flight(tmp_path: Path) -> None:
     model, _ = _trained()
     first = torchplace.save_async(tmp_path / "1", model=model)

@@ -42,11 +42,13 @@ def _image_and_chunks(tensors: dict[str, torch.Tensor], chunk: int):
     return entries, image, list(stream._chunks(entries, data_bytes, chunk))
 
 
-def test_windowed_load_fills_every_tensor_across_windows_and_chunks(monkeypatch):
+@pytest.mark.parametrize("buffers", [2, 3, 4])
+def test_windowed_load_fills_every_tensor_across_windows_and_chunks(monkeypatch, buffers):
     """The CUDA load's windows (cuda_load.py), run with CPU tensors: tensors cut across chunks and
-    windows, a window smaller than a tensor, a last window shorter than the others."""
+    windows, a window smaller than a tensor, a last window shorter than the others, rings of 2-4 windows."""
     from torchplace.checkpoint import cuda_load
 
+    monkeypatch.setattr(cuda_load, "BUFFERS", buffers)
     tensors = {"a": torch.randn(1000), "b": torch.arange(37, dtype=torch.int16), "c": torch.randn(3, 300).double(),
                "d": torch.randn(5000)}
     chunk = 1024

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import torchplace as tp
 from torchplace.placement import _hostcopy, _pack
+from torchplace.placement._inline import InlineIter
 from torchplace.placement._stage import Staged
 from torchplace.placement.loader import _BackgroundIter, image_transform
 from torchplace.placement.traverse import map_tensors
@@ -341,6 +342,10 @@ class FakeStager:
     def on_worker(self):
         return contextlib.nullcontext()
 
+    def on_side(self):
+        self.log.append(("side", threading.get_ident()))
+        return contextlib.nullcontext()
+
     def __call__(self, batch):
         self.log.append(("stage", batch))
         self.staged += 1
@@ -381,6 +386,51 @@ def test_the_worker_stages_batch_i_only_after_the_device_reached_batch_i_minus_p
     for i in range(2, 6):  # the loop took batch i-2, then the worker waited for it, then staged batch i
         handed = log.index(("record", f"started-{i - 2}", stager.consumer))
         assert handed < log.index(("sync", f"started-{i - 2}")) < log.index(("stage", i))
+
+
+def test_inline_staging_keeps_the_same_hand_out_and_prefetch_bound_on_the_callers_thread():
+    """Packed batches are staged on the loop's thread (InlineIter): the consumer waits for the copy
+    then records started, and batch i is staged once the device has reached the point where the loop
+    took batch i - prefetch - 1 (one batch more than the worker keeps, so that the loop waits for the
+    device no sooner than with the worker)."""
+    log: list = []
+    stager = FakeStager(log, prefetch=2)
+    it = InlineIter(iter(range(1, 6)), True, stager, 2, 0)
+    out = list(it)
+    assert out == [("b", i) for i in range(6)]
+    assert {e[1] for e in log if e[0] == "side"} == {threading.get_ident()}  # no other thread staged
+    assert not workers()
+    hand_out = [e for e in log if e[0] in ("record", "wait") and "-0" in e[-1 if e[0] == "wait" else 1]]
+    assert hand_out == [("wait", "consumer", "ready-0"), ("record", "started-0", stager.consumer)]
+    for i in range(3, 6):
+        handed = log.index(("record", f"started-{i - 3}", stager.consumer))
+        assert handed < log.index(("sync", f"started-{i - 3}")) < log.index(("stage", i))
+    assert ("sync", "started-3") not in log  # never a wait the loop did not need
+    assert log.index(("stage", 1)) < log.index(("record", "started-0", stager.consumer))  # one ahead
+
+
+def test_inline_staging_closes_the_upstream_and_passes_its_error():
+    log: list = []
+    closed = []
+
+    def source():
+        try:
+            yield 1
+            yield 2
+            raise Boom("upstream")
+        finally:
+            closed.append(True)
+
+    it = InlineIter(source(), True, FakeStager(log, prefetch=2), 2, 0)
+    assert next(it) == ("b", 0)
+    assert next(it) == ("b", 1)
+    with pytest.raises(Boom):
+        list(it)
+    assert closed and next(it, None) is None  # ended for good
+    early = InlineIter((i for i in range(10)), True, FakeStager([], prefetch=2), 2, 0)
+    assert next(early) == ("b", 0)
+    early.close()
+    assert next(early, None) is None
 
 
 # --- packing layouts and the parallel host copy -------------------------------------------------

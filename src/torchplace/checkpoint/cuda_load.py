@@ -22,7 +22,8 @@ from ..progress import advance
 from .format import TensorEntry
 from .stream import Chunk
 
-WINDOW_BYTES = 128 * 2**20  # pinned twice: the window being copied and the one being read
+WINDOW_BYTES = 128 * 2**20  # one pinned buffer; BUFFERS of them: windows being copied and being read
+BUFFERS = 2
 
 
 def read_chunks_to_cuda(flat: dict[str, torch.Tensor], entries: Sequence[TensorEntry], chunks: Sequence[Chunk],
@@ -36,30 +37,32 @@ def read_chunks_to_cuda(flat: dict[str, torch.Tensor], entries: Sequence[TensorE
     windows = [chunks[i:i + per_window] for i in range(0, len(chunks), per_window)]
     size = max(w[-1][2] - w[0][1] for w in windows)
     pin = any(t.device.type == "cuda" for t in flat.values())  # (tests run the windows with CPU tensors)
-    bufs = [torch.empty(size, dtype=torch.uint8, pin_memory=pin) for _ in range(min(2, len(windows)))]
+    nbuf = min(BUFFERS, len(windows))
+    bufs = [torch.empty(size, dtype=torch.uint8, pin_memory=pin) for _ in range(nbuf)]
     done: list[list[Any]] = [[] for _ in bufs]  # events marking each buffer's copies done
     streams: dict[torch.device, Any] = {}
     order = sorted((e for e in entries if e.nbytes), key=lambda e: e.start)
     ends = [e.end for e in order]  # sorted too: entries do not overlap
 
     def fill(w: int, pool: ThreadPoolExecutor) -> list[Future[None]]:
-        buf, w0 = bufs[w % 2], windows[w][0][1]
-        for event in done[w % 2]:  # the buffer's previous copies must be done before it is overwritten
+        buf, w0 = bufs[w % nbuf], windows[w][0][1]
+        for event in done[w % nbuf]:  # the buffer's previous copies must be done before it is overwritten
             event.synchronize()
-        done[w % 2] = []
+        done[w % nbuf] = []
         return [pool.submit(read_chunk, c, buf[c[1] - w0:c[2] - w0].numpy()) for c in windows[w]]
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="torchplace-load") as pool:
-        queued: list[list[Future[None]]] = [fill(0, pool)]  # windows read but not yet copied, in order
+        # windows being read but not yet copied, in order: up to NBUF - 1 ahead of the one copied
+        queued: list[list[Future[None]]] = [fill(w, pool) for w in range(nbuf - 1)]
         failed = False
         try:
             for w in range(len(windows)):
-                if w + 1 < len(windows):
-                    queued.append(fill(w + 1, pool))
                 for f in queued.pop(0):
                     f.result()
-                done[w % 2] = _copy_window(bufs[w % 2], windows[w][0][1], windows[w][-1][2], order, ends, flat,
-                                           streams)
+                done[w % nbuf] = _copy_window(bufs[w % nbuf], windows[w][0][1], windows[w][-1][2], order, ends,
+                                              flat, streams)
+                if w + nbuf - 1 < len(windows):  # into the buffer copied last round, once its copies are done
+                    queued.append(fill(w + nbuf - 1, pool))
                 advance(len(windows[w]), total=len(chunks))
         except BaseException:
             failed = True

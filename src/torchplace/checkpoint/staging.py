@@ -38,7 +38,7 @@ class HostStaging:
         self.slabs: list[torch.Tensor] = []
         self.pinned = False
         self._streams: dict[torch.device, Any] = {}
-        self._dcp: Any = None  # torch's DefaultStager for sharded states, made on first use
+        self._dcp: Any = None  # torch's StateDictStager for sharded states, made on first use
         self._dcp_pinned = False
         self.dcp_bytes = 0  # bytes of shards the DCP stager last copied (and keeps for the next save)
 
@@ -79,18 +79,22 @@ class HostStaging:
 
     def dcp_stage(self, tensors: dict[str, Any], pinned: bool) -> dict[str, Any]:
         """A host copy of TENSORS (DTensors keep their sharding, with local tensors in host memory), complete
-        on return; made by torch's DefaultStager, kept for the next save (its copies are reused)."""
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
+        on return; made by torch's own stager (the one DefaultStager wraps), kept for the next save: it
+        reuses each tensor's host copy, pinned once."""
+        try:
+            from torch.distributed.checkpoint._state_dict_stager import StateDictStager
+        except ImportError:  # a torch without it: DCP's public stager, made and closed per save
+            return _default_stage(tensors, pinned)
         if self._dcp is None or self._dcp_pinned != pinned:
-            # the old stager is dropped, never closed: torch 2.11's StateDictStager.close() empties a copy
-            # table that every stager in the process shares, after which any stager fails on its next state
-            # (KeyError: <class 'type'>, seen on the H200 run of 2026-12-01); its copies are freed with it
-            # pinned and non-blocking copies only for a state on a GPU (both need an accelerator)
-            self._dcp = DefaultStager(StagingOptions(use_pinned_memory=pinned, use_shared_memory=False,
-                                                     use_async_staging=False, use_non_blocking_copy=pinned))
+            # StateDictStager itself, not DefaultStager: torch 2.11's DefaultStager closes its StateDictStager
+            # after every stage, which frees the host copies and empties its copy table, so the next stage of
+            # a state holding a class object fails with KeyError: <class 'type'> (seen on the H200 run of
+            # 2026-12-01). Pinned and non-blocking copies only for a state on a GPU (both need an accelerator).
+            self._dcp = StateDictStager(pin_memory=pinned, share_memory=False)
             self._dcp_pinned, self.dcp_bytes = pinned, 0
-        staged = self._dcp.stage(tensors)  # synchronous: returns once every copy is complete
+        staged = self._dcp.stage(tensors, non_blocking=pinned)
+        if pinned:
+            torch.accelerator.synchronize()  # the copies are complete on return
         self.dcp_bytes = local_bytes(tensors)
         return dict(staged)
 
@@ -165,3 +169,15 @@ def available_memory() -> int:
     import psutil
 
     return int(psutil.virtual_memory().available)
+
+
+def _default_stage(tensors: dict[str, Any], pinned: bool) -> dict[str, Any]:
+    """TENSORS copied to the host by DCP's DefaultStager (synchronously); nothing kept between saves."""
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    stager = DefaultStager(StagingOptions(use_pinned_memory=pinned, use_shared_memory=False,
+                                          use_async_staging=False, use_non_blocking_copy=pinned))
+    try:
+        return dict(stager.stage(tensors))  # type: ignore[arg-type]
+    finally:
+        stager.close()

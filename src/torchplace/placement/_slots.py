@@ -342,11 +342,22 @@ def _register(ptr: int, nbytes: int) -> str | None:
     code = int(cudart.cudaHostRegister(ptr, nbytes, portable))  # cuda-only: CUDA's runtime
     if code == 0:
         return None
-    cudart.cudaGetLastError()  # cuda-only: clears the error cudaHostRegister left behind
+    _consume_last_error()
     why = f"cudaHostRegister: {torch.cuda.CudaError(code)}"  # cuda-only: the runtime's words for CODE
     if code in _MACHINE_CANNOT:
         _cannot.append(why)
     return why
+
+
+def _consume_last_error() -> None:
+    """Clear the CUDA runtime's last error on this thread, which a refused cudaHostRegister sets.
+
+    torch binds no cudaGetLastError, but checks (and so clears) the last error after every kernel it
+    launches: launch one and drop the error it reports (the registration's, already handled)."""
+    try:
+        torch.zeros(1, device="cuda")  # cuda-only: a kernel launch on the runtime that refused the registration
+    except RuntimeError:  # torch.AcceleratorError is a RuntimeError
+        pass
 
 
 def _unregister(ptr: int) -> None:

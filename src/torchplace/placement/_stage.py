@@ -57,6 +57,7 @@ class Stager:
         self._mover = _Mover(device, None)
         self._events: list[Any] = []  # events known to be done with: reused, not remade
         self._spinning: list[Any] = []
+        self.owner: Any = None  # who settles the slots this stager holds (`_slots.settle`): None, the thread
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -92,6 +93,10 @@ class Stager:
             stack.enter_context(self.mod.device(self.device))
             stack.enter_context(self.mod.stream(self.side))
         return stack
+
+    def on_side(self) -> contextlib.AbstractContextManager:
+        """The side stream as current (and its device) while one batch is staged on another thread."""
+        return self.mod.stream(self.side) if self.streams else contextlib.nullcontext()
 
     # -- one batch ------------------------------------------------------------------------------
 
@@ -168,7 +173,7 @@ class Stager:
             buf = src.to(self.device, non_blocking=True)
             done = self._event()
             done.record(self.side)
-            _slots.hold_until(done, src)  # the slot is written again only after this copy has read it
+            _slots.hold_until(done, src, self.owner)  # the slot is written again only after this copy has read it
         else:  # pinned here when the DataLoader did not pin (its pin_memory=False), by the copy helpers
             # No wait for this copy before the next pull (unlike a caller's pinned tensors): a packed
             # buffer is never written again, and torch keeps a pinned block until copies reading it end.

@@ -6,7 +6,9 @@ all on one side stream per loader (`_stage.Stager`). When the consumer takes a b
 stream waits on the batch's event; `record_stream` keeps the batch's memory from being reused
 until the consumer's work on it is done. The worker stays at most `prefetch` batches ahead of
 the step the device is running (not the step the host is enqueueing), so device memory stays
-bounded however far the host runs ahead. On devices without streams (cpu, meta, mps) it is a
+bounded however far the host runs ahead. Batches packed in the DataLoader's workers
+(`packed_collate`) are staged on the caller's thread instead (`_inline.InlineIter`): one copy and a
+rebuild each, cheaper than handing them between threads. On devices without streams (cpu, meta, mps) it is a
 plain pass-through through `to_device`, unless asked to run the same worker in the background
 (to overlap a slow loader, or a transform, with compute).
 """
@@ -22,7 +24,9 @@ import torch
 
 from ..hardware.accelerator import device_module, has_streams, say_once
 from . import _slots
+from ._inline import InlineIter, close_upstream, hand_out
 from ._stage import Staged, Stager
+from .collate import PackedBatch
 from .resolve import DeviceSpec
 from .transfer import target_device, to_device
 from .traverse import map_tensors
@@ -47,7 +51,9 @@ class DeviceLoader(Generic[T]):
         transform: `transform(batch)` runs on the device, on the side stream, after the copy (see
             `image_transform`).
         pack: False keeps one copy per tensor instead of packing small tensors together.
-        background: use the worker thread; by default on devices with streams and not elsewhere.
+        background: use the worker thread; by default on devices with streams and not elsewhere,
+            except for batches packed by `packed_collate`: staging one is a single copy, done on
+            your thread (still on the side stream, `prefetch` ahead) as handing it over costs more.
 
     Iterating yields the loader's batches on DEVICE; `len()` is the wrapped loader's.
 
@@ -112,7 +118,17 @@ class DeviceLoader(Generic[T]):
         if self._stream is None:
             self._stream = mod.Stream(device=self.device)
         stager = Stager(self.device, mod, self._stream, mod.current_stream(self.device), self.transform, self.pack)
-        return _BackgroundIter(it, owned, stager, self.prefetch)
+        if self.background:
+            return _BackgroundIter(it, owned, stager, self.prefetch)
+        try:  # the first batch says which way: packed in the workers, or not
+            first = next(it)
+        except BaseException:
+            if owned:
+                close_upstream(it)
+            raise
+        if type(first) is PackedBatch:
+            return InlineIter(it, owned, stager, self.prefetch, first)
+        return _BackgroundIter(it, owned, stager, self.prefetch, first)
 
     def __repr__(self) -> str:
         return f"DeviceLoader({type(self.loader).__name__}, device='{self.device}', prefetch={self.prefetch})"
@@ -142,7 +158,7 @@ class _SyncIter(Iterator[Any]):
     def close(self) -> None:
         it, self._it = self._it, None
         if self._owned:
-            _close_upstream(it)
+            close_upstream(it)
 
     def __del__(self) -> None:
         self.close()
@@ -153,19 +169,20 @@ class _Failure(NamedTuple):
 
 
 _END = object()
+_NONE = object()  # no batch pulled ahead
 
 
 class _BackgroundIter(Iterator[Any]):
     """One epoch of a DeviceLoader whose batches a worker thread prepares (`_produce`)."""
 
-    def __init__(self, it: Iterator[Any], owned: bool, stager: Stager, prefetch: int) -> None:
+    def __init__(self, it: Iterator[Any], owned: bool, stager: Stager, prefetch: int, first: Any = _NONE) -> None:
         self._mod, self._device, self._consumer = stager.mod, stager.device, stager.consumer
         self._queue: queue.SimpleQueue = queue.SimpleQueue()  # worker -> consumer: staged batches
         self._handed: queue.SimpleQueue = queue.SimpleQueue()  # consumer -> worker: one token per batch taken
         self._stop = threading.Event()
         self._done = False
         # the thread gets the shared state, never `self`, so dropping the iterator stops it
-        shared = (it, owned, stager, prefetch, self._queue, self._handed, self._stop)
+        shared = (it, owned, stager, prefetch, self._queue, self._handed, self._stop, first)
         self._thread = threading.Thread(target=_produce, args=shared, name="torchplace-DeviceLoader", daemon=True)
         self._thread.start()
 
@@ -179,20 +196,7 @@ class _BackgroundIter(Iterator[Any]):
             if item is _END:
                 raise StopIteration
             raise item.error
-        if item.ready is None:
-            self._handed.put(None)
-            return item.batch
-        stream = self._mod.current_stream(self._device)
-        if stream != self._consumer:  # iterated under another stream than iter() saw: protect it there too
-            for t in item.keep:
-                t.record_stream(stream)
-        stream.wait_event(item.ready)
-        # Done once the device has finished the steps before this one and this batch's copy.
-        # Recorded after the wait, nothing is queued between it and the free of the batch your
-        # loop drops next (the previous one), so the worker, woken by it, finds that memory
-        # reusable; recorded before, it completed at once on an idle stream, ahead of that free.
-        item.started.record(stream)
-        self._handed.put((item.started, item.ready))
+        self._handed.put(hand_out(item, self._mod, self._device, self._consumer))
         return item.batch
 
     def close(self) -> None:
@@ -222,7 +226,7 @@ class _BackgroundIter(Iterator[Any]):
 
 
 def _produce(it: Iterator[Any], owned: bool, stage: Stager, prefetch: int, out: queue.SimpleQueue,
-             handed: queue.SimpleQueue, stop: threading.Event) -> None:
+             handed: queue.SimpleQueue, stop: threading.Event, first: Any) -> None:
     """Worker loop: wait until fewer than PREFETCH batches are ahead of the device, pull a batch,
     stage it, hand it over; end with _END or a failure.
 
@@ -247,7 +251,7 @@ def _produce(it: Iterator[Any], owned: bool, stage: Stager, prefetch: int, out: 
                 if source_read is not None:  # the upstream may overwrite its own pinned buffers in next()
                     stage.source_done(source_read)
                 try:
-                    batch = next(it)
+                    batch, first = (next(it), _NONE) if first is _NONE else (first, _NONE)
                 except StopIteration:
                     _slots.settle()  # this thread's copies, before the end is told: the next epoch finds its slots free
                     out.put(_END)
@@ -264,7 +268,7 @@ def _produce(it: Iterator[Any], owned: bool, stage: Stager, prefetch: int, out: 
         out.put(_Failure(exc))
     finally:
         if stop.is_set() and owned:
-            _close_upstream(it)
+            close_upstream(it)
         del it
         _slots.settle()  # stopped early or failed: let the slots go all the same (nothing held: no-op)
 
@@ -285,13 +289,6 @@ def _fit_slots(loader: Any, prefetch: int) -> None:
     timeout = getattr(loader, "timeout", 0) or 0
     if timeout > 0:  # a worker waiting for a slot must give up well before the DataLoader gives up on it
         collate.wait_s = min(collate.wait_s, timeout / 4)
-
-
-def _close_upstream(it: Any) -> None:
-    """Run a generator's cleanup now (its `finally` blocks) rather than at garbage collection."""
-    close = getattr(it, "close", None)
-    if callable(close):
-        close()
 
 
 def image_transform(mean: Sequence[float] | None = None, std: Sequence[float] | None = None, *,
