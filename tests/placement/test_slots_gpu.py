@@ -117,14 +117,14 @@ def test_packed_batches_are_staged_on_the_loops_thread_and_follow_the_device(dev
     from torchplace.placement.collate import pack
     from torchplace.placement.loader import _BackgroundIter
 
-    batch_bytes = 16 * 2**18 * 4  # 16 tensors of 1 MiB: small enough to pack
-    data = [pack({"t": [torch.full((2**18,), float(i)) for _ in range(16)], "i": i}).pin_memory() for i in range(30)]
+    batch_bytes = 64 * 2**16 * 4  # 64 tensors of 256 KiB: small enough to pack
+    data = [pack({"t": [torch.full((2**16,), float(i)) for _ in range(64)], "i": i}).pin_memory() for i in range(30)]
     torch.cuda.synchronize(dev)
     base = torch.cuda.memory_allocated(dev)
     torch.cuda.reset_peak_memory_stats(dev)
     prefetch = 2
     it = iter(tp.DeviceLoader(data, dev, prefetch=prefetch))
-    assert type(it) is InlineIter
+    assert type(data[0]).__name__ == "PackedBatch" and type(it) is InlineIter
     assert not [t for t in threading.enumerate() if t.name == "torchplace-DeviceLoader"]
     ok = []
     for i, batch in enumerate(it):

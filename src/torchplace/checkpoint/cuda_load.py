@@ -1,12 +1,14 @@
-"""Loads onto CUDA devices at memory speed: reader threads fill a pinned window, one thread copies.
+"""Loads onto CUDA devices at memory speed: reader threads fill pinned windows, one thread copies.
 
 Reading a file into pinned memory and checksumming it scale with threads (on an H200 host, 16
 threads read the page cache at 74 GB/s with CRC-32). What does not scale is Python handing out
 work: with a copy and an event per 8 MiB piece queued by one thread while 8-16 readers ran, that
 thread waited for the GIL 150-300 us per piece, and a 10 GiB load ran at 21-33 GB/s (measured
-2026-12-01, docs/results/experiments). So the data region is read in windows of WINDOW_BYTES, two
-in flight: threads fill window w+1 (one task per checksum chunk) while the calling thread queues
-window w's copies, one per tensor overlapping it, on one stream per device.
+2026-12-01, docs/results/experiments). So the data region is read in windows of WINDOW_BYTES, a
+ring of BUFFERS of them: threads fill the next windows (one task per checksum chunk) while the
+calling thread queues the copies of the window read first, one per tensor overlapping it, on one
+stream per device. Two buffers: rings of 3-8 windows of 32-256 MiB with 8-16 threads loaded
+10 GiB at 17-31 GB/s, no faster, and pin more memory (H200 host, 2026-12-01, docs/results/experiments).
 """
 
 from __future__ import annotations
@@ -57,12 +59,12 @@ def read_chunks_to_cuda(flat: dict[str, torch.Tensor], entries: Sequence[TensorE
         failed = False
         try:
             for w in range(len(windows)):
+                if w + nbuf - 1 < len(windows):  # queued before waiting, so that the readers never run dry
+                    queued.append(fill(w + nbuf - 1, pool))  # (into the buffer copied last round, once copied)
                 for f in queued.pop(0):
                     f.result()
                 done[w % nbuf] = _copy_window(bufs[w % nbuf], windows[w][0][1], windows[w][-1][2], order, ends,
                                               flat, streams)
-                if w + nbuf - 1 < len(windows):  # into the buffer copied last round, once its copies are done
-                    queued.append(fill(w + nbuf - 1, pool))
                 advance(len(windows[w]), total=len(chunks))
         except BaseException:
             failed = True
