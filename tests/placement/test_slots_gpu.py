@@ -135,3 +135,4 @@ def test_packed_batches_are_staged_on_the_loops_thread_and_follow_the_device(dev
     peak = torch.cuda.max_memory_allocated(dev) - base
     assert peak <= (prefetch + 4) * batch_bytes, f"peak {peak / 2**20:.0f} MiB for {prefetch=}"
     assert type(iter(tp.DeviceLoader([{"x": torch.ones(3)}], dev))) is _BackgroundIter
+    assert list(tp.DeviceLoader([], dev)) == []  # the first batch is looked at: an empty loader is an empty epoch

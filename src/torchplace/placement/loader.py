@@ -122,6 +122,8 @@ class DeviceLoader(Generic[T]):
             return _BackgroundIter(it, owned, stager, self.prefetch)
         try:  # the first batch says which way: packed in the workers, or not
             first = next(it)
+        except StopIteration:
+            return iter(())  # an empty epoch
         except BaseException:
             if owned:
                 close_upstream(it)
