@@ -13,7 +13,9 @@ up to that method (`nn.Module.to` and `BatchEncoding.to` move in place and retur
 
 from __future__ import annotations
 
+import copy
 import re
+from collections import UserDict
 from typing import Any, TypeVar
 
 import torch
@@ -22,7 +24,7 @@ from ..errors import DeviceError
 from ..hardware.accelerator import accelerator_type, device_module, say_once
 from .resolve import DeviceSpec
 from .resolve import device as resolve_device
-from .traverse import _ATOMIC, _Tensor, _unchanged, _walk, map_tensors
+from .traverse import _ATOMIC, _Tensor, _unchanged, _walk, cycle_error, map_tensors
 
 T = TypeVar("T")
 
@@ -63,10 +65,11 @@ def _stable(text: str) -> bool:
 def to_device(obj: T, device: DeviceSpec, *, non_blocking: bool | None = None) -> T:
     """Move every tensor in OBJ to DEVICE and return the same structure.
 
-    Walks dicts, lists, tuples, named tuples, dataclasses, sets and objects with their own `.to()`
-    (modules and HF's `BatchEncoding` move in place; if `.to()` returns None the original object is
-    kept). OBJ itself is never changed: containers holding moved tensors are rebuilt. Strings,
-    numbers and None pass through.
+    Walks dicts, lists, tuples, named tuples, sets, deques, dataclasses, attrs classes and objects
+    with their own `.to()` (a module moves in place; HF's `BatchEncoding` is moved as a copy; if
+    `.to()` returns None the original object is kept). OBJ itself is never changed: containers
+    holding moved tensors are rebuilt. Strings, numbers, None and generators pass through; a batch
+    that holds itself raises ValueError naming where.
 
     `non_blocking=None` (the default) copies asynchronously where it is safe: host to an
     accelerator other than MPS, and between accelerators (ordered on the current streams). Copies
@@ -102,6 +105,13 @@ def to_device(obj: T, device: DeviceSpec, *, non_blocking: bool | None = None) -
     if isinstance(device, (torch.device, str)) and torch.compiler.is_compiling():
         return _move_compiled(obj, device, non_blocking)
     dev = target_device(device)
+    try:
+        return _to_device(obj, dev, non_blocking)
+    except RecursionError as exc:
+        raise cycle_error(obj, f"to_device(..., {str(dev)!r})") or exc from None
+
+
+def _to_device(obj: Any, dev: torch.device, non_blocking: bool | None) -> Any:
     if not _MPS_BUILT and dev.type not in _SYNC_TYPES:  # nothing to track: copies inlined in the traversal
         nb = bool(non_blocking) or (non_blocking is None and dev.type != "meta")
         try:
@@ -212,7 +222,14 @@ class _Mover:
 
 
 def _other_to(x: Any, dev: torch.device, nb: bool) -> Any:
-    """Move an object with its own `.to()`; one that returns None moved in place and is kept."""
+    """Move an object with its own `.to()`; one that returns None moved in place and is kept.
+
+    A UserDict (HF's BatchEncoding and BatchFeature) is moved as a copy: its `.to()` replaces
+    its own items and returns itself, which would move the caller's batch too. The copy has its
+    own item dict and shares every attribute (a BatchEncoding's encodings) with the original.
+    """
+    if isinstance(x, UserDict):
+        x = copy.copy(x)
     try:
         out = x.to(dev, non_blocking=nb)
     except TypeError:  # a .to() without a non_blocking keyword
@@ -244,11 +261,16 @@ def pin_tensor(t: torch.Tensor) -> torch.Tensor:
     """A page-locked copy of host tensor T (T itself if already pinned or not on the host).
 
     Dense layouts keep their strides (channels_last stays channels_last, as with `.to()`);
-    expanded or gappy views are pinned contiguous, so only their own elements are copied.
+    expanded or gappy views are pinned contiguous, so only their own elements are copied. A
+    tensor subclass (torchvision's tv_tensors keep their class and metadata), a sparse, nested or
+    quantized tensor is pinned by its own `pin_memory()`: an empty strided block would lose what
+    it is.
     """
     if t.device.type != "cpu" or t.is_pinned():
         return t
     try:
+        if type(t) is not _Tensor or t.layout is not torch.strided or t.is_nested or t.is_quantized:
+            return t.pin_memory()
         if _dense(t):
             out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, pin_memory=True)
         else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-from collections import OrderedDict, UserDict, defaultdict
+from collections import OrderedDict, UserDict, defaultdict, deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,15 +28,16 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any],
     """Rebuild OBJ with `fn(t)` for each tensor and `other(x)` for each object with its own `.to()`.
 
     Handles dict, OrderedDict, defaultdict (factory kept), other mappings, list, tuple,
-    namedtuple and other tuple subclasses, dataclasses (frozen ones and init=False fields
-    included); anything else is returned as it is. With OTHER, an object that defines `.to()`
+    namedtuple and other tuple subclasses, set, frozenset, deque (maxlen kept), dataclasses and
+    attrs classes (frozen ones and init=False fields included); anything else (a generator, an
+    object of another kind) is returned as it is. With OTHER, an object that defines `.to()`
     is handed to OTHER whole, even when it is also a mapping, tuple or dataclass (a
     PackedSequence is a namedtuple whose `batch_sizes` must stay on the CPU); without OTHER,
     such containers are walked into, so a traversal for side effects (`record_stream`) still
     reaches their tensors.
 
     The input is never changed: a container with a changed item is rebuilt as a new object (see
-    `_rebuild_mapping`, `_rebuild_sequence`, `_rebuild_dataclass`). A container whose items all
+    `_rebuild_mapping`, `_rebuild_sequence`, `_rebuild_collection`, `_rebuild_fields`). A container whose items all
     come back unchanged is returned itself, like `Tensor.to` returns self, so a traversal for
     side effects allocates nothing. Like a loop of `.to()` calls, a tensor that appears twice is
     visited twice (a memo cost more per tensor than accelerate's whole per-tensor overhead).
@@ -45,7 +46,67 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any],
     is a reference cycle that keeps FN, OTHER and whatever they hold (a whole batch of device
     tensors, for DeviceLoader) alive until the garbage collector happens to run.
     """
-    return _walk(obj, fn, other)
+    try:
+        return _walk(obj, fn, other)
+    except RecursionError as exc:
+        raise cycle_error(obj, "map_tensors") or exc from None
+
+
+def cycle_error(obj: Any, caller: str) -> ValueError | None:
+    """The error for OBJ when it holds itself (a container reachable from its own items), or None.
+
+    Called only once a walk has hit Python's recursion limit, so batches without a cycle pay
+    nothing for the check; a batch that is merely very deep gets None (its RecursionError stands).
+    """
+    path = _find_cycle(obj)
+    if path is None:
+        return None
+    where, back = path
+    return ValueError(
+        f"{caller}: the batch holds itself ({where} is {back}), so walking it never ends. Fix: break the "
+        "cycle before moving the batch (keep the back-reference outside it, or give the object a .to() "
+        "method that moves its own tensors).")
+
+
+def _children(x: Any) -> list[tuple[str, Any]]:
+    """X's items as (how to reach it from X, item), in the containers `_walk` enters."""
+    if isinstance(x, _Tensor) or type(x) in _ATOMIC:
+        return []
+    if isinstance(x, Mapping):
+        return [(f"[{k!r}]", v) for k, v in x.items()]
+    if isinstance(x, (list, tuple, deque)):
+        return [(f"[{i}]", v) for i, v in enumerate(x)]
+    if isinstance(x, (set, frozenset)):
+        return [("{...}", v) for v in x]
+    names: list[str] = []
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        names = [f.name for f in dataclasses.fields(x)]
+    elif hasattr(type(x), "__attrs_attrs__") and not isinstance(x, type):
+        names = [a.name for a in type(x).__attrs_attrs__]
+    return [(f".{n}", getattr(x, n)) for n in names if hasattr(x, n)]
+
+
+def _find_cycle(obj: Any) -> tuple[str, str] | None:
+    """(path to a container, path it already had on the way there) for the first cycle in OBJ, else None.
+
+    Iterative, so it works where the recursive walk ran out of stack.
+    """
+    on_path: dict[int, str] = {}
+    stack: list[tuple[Any, str, bool]] = [(obj, "batch", False)]
+    while stack:
+        x, where, leaving = stack.pop()
+        if leaving:
+            on_path.pop(id(x), None)
+            continue
+        kids = _children(x)
+        if not kids:
+            continue
+        if id(x) in on_path:
+            return where, on_path[id(x)]
+        on_path[id(x)] = where
+        stack.append((x, where, True))
+        stack.extend((v, where + step, False) for step, v in reversed(kids))
+    return None
 
 
 def _walk(x: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any] | None) -> Any:
@@ -67,8 +128,14 @@ def _walk(x: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any]
     if isinstance(x, (list, tuple)):
         items = [_walk(v, fn, other) for v in x]
         return x if _unchanged(x, items) else _rebuild_sequence(x, items)
+    if isinstance(x, (set, frozenset, deque)):
+        items = [_walk(v, fn, other) for v in x]
+        return x if _unchanged(x, items) else _rebuild_collection(x, items)
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return _rebuild_dataclass(x, fn, other)
+        return _rebuild_fields(x, [f.name for f in dataclasses.fields(x)], fn, other)
+    fields = getattr(cls, "__attrs_attrs__", None)  # an attrs class (attrs.define, attr.s)
+    if fields is not None and not isinstance(x, type):
+        return _rebuild_fields(x, [a.name for a in fields], fn, other)
     return x
 
 
@@ -146,26 +213,58 @@ def _rebuild_sequence(x: list | tuple, items: list) -> Any:
         return list(items)
 
 
-def _rebuild_dataclass(x: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any] | None) -> Any:
-    """Copy X with its moved fields set directly: no __init__ or __post_init__ runs again.
+def _rebuild_collection(x: set | frozenset | deque, items: list) -> Any:
+    """A new set, frozenset or deque like X holding ITEMS; X itself is never written to.
+
+    A deque keeps its maxlen; a subclass is copied (type and attributes kept) and the copy
+    refilled, or, if it refuses, built by its constructor; failing both, the plain kind.
+    """
+    cls = type(x)
+    if cls is deque:
+        return deque(items, maxlen=x.maxlen)  # type: ignore[union-attr]
+    if cls is set or cls is frozenset:
+        return cls(items)
+    try:
+        if isinstance(x, frozenset):
+            out: Any = cls(items)
+        else:
+            out = copy.copy(x)
+            out.clear()
+            if isinstance(out, deque):
+                out.extend(items)
+            else:
+                out.update(items)
+        if type(out) is cls and len(out) == len(items):
+            return out
+    except Exception:  # noqa: BLE001 - a subclass that refuses to change: the plain kind below
+        pass
+    if isinstance(x, deque):
+        return deque(items, maxlen=x.maxlen)
+    return frozenset(items) if isinstance(x, frozenset) else set(items)
+
+
+def _rebuild_fields(x: Any, names: list[str], fn: Callable[[torch.Tensor], Any],
+                    other: Callable[[Any], Any] | None) -> Any:
+    """Copy X (a dataclass or attrs instance) with its moved fields NAMES set directly: no
+    __init__, __post_init__ or attrs validator runs again.
 
     Values that `functools.cached_property` stored on X were computed from the old fields (on
     the old device): the copy drops them, so they are computed again from the moved fields.
     """
     changed = {}
-    for f in dataclasses.fields(x):
+    for name in names:
         try:
-            value = getattr(x, f.name)
+            value = getattr(x, name)
         except AttributeError:  # an init=False field that was never set
             continue
         moved = _walk(value, fn, other)
         if moved is not value:
-            changed[f.name] = moved
+            changed[name] = moved
     if not changed:
         return x
     out = copy.copy(x)
     for name, value in changed.items():
-        object.__setattr__(out, name, value)  # works on frozen dataclasses too
+        object.__setattr__(out, name, value)  # works on frozen dataclasses and attrs classes too
     cached = _cached_properties(type(x))
     if cached:
         state = getattr(out, "__dict__", None)  # copy.copy gave the copy its own
