@@ -254,7 +254,8 @@ def packed_collate(collate_fn: Callable[[Any], Any] | None = None, *,
 
 def pack(batch: Any, max_tensor_bytes: int = _pack.MAX_TENSOR_BYTES, ring: _slots.WorkerRing | None = None,
          wait_s: float = _slots.WAIT_S) -> Any:
-    """BATCH as a PackedBatch, or BATCH itself when it holds fewer than two tensors to pack.
+    """BATCH as a PackedBatch, or BATCH itself when it holds fewer than two tensors to pack (in a
+    DataLoader worker, only when no tensor was left out for a reason the training process must hear).
 
     With RING (a DataLoader worker's slots) the buffer is a free slot of it; otherwise, in a
     DataLoader worker, a fresh block of shared memory, so sending it copies nothing.
@@ -286,7 +287,11 @@ def pack(batch: Any, max_tensor_bytes: int = _pack.MAX_TENSOR_BYTES, ring: _slot
         note = (f"packed_collate left tensors out of the packed buffer ({reasons}); they travel and are copied "
                 "one by one, as without packing. Fix: make them contiguous plain host tensors without "
                 "requires_grad in the dataset or collate_fn, or ignore this if they are few.")
-    if len(small) < 2:  # nothing to gain: the batch goes as it is
+    # Nothing to gain from fewer than two: the batch goes as it is, unless a worker must send a
+    # note with it (said in a worker, it would print once per worker and escape the training
+    # process's warning filters): then it goes packed, with the note.
+    in_worker = torch.utils.data.get_worker_info() is not None
+    if len(small) < 2 and (note is None or not in_worker):
         if note is not None:
             _say(note)
         return batch
@@ -297,7 +302,7 @@ def pack(batch: Any, max_tensor_bytes: int = _pack.MAX_TENSOR_BYTES, ring: _slot
     taken = ring.take(total, wait_s) if ring is not None else None
     if type(taken) is tuple:
         ref, buf = taken
-    elif torch.utils.data.get_worker_info() is not None:  # one shared-memory block, sent as it is
+    elif in_worker:  # one shared-memory block, sent as it is
         if isinstance(taken, str) and taken != "no free slot":
             note = (note + "\n" if note else "") + f"packed_collate: {taken}. Fix: pass packed_collate(slots=N) " \
                 "with N above the number of batches your loop keeps per worker, or slots=0 to silence this."
@@ -305,7 +310,8 @@ def pack(batch: Any, max_tensor_bytes: int = _pack.MAX_TENSOR_BYTES, ring: _slot
     else:
         buf = torch.empty(total, dtype=torch.uint8)
     _pack.copy(_pack.group_views(buf, plan, len(small)), small)
-    return PackedBatch(buf, plan, skeleton, _SLOT, len(small), note, _names.key(skeleton, _SLOT, key), loose, ref)
+    name = _names.key(skeleton, _SLOT, key) if small else None  # none packed: the skeleton is the batch
+    return PackedBatch(buf, plan, skeleton, _SLOT, len(small), note, name, loose, ref)
 
 
 def _from_slot(ref: _slots.SlotRef, layout: tuple, skeleton: Any, slot: torch.Tensor, count: int, note: str | None,
