@@ -291,3 +291,14 @@ def test_a_deep_batch_without_a_cycle_keeps_its_recursion_error() -> None:
         deep = [deep]
     with pytest.raises(RecursionError):
         tp.to_device(deep, "meta")
+
+
+def test_tensors_torch_cannot_send_to_meta_are_named() -> None:
+    """A strided nested tensor or a quantized one sent to "meta" failed with torch's bare
+    "Could not run 'aten::_to_copy' ... NestedTensorMeta backend"; now the error says which tensor
+    kind it is and what to do."""
+    with pytest.raises(tp.DeviceError, match="nested tensor of the strided layout.*layout=torch.jagged"):
+        tp.to_device({"n": torch.nested.nested_tensor([torch.ones(2), torch.zeros(3)])}, "meta")
+    q = torch.quantize_per_tensor(torch.linspace(-1, 1, 5), 0.1, 0, torch.qint8)
+    with pytest.raises(tp.DeviceError, match=r"quantized tensor \(torch.qint8\).*dequantize"):
+        tp.to_device([q], "meta")

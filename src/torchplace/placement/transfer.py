@@ -247,6 +247,15 @@ def _without_pinned_memory(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
 
 
 def _raise_if_meta(t: torch.Tensor, dev: torch.device) -> None:
+    """Raise what a failed move of T to DEV means, when it is one torch cannot make: T is on "meta",
+    or DEV is "meta" and T is a nested tensor of the strided layout or a quantized tensor (torch has
+    no meta kernels for them). Otherwise return, and the caller raises torch's own error."""
+    if dev.type == "meta" and ((t.is_nested and t.layout is torch.strided) or t.is_quantized):
+        kind, fix = (("nested tensor of the strided layout", "build it with torch.nested.nested_tensor(..., "
+                      "layout=torch.jagged), which torch can move to meta") if t.is_nested else
+                     ("quantized tensor", "dequantize it first (t.dequantize()), or leave it out of the batch"))
+        raise DeviceError(f"cannot move a {kind} ({t.dtype}) to meta: torch has no meta kernels for it. "
+                          f"Fix: {fix}.") from None
     if t.is_meta:
         raise DeviceError(
             f"cannot move a meta tensor (shape {tuple(t.shape)}, {t.dtype}) to {dev}: meta tensors have a "
