@@ -134,3 +134,25 @@ def test_why_tensors_were_left_out_is_said_once_in_the_training_process(collate:
     assert [on_host(b) for b in got] == [on_host(b) for b in plain]
     notes = [w for w in caught if issubclass(w.category, PackingWarning)]
     assert len(notes) == 1 and "sparse_coo" in str(notes[0].message)
+
+
+def nested_collate(samples: list) -> dict:
+    """Variable-length sequences as one strided nested tensor, beside small plain tensors."""
+    return {"seqs": torch.nested.nested_tensor([s["x"][: 1 + i % 2] for i, s in enumerate(samples)]),
+            "x": default_collate([s["x"] for s in samples]),
+            "t": default_collate([s["t"].contiguous() for s in samples])}
+
+
+def test_a_strided_nested_tensor_travels_loose() -> None:
+    """A strided nested tensor passed packing's test (strided, contiguous, a byte count) and packing
+    then failed inside the worker ("NestedTensorImpl doesn't support sizes"), killing the epoch.
+    It now travels loose, with a note, and arrives equal to the plain collate's."""
+    collate_module._warned.clear()
+    loader = DataLoader(Samples("odd"), batch_size=4, num_workers=2, collate_fn=tp.packed_collate(nested_collate))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = list(tp.DeviceLoader(loader, "cpu"))
+    plain = list(DataLoader(Samples("odd"), batch_size=4, collate_fn=nested_collate))
+    assert [on_host(b) for b in got] == [on_host(b) for b in plain]
+    assert got[0]["seqs"].is_nested
+    assert any("1 nested" in str(w.message) for w in caught if issubclass(w.category, PackingWarning))

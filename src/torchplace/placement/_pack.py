@@ -31,11 +31,12 @@ _layouts: dict[tuple, Layout] = {}
 def packable(t: torch.Tensor, max_bytes: int = MAX_TENSOR_BYTES) -> bool:
     """True for a small, plain, contiguous host tensor whose bytes can be packed and viewed back.
 
-    Tensors that need autograd, subclasses, sparse, quantized or non-contiguous ones keep their
+    Tensors that need autograd, subclasses, sparse, nested (a strided nested tensor has no single
+    shape to view back), quantized or non-contiguous ones keep their
     own copy, so packing never changes what a tensor is, only where its bytes live.
     """
-    return (type(t) is torch.Tensor and t.is_cpu and t.layout is torch.strided and not t.requires_grad
-            and t.dtype in _DTYPES and t.nbytes <= max_bytes and t.is_contiguous())
+    return (type(t) is torch.Tensor and t.is_cpu and t.layout is torch.strided and not t.is_nested
+            and not t.requires_grad and t.dtype in _DTYPES and t.nbytes <= max_bytes and t.is_contiguous())
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ tensors there are and whatever their first dimension (variable-length sparse fea
 in a function made once per batch structure (`_build`). In a worker, the buffer is one of the
 worker's slots (`_slots`), page-locked in place in the training process. Tensors larger
 than `max_tensor_bytes` keep their own copy, as do tensors that cannot be viewed back from bytes
-(non-contiguous, needing grad, sparse, subclasses, not on the host): DeviceLoader moves those as
-it moves any tensor, and the first batch with such a tensor says why, once (`PackingWarning`).
+(non-contiguous, needing grad, sparse, nested, subclasses, not on the host): DeviceLoader moves
+those as it moves any tensor, and the first batch with such a tensor says why, once
+(`PackingWarning`).
 """
 
 from __future__ import annotations
@@ -368,6 +369,8 @@ def _why_not(t: torch.Tensor, max_bytes: int) -> str | None:
         return f"{type(t).__name__} (a tensor subclass)"
     if not t.is_cpu:
         return f"on {t.device}"
+    if t.is_nested:
+        return "nested"
     if t.layout is not torch.strided:
         return f"{t.layout} (not strided)"
     if t.requires_grad:
