@@ -116,6 +116,19 @@ def test_a_packed_batch_moved_by_to_device_and_the_input_left_alone() -> None:
             assert meta[0][0].is_meta and type(meta[1][0]["boxes"]) is Boxes and meta[1][0]["boxes"].is_meta
 
 
+def packed_equals_plain(collate: Any, batch_size: int) -> tuple[list, list[str]]:
+    """The "odd" samples through a packed 2-worker DataLoader and DeviceLoader(..., "cpu"), checked
+    equal to the plain collate's batches; returns them and the PackingWarnings said meanwhile."""
+    collate_module._warned.clear()  # said once per process: forget what earlier tests said
+    loader = DataLoader(Samples("odd"), batch_size=batch_size, num_workers=2, collate_fn=tp.packed_collate(collate))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = list(tp.DeviceLoader(loader, "cpu"))
+    plain = list(DataLoader(Samples("odd"), batch_size=batch_size, collate_fn=collate))
+    assert [on_host(b) for b in got] == [on_host(b) for b in plain]
+    return got, [str(w.message) for w in caught if issubclass(w.category, PackingWarning)]
+
+
 def only_loose_collate(samples: list) -> dict:
     return {"sparse": [s["sparse"] for s in samples], "t": [s["t"] for s in samples]}
 
@@ -125,15 +138,8 @@ def test_why_tensors_were_left_out_is_said_once_in_the_training_process(collate:
     """A batch with fewer than two packable tensors went back unpacked and its note was warned in
     each worker (printed once per worker on stderr, out of reach of the training process's
     warning filters). Now the note travels with the batch and is warned once, here."""
-    collate_module._warned.clear()  # said once per process: forget what earlier tests said
-    loader = DataLoader(Samples("odd"), batch_size=2, num_workers=2, collate_fn=tp.packed_collate(collate))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        got = list(tp.DeviceLoader(loader, "cpu"))
-    plain = list(DataLoader(Samples("odd"), batch_size=2, collate_fn=collate))
-    assert [on_host(b) for b in got] == [on_host(b) for b in plain]
-    notes = [w for w in caught if issubclass(w.category, PackingWarning)]
-    assert len(notes) == 1 and "sparse_coo" in str(notes[0].message)
+    _, notes = packed_equals_plain(collate, batch_size=2)
+    assert len(notes) == 1 and "sparse_coo" in notes[0]
 
 
 def nested_collate(samples: list) -> dict:
@@ -147,12 +153,5 @@ def test_a_strided_nested_tensor_travels_loose() -> None:
     """A strided nested tensor passed packing's test (strided, contiguous, a byte count) and packing
     then failed inside the worker ("NestedTensorImpl doesn't support sizes"), killing the epoch.
     It now travels loose, with a note, and arrives equal to the plain collate's."""
-    collate_module._warned.clear()
-    loader = DataLoader(Samples("odd"), batch_size=4, num_workers=2, collate_fn=tp.packed_collate(nested_collate))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        got = list(tp.DeviceLoader(loader, "cpu"))
-    plain = list(DataLoader(Samples("odd"), batch_size=4, collate_fn=nested_collate))
-    assert [on_host(b) for b in got] == [on_host(b) for b in plain]
-    assert got[0]["seqs"].is_nested
-    assert any("1 nested" in str(w.message) for w in caught if issubclass(w.category, PackingWarning))
+    got, notes = packed_equals_plain(nested_collate, batch_size=4)
+    assert got[0]["seqs"].is_nested and any("1 nested" in note for note in notes)
