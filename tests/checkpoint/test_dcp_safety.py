@@ -254,8 +254,8 @@ def test_declared_sizes_beyond_the_files_are_refused_before_allocating(tmp_path:
     dcp_save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "ck")
     metadata = read_dcp_metadata(tmp_path / "ck")
     md = metadata.state_dict_metadata["optimizer.state.0.exp_avg"]
-    md.size = torch.Size([1 << 40])
-    md.chunks[0].sizes = torch.Size([1 << 40])
+    md.size = torch.Size([1 << 40] + [1] * (len(md.size) - 1))  # as many dimensions as its chunk's offsets
+    md.chunks[0].sizes = md.size
     (tmp_path / "ck" / ".metadata").write_bytes(pickle.dumps(metadata))
     with pytest.raises(torchplace.CheckpointError, match=r"(?s)optimizer\.state\.0\.exp_avg.*declares.*bytes.*Fix"):
         torchplace.load(tmp_path / "ck", model=_fresh()[0], optimizer=_fresh()[1])

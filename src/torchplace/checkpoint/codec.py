@@ -185,8 +185,10 @@ def _shaped(node: dict[str, Any], tag: str, field_: str, kind: type) -> Any:
 
 
 def _dtype(name: str) -> torch.dtype:
-    value = getattr(torch, name, None)
-    if not isinstance(value, torch.dtype):
+    from .format import dtype_by_name
+
+    value = dtype_by_name(name)
+    if value is None:
         raise StateError(f"{name!r:.60} is not a dtype of this torch ({torch.__version__})")
     return value
 

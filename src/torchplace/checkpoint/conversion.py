@@ -31,6 +31,7 @@ from . import keymap
 from .atomic import write_bytes
 from .fileio import write_file
 from .reading import read_any
+from .rotation import check_name
 from .state_dicts import saved_versions, versions_of
 
 
@@ -56,6 +57,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, trust_p
 
 
 def _convert(src: Path, dst: Path, *, trust_pickle: bool, weights_only: bool) -> Converted:
+    check_name(dst)  # `latest` is the pointer's name, in convert as in save
     if dst.exists() and src.exists() and os.path.samefile(src, dst):
         raise CheckpointError(f"IN and OUT are the same file ({src} and {dst}); converting in place would "
                               "overwrite the input. Fix: write to a new name, check it with `torchplace ckpt "

@@ -11,17 +11,24 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib
 import io
 import pickle
 import stat
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .. import safeio
 from ..errors import CheckpointError
 from .codec import PICKLE_FIX
+
+
+class _Refused(pickle.UnpicklingError):
+    """A class the metadata names that is not one of DCP's records (a truncated pickle is another error)."""
 
 
 class _SafeUnpickler(pickle.Unpickler):
@@ -34,14 +41,17 @@ class _SafeUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in self._EXACT:
             return super().find_class(module, name)
-        value = getattr(torch, name, None) if module == "torch" else None
+        value = vars(torch).get(name) if module == "torch" else None  # getattr would import torch._dynamo
         if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
             return value
-        if module.startswith("torch.distributed.checkpoint."):
+        importlib.import_module("torch.distributed.checkpoint")  # the modules that hold DCP's records
+        # only modules DCP itself imported: a name in the file imports nothing (a submodule of
+        # torch.distributed.checkpoint that is not loaded yet may pull in anything)
+        if module.startswith("torch.distributed.checkpoint.") and module in sys.modules:
             obj = super().find_class(module, name)
             if isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum)):
                 return obj
-        raise pickle.UnpicklingError(f"{module}.{name} is not a DCP metadata class")
+        raise _Refused(f"{module}.{name} is not a DCP metadata class")
 
 
 def is_dcp_dir(path: Path) -> bool:
@@ -49,19 +59,78 @@ def is_dcp_dir(path: Path) -> bool:
     return path.is_dir() and (path / ".metadata").is_file()
 
 
+MAX_METADATA_BYTES = 2**31  # DCP's .metadata: tens of MiB for the largest sharded models
+_RECOPY = "Fix: check that the checkpoint folder was copied completely."
+
+
 def read_dcp_metadata(path: Path) -> Any:
-    """DCP's metadata record of the checkpoint at PATH, read without running code."""
+    """DCP's metadata record of the checkpoint at PATH, read without running code and checked
+    (`records_problem`) to be made of DCP's records as DCP writes them.
+
+    The file is read into memory first (a regular file, at most MAX_METADATA_BYTES), so a length
+    field in the pickle that claims more bytes than the file holds fails as truncated instead of
+    allocating what it claims."""
     where = path / ".metadata"
-    with open(where, "rb") as fh:
-        try:
-            return _SafeUnpickler(fh).load()
-        except pickle.UnpicklingError as exc:
-            raise CheckpointError(f"{where} needs more than DCP's own records to load ({exc}); torchplace does not "
-                                  f"run code from checkpoints. {PICKLE_FIX}") from None
-        except (Exception, RecursionError) as exc:  # truncated or malformed: any error of the unpickler
-            raise CheckpointError(f"{where} cannot be read as DCP metadata ({type(exc).__name__}: "
-                                  f"{_first_line(exc)}). Fix: check that the checkpoint folder was copied "
-                                  "completely.") from None
+    data = safeio.read_limited(where, MAX_METADATA_BYTES, CheckpointError, _RECOPY)
+    try:
+        metadata = _SafeUnpickler(io.BytesIO(data)).load()
+    except _Refused as exc:
+        raise CheckpointError(f"{where} needs more than DCP's own records to load ({exc}); torchplace does not "
+                              f"run code from checkpoints. {PICKLE_FIX}") from None
+    except (Exception, RecursionError) as exc:  # truncated or malformed: any error of the unpickler
+        raise CheckpointError(f"{where} cannot be read as DCP metadata ({type(exc).__name__}: "
+                              f"{_first_line(exc)}). {_RECOPY}") from None
+    problem = records_problem(metadata)
+    if problem is not None:
+        raise CheckpointError(f"{where} is not DCP metadata as torch.distributed.checkpoint writes it: {problem}. "
+                              f"{_RECOPY}")
+    return metadata
+
+
+def _dims(value: Any, rank: int | None = None) -> bool:
+    """VALUE is a tuple or list (torch.Size is a tuple) of RANK non-negative ints."""
+    return isinstance(value, (tuple, list)) and all(type(d) is int and d >= 0 for d in value) and (
+        rank is None or len(value) == rank)
+
+
+def records_problem(metadata: Any) -> str | None:
+    """What is wrong with the shape of a DCP metadata record (None when nothing): its class, its
+    tables, and every entry's fields. The restricted unpickler builds only DCP's record classes, but
+    fills their fields with whatever the file holds: an int where a list of chunks belongs."""
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        ChunkStorageMetadata,
+        Metadata,
+        MetadataIndex,
+        TensorStorageMetadata,
+    )
+
+    if not isinstance(metadata, Metadata):
+        return f"it holds a {type(metadata).__name__}, not DCP's Metadata record"
+    entries, storage = getattr(metadata, "state_dict_metadata", None), getattr(metadata, "storage_data", None)
+    if not isinstance(entries, dict):
+        return f"its entry table (state_dict_metadata) is a {type(entries).__name__}, not a map"
+    if storage is not None and (not isinstance(storage, dict)
+                                or not all(isinstance(k, MetadataIndex) and isinstance(getattr(k, "fqn", None), str)
+                                           for k in storage)):
+        return "its storage table (storage_data) is not a map from DCP's MetadataIndex records"
+    for fqn, md in entries.items():
+        if not isinstance(fqn, str):
+            return f"an entry's name is a {type(fqn).__name__} ({fqn!r:.60}), not a string"
+        if isinstance(md, BytesStorageMetadata):
+            continue
+        if not isinstance(md, TensorStorageMetadata):
+            return f"the entry {fqn!r:.80} is a {type(md).__name__}, not a tensor or bytes record"
+        size, chunks = getattr(md, "size", None), getattr(md, "chunks", None)
+        if not isinstance(getattr(getattr(md, "properties", None), "dtype", None), torch.dtype) or not _dims(size):
+            return f"the tensor {fqn!r:.80} has no dtype or a malformed size ({size!r:.80})"
+        if not isinstance(chunks, list) or not all(
+                isinstance(c, ChunkStorageMetadata) and _dims(getattr(c, "offsets", None), len(size))
+                and _dims(getattr(c, "sizes", None), len(size))
+                and all(o + n <= d for o, n, d in zip(c.offsets, c.sizes, size)) for c in chunks):
+            return (f"the chunks of {fqn!r:.80} are not a list of chunk records within its size "
+                    f"{list(size)!r:.80}")
+    return None
 
 
 def _first_line(exc: BaseException) -> str:
@@ -82,6 +151,10 @@ def check_storage(root: Path, metadata: Any) -> None:
     from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
     where = root / ".metadata"
+    problem = records_problem(metadata)
+    if problem is not None:
+        raise CheckpointError(f"{where} is not DCP metadata as torch.distributed.checkpoint writes it: {problem}. "
+                              f"{_RECOPY}")
     entries = getattr(metadata, "state_dict_metadata", None)
     storage = getattr(metadata, "storage_data", None)
     if not isinstance(entries, dict) or not isinstance(storage, dict):

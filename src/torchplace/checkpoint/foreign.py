@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import pickletools
+import re
 import zipfile
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -95,19 +97,36 @@ def torch_load(path: Path, map_location: Any, trust_pickle: bool, *, mmap: bool 
     kwargs: dict[str, Any] = {"map_location": map_location, "weights_only": not trust_pickle}
     if mmap:
         kwargs["mmap"] = True
-    if sniff(path) == "torch-zip":
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a directory, not a torch.save file. {FIX_PATH}")
+    if sniff(path) == "torch-zip":  # sniff refuses what is not a regular file (a FIFO, /dev/zero)
         check_zip(path)
     try:
         return torch.load(path, **kwargs)
     except pickle.UnpicklingError as exc:
-        first = next((ln.strip() for ln in str(exc).splitlines() if "Unsupported" in ln or "GLOBAL" in ln), "")
-        why = f" ({first})" if first else ""
+        needs = None if trust_pickle else _needs_code(str(exc))
+        if needs is None:  # not a pickle at all (a byte no pickle has), or broken even when trusted
+            lines = str(exc).splitlines()
+            raise CheckpointError(f"{path} cannot be read as a torch.save file (it is not a pickle torch can read: "
+                                  f"{(lines[0] if lines else '')[:200]}). {FIX_COMPLETE}") from None
+        why = f" ({needs})" if needs else ""
         raise CheckpointError(f"{path} is a pickle that needs code from the file to load{why}; torchplace "
                               f"does not run code from checkpoints by default. {PICKLE_FIX}") from None
     except Exception as exc:  # the unpickler parses untrusted bytes: whatever it raises, the file is at fault
         lines = str(exc).splitlines()
         raise CheckpointError(f"{path} cannot be read as a torch.save file ({type(exc).__name__}: "
                               f"{(lines[0] if lines else '')[:300]}). {FIX_COMPLETE}") from None
+
+
+def _needs_code(message: str) -> str | None:
+    """What torch's restricted unpickler refused in MESSAGE ('' when it does not say), or None when what it
+    refused is no pickle instruction at all: then the file is not a pickle (or is damaged), and trusting
+    it would not help."""
+    first = next((ln.strip() for ln in message.splitlines() if "Unsupported" in ln or "GLOBAL" in ln), "")
+    operand = re.fullmatch(r"Unsupported operand (\d+)", first)
+    if operand and chr(int(operand.group(1))) not in pickletools.code2op:
+        return None
+    return first
 
 
 def _is_state_dict(obj: Any) -> bool:
@@ -181,12 +200,12 @@ def _normalize(obj: Any) -> tuple[str, dict[str, Any]]:
 
 def _accelerate_model(path: Path, load_file: Callable[[Path], dict[str, Any]],
                       map_location: Any, trust_pickle: bool) -> dict[str, Any] | None:
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        if (path / name).is_file():
+    for name in ("model.safetensors", "pytorch_model.bin"):  # lexists: a FIFO or a dangling link by these
+        if os.path.lexists(path / name):                       # names is refused, not passed over
             return load_file(path / name) if name.endswith(".safetensors") else \
                 torch_load(path / name, map_location, trust_pickle)
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-        if (path / index).is_file():
+        if os.path.lexists(path / index):
             shards = _index_shards(path / index)
             out: dict[str, Any] = {}
             for shard in shards:
@@ -207,10 +226,11 @@ def _index_shards(index: Path) -> list[str]:
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError(f"{index} has no 'weight_map' of tensor names to shard files. {fix}")
     shards = sorted(set(weight_map.values()))
-    odd = next((s for s in shards if s in ("", ".", "..") or "/" in s or "\\" in s or "\0" in s), None)
+    odd = next((s for s in shards if s in ("", ".", "..", index.name) or "/" in s or "\\" in s or "\0" in s), None)
     if odd is not None:
-        raise CheckpointError(f"{index} names shard {odd!r:.80}, which is not a file name in {index.parent} "
-                              f"(only files beside the index are read). {fix}")
+        what = "the index itself" if odd == index.name else f"not a file name in {index.parent}"
+        raise CheckpointError(f"{index} names shard {odd!r:.80}, which is {what} (only the shard files beside "
+                              f"the index are read). {fix}")
     return shards
 
 
@@ -223,7 +243,7 @@ def load_accelerate(path: Path, load_file: Callable[[Path], dict[str, Any]], map
     if model is not None:
         state["model"] = model
     for name, file in (("optimizer", "optimizer.bin"), ("scheduler", "scheduler.bin"), ("scaler", "scaler.pt")):
-        if (path / file).is_file():
+        if os.path.lexists(path / file):
             state[name] = torch_load(path / file, map_location, trust_pickle)
     extra_models = sorted(n for n in os.listdir(path) if n.startswith("model_") and n.endswith(".safetensors"))
     if extra_models:

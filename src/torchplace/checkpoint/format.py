@@ -73,9 +73,17 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def dtype_by_name(name: str) -> torch.dtype | None:
+    """torch.NAME when it is a dtype, else None. Looked up in torch's namespace, never with getattr:
+    torch imports some submodules on first access (`torch._dynamo`, `torch._inductor`: hundreds of
+    modules), which a name from a file must not trigger."""
+    value = vars(torch).get(name)
+    return value if isinstance(value, torch.dtype) else None
+
+
 def dtype_from_name(name: str, path: Path | str) -> torch.dtype:
-    value = getattr(torch, name, None)
-    if not isinstance(value, torch.dtype):
+    value = dtype_by_name(name)
+    if value is None:
         raise CheckpointError(f"{path}: the metadata names dtype {name!r}, which this torch "
                               f"({torch.__version__}) does not have. Fix: load it with a newer torch.")
     return value

@@ -128,9 +128,15 @@ def check_pointer_slot(directory: Path) -> None:
             "the pointer), or save into another directory.")
 
 
+MAX_SEQUENCE = 2**63 - 1  # a save a microsecond for 290,000 years; beyond it a header is crafted
+
+
 def _sequence(meta: dict[str, Any]) -> int | None:
+    """The header's sequence number, or None when it has none: a value that is not an int in
+    [0, MAX_SEQUENCE] counts as none, so a planted file cannot push the next number past what
+    JSON writers print (Python refuses ints of more than 4300 digits) and stop every later save."""
     value = meta.get("sequence")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    return value if type(value) is int and 0 <= value <= MAX_SEQUENCE else None
 
 
 def next_sequence(directory: Path) -> int:

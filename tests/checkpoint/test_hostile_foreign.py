@@ -1,0 +1,246 @@
+"""Crafted DCP folders, sharded-model indexes, .bin files and run folders: each is refused with one
+CheckpointError naming the file (or loads), never another exception, a hang or a code path the file chose.
+
+Each case states the attack in its id or docstring. DCP metadata is crafted from a real folder's
+record (read safely, changed, pickled again), so everything but the changed field is genuine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import textwrap
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from adversarial import crafting  # tests/ is on the path
+from safetensors.torch import save_file
+
+import torchplace
+from torchplace.checkpoint import convert, inspect
+from torchplace.checkpoint.dcp_reader import read_dcp_metadata
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+
+
+def _dcp_folder(folder: Path) -> Path:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(torch.nn.Linear(4, 3).state_dict(), checkpoint_id=str(folder))
+    return folder
+
+
+def _weight(md: Any) -> Any:
+    return md.state_dict_metadata["weight"]
+
+
+# (case id, change to the metadata record): every one a field of the wrong shape, where the restricted
+# unpickler builds DCP's own classes but fills them with whatever the file holds
+DCP_RECORDS: dict[str, Callable[[Any], None]] = {
+    "chunks-an-int": lambda md: setattr(_weight(md), "chunks", 5),
+    "properties-an-int": lambda md: setattr(_weight(md), "properties", 5),
+    "size-negative": lambda md: setattr(_weight(md), "size", torch.Size([-3, 4])),
+    "entries-a-list": lambda md: setattr(md, "state_dict_metadata", [1]),
+    "entries-none": lambda md: setattr(md, "state_dict_metadata", None),
+    "chunk-sizes-an-int": lambda md: setattr(_weight(md).chunks[0], "sizes", 5),
+    "chunk-beyond-the-tensor": lambda md: setattr(_weight(md).chunks[0], "offsets", torch.Size([2, 0])),
+    "chunk-of-another-rank": lambda md: setattr(_weight(md).chunks[0], "sizes", torch.Size([3])),
+    "entry-name-an-int": lambda md: md.state_dict_metadata.__setitem__(5, md.state_dict_metadata.pop("weight")),
+    "entry-a-storage-record": lambda md: md.state_dict_metadata.__setitem__("weight", next(iter(md.storage_data))),
+    "storage-a-list": lambda md: setattr(md, "storage_data", [1]),
+}
+
+
+@pytest.fixture(scope="module")
+def genuine_dcp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _dcp_folder(tmp_path_factory.mktemp("dcp") / "ck")
+
+
+@pytest.mark.parametrize("case", list(DCP_RECORDS))
+def test_a_dcp_record_of_the_wrong_shape_is_refused_by_every_reader(tmp_path: Path, genuine_dcp: Path,
+                                                                    case: str) -> None:
+    """Once a TypeError or AttributeError escaped load and inspect for these."""
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    for item in genuine_dcp.iterdir():
+        (folder / item.name).write_bytes(item.read_bytes())
+    metadata = read_dcp_metadata(genuine_dcp)
+    DCP_RECORDS[case](metadata)
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    for read in (lambda: torchplace.load(folder, model=torch.nn.Linear(4, 3)), lambda: inspect(folder),
+                 lambda: torchplace.load(folder, model=torch.nn.Linear(4, 3), trust_pickle=True)):
+        with pytest.raises(torchplace.CheckpointError, match=r"\.metadata"):
+            read()
+
+
+def test_the_metadata_record_itself_of_another_class_is_refused(tmp_path: Path, genuine_dcp: Path) -> None:
+    """A .metadata holding a DCP dataclass other than Metadata (a MetadataIndex) is no metadata."""
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    for item in genuine_dcp.iterdir():
+        (folder / item.name).write_bytes(item.read_bytes())
+    (folder / ".metadata").write_bytes(pickle.dumps(next(iter(read_dcp_metadata(genuine_dcp).storage_data))))
+    with pytest.raises(torchplace.CheckpointError, match="holds a MetadataIndex, not DCP's Metadata record"):
+        inspect(folder)
+
+
+@pytest.mark.parametrize("claimed", [2**33, 2**36, 2**62])
+def test_a_dcp_metadata_length_field_claiming_gigabytes_fails_as_truncated(tmp_path: Path, genuine_dcp: Path,
+                                                                          claimed: int) -> None:
+    """A BINBYTES8 opcode claiming 8 GiB in a 100-byte file: refused without allocating what it claims."""
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    (folder / ".metadata").write_bytes(b"\x80\x04\x8e" + struct.pack("<Q", claimed) + b"x" * 100)
+    with pytest.raises(torchplace.CheckpointError, match=r"\.metadata cannot be read as DCP metadata"):
+        read_dcp_metadata(folder)
+
+
+LAZY_IMPORTS = textwrap.dedent('''
+    import io, json, sys
+    from pathlib import Path
+    import torch, torchplace
+    import torch.distributed.checkpoint  # what DCP itself imports is no finding
+    from torchplace.checkpoint import codec
+    from torchplace.checkpoint.dcp_reader import _SafeUnpickler
+    from torchplace.checkpoint.format import dtype_from_name
+    before = set(sys.modules)
+    tries = [lambda: dtype_from_name("_dynamo", "x"),
+             lambda: codec.decode({"t": "dtype", "v": "_inductor"}, lambda key: None),
+             lambda: _SafeUnpickler(io.BytesIO(b"ctorch\\n_dynamo\\n.")).load(),
+             lambda: _SafeUnpickler(io.BytesIO(
+                 b"ctorch.distributed.checkpoint._experimental.checkpointer\\nCheckpointer\\n.")).load()]
+    refused = 0
+    for attempt in tries:
+        try:
+            attempt()
+        except Exception:
+            refused += 1
+    new = sorted(m for m in set(sys.modules) - before if "_dynamo" in m or "_inductor" in m or "_experimental" in m)
+    print(json.dumps({"refused": refused, "imported": new[:5]}))
+''')
+
+
+def test_a_name_from_a_file_imports_no_torch_submodule() -> None:
+    """A dtype named '_dynamo' (raw_dtypes, a state tag, a DCP global) once made torch import ~850 modules."""
+    run = subprocess.run([sys.executable, "-c", LAZY_IMPORTS], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout.splitlines()[-1])
+    assert report == {"refused": 4, "imported": []}
+
+
+# --------------------------------------------------------------------------- sharded-model indexes
+
+def _sharded(folder: Path, weight_map: dict[str, str]) -> Path:
+    folder.mkdir()
+    save_file({"weight": torch.ones(3, 4)}, str(folder / "model-00001.safetensors"))
+    save_file({"bias": torch.ones(3)}, str(folder / "model-00002.safetensors"))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    return folder
+
+
+def test_an_index_naming_itself_as_a_shard_is_refused(tmp_path: Path) -> None:
+    """The index as its own shard was read as a pickle and reported as 'needs code: pass trust_pickle'."""
+    folder = _sharded(tmp_path / "m", {"weight": "model.safetensors.index.json"})
+    for trust in (False, True):
+        with pytest.raises(torchplace.CheckpointError, match="which is the index itself"):
+            torchplace.load(folder, trust_pickle=trust)
+
+
+def test_an_index_naming_a_missing_shard_names_it(tmp_path: Path) -> None:
+    """A shard that is not there: the message names the file, and convert writes nothing."""
+    folder = _sharded(tmp_path / "m", {"weight": "model-00009.safetensors"})
+    with pytest.raises(torchplace.CheckpointError, match=r"model-00009\.safetensors does not exist"):
+        convert(folder, tmp_path / "out.safetensors")
+    assert not (tmp_path / "out.safetensors").exists()
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+                                  "optimizer.bin"])
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "dangling"])
+def test_a_special_file_under_an_accelerate_name_is_refused_not_passed_over(tmp_path: Path, name: str,
+                                                                           kind: str) -> None:
+    """A FIFO model.safetensors once gave 'no model.safetensors'; a FIFO optimizer.bin was silently left out."""
+    folder = tmp_path / "acc"
+    folder.mkdir()
+    if name == "optimizer.bin":
+        torch.save({"w": torch.ones(2)}, folder / "pytorch_model.bin")
+    if kind == "fifo":
+        os.mkfifo(folder / name)
+    else:
+        os.symlink("/dev/zero" if kind == "dev-zero" else folder / "gone", folder / name)
+    with pytest.raises(torchplace.CheckpointError, match=name.replace(".", r"\.")):
+        torchplace.load(folder)
+
+
+def test_a_shard_that_is_a_directory_is_refused(tmp_path: Path) -> None:
+    """torch.load of a directory once surfaced as IsADirectoryError inside a 'torch.save file' message."""
+    folder = _sharded(tmp_path / "m", {"weight": "sub"})
+    (folder / "sub").mkdir()
+    with pytest.raises(torchplace.CheckpointError, match="is a directory, not a torch.save file"):
+        torchplace.load(folder)
+
+
+# --------------------------------------------------------------------------- .bin / torch.save files
+
+@pytest.mark.parametrize("content", [b'{"weight": [1, 2]}', b"hello, I am text\n", bytes(range(200, 256)) * 4])
+def test_a_bin_file_that_is_no_pickle_is_called_damaged_not_untrusted(tmp_path: Path, content: bytes) -> None:
+    """Bytes that are no pickle opcode were reported as 'needs code: pass trust_pickle=True', which cannot help."""
+    folder = tmp_path / "acc"
+    folder.mkdir()
+    (folder / "pytorch_model.bin").write_bytes(content)
+    for trust in (False, True):
+        with pytest.raises(torchplace.CheckpointError, match="cannot be read as a torch.save file") as err:
+            torchplace.load(folder, trust_pickle=trust)
+        assert "trust_pickle" not in str(err.value)
+
+
+def test_a_pickle_that_needs_code_still_says_how_to_trust_it(tmp_path: Path, marker: Path) -> None:
+    """The refusal of a real payload keeps its advice (the split above must not swallow it)."""
+    path = tmp_path / "evil.bin"
+    torch.save({"x": crafting.Payload(marker)}, path)
+    with pytest.raises(torchplace.CheckpointError, match=r"(?s)needs code.*trust_pickle=True"):
+        torchplace.load(path)
+    assert not marker.exists()
+
+
+# --------------------------------------------------------------------------- run folders
+
+def test_a_planted_sequence_number_cannot_stop_later_saves(tmp_path: Path) -> None:
+    """A file whose sequence has 4300 digits made every later keep_last save raise ValueError (an int too long)."""
+    model = torch.nn.Linear(2, 2)
+    first = torchplace.save(tmp_path / "step-1.pt", model=model, keep_last=5)
+    index, meta, data = crafting.parts(first)
+    meta["sequence"] = int("9" * 4300)
+    crafting.write(tmp_path / "planted.pt", index, meta, data)
+    torchplace.save(tmp_path / "step-2.pt", model=model, keep_last=5)
+    assert torchplace.load(tmp_path).path.name == "step-2.pt"
+
+
+@pytest.mark.parametrize("name", ["latest", "LATEST"])
+def test_convert_refuses_to_write_a_checkpoint_named_latest(tmp_path: Path, name: str) -> None:
+    """save reserves `latest` for the rotation pointer; convert wrote a checkpoint under that name."""
+    src = torchplace.save(tmp_path / "src.pt", model=torch.nn.Linear(2, 2))
+    with pytest.raises(torchplace.CheckpointError, match="reserved"):
+        convert(src, tmp_path / name)
+    assert not (tmp_path / name).exists()
+
+
+def test_truncated_at_every_byte_of_the_header(tmp_path: Path) -> None:
+    """Every prefix of a genuine file up to the end of its header is refused by load and inspect."""
+    raw = crafting.genuine(tmp_path).read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    path = tmp_path / "cut.pt"
+    for cut in [*range(0, 8 + n + 1), len(raw) - 1]:
+        path.write_bytes(raw[:cut])
+        for read in (lambda: torchplace.load(path), lambda: inspect(path)):
+            with pytest.raises(torchplace.CheckpointError, match="cut.pt"):
+                read()
