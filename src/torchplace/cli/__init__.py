@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -142,9 +143,25 @@ def _main(argv: list[str]) -> int:
     return int(args.func(args) or 0)
 
 
+# C0 and C1 control characters but newline and tab, and the bidirectional overrides and isolates
+# (text that reads backwards): shown as escapes, never sent to a terminal as they are
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def has_controls(text: str) -> bool:
+    """True when TEXT holds a character `visible` escapes."""
+    return _CONTROLS.search(text) is not None
+
+
+def visible(text: str) -> str:
+    """TEXT with every control character written as an escape (ESC as \\x1b): text from files made
+    elsewhere (GPU names, tensor keys) is printed, never obeyed by the terminal."""
+    return _CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def _say(message: object) -> None:
-    """One line on stderr, however long or multi-line the message."""
-    text = " ".join(str(message).split())
+    """One line on stderr, however long or multi-line the message; control characters escaped."""
+    text = visible(" ".join(str(message).split()))
     if len(text) > MAX_MESSAGE:
         text = text[:MAX_MESSAGE - 40] + f"... ({len(text)} characters in all)"
     try:

@@ -13,27 +13,42 @@ Two rules hold for everything printed here (issue 18):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from rich.cells import cell_len
 from rich.console import Console
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
 from ..units import format_bytes
+from . import has_controls, visible
 
 #: The width of output that goes to a pipe or a file: no line is ever wrapped there.
 PIPE_WIDTH = 100_000
 
 
+class _Console(Console):
+    """A rich Console that prints control characters of the text it is given as visible escapes
+    (`visible`): GPU names, tensor keys and hostnames come from snapshots and checkpoints made
+    elsewhere, and an ESC in one would otherwise drive the terminal (retitle it, clear it, hide text).
+    rich's own styling is added after this, so colours still work."""
+
+    def render(self, renderable: Any, options: Any = None) -> Iterator[Segment]:
+        for segment in super().render(renderable, options):
+            if segment.control is None and has_controls(segment.text):
+                segment = Segment(visible(segment.text), segment.style, segment.control)
+            yield segment
+
+
 def make_console(*, stderr: bool = False) -> Console:
     """A console with markup, emoji codes and highlighting off; unlimited width unless a terminal."""
     settings: dict[str, Any] = {"stderr": stderr, "markup": False, "emoji": False, "highlight": False}
-    probe = Console(**settings)
+    probe = _Console(**settings)
     if probe.is_terminal:
         return probe
-    return Console(width=PIPE_WIDTH, soft_wrap=True, **settings)
+    return _Console(width=PIPE_WIDTH, soft_wrap=True, **settings)
 
 
 console = make_console()
@@ -150,9 +165,16 @@ def render_map(facts: Any, notes: list[str]) -> None:
         console.print(line(("note:", "yellow"), f" {note}"))
 
 
+MAX_LINKS_DRAWN = 32  # GPUs in the interconnect matrix: a wider one is unreadable (and --json has it)
+
+
 def _links_table(facts: Any) -> None:
     topo = facts.topology
     if len(topo.gpus) < 2:
+        return
+    if len(topo.gpus) > MAX_LINKS_DRAWN:
+        console.print(f"interconnect: {len(topo.gpus)} GPUs, too many to draw as a matrix (at most "
+                      f"{MAX_LINKS_DRAWN}); `torchplace doctor --json` lists every link.", style="dim")
         return
     headers = [""] + [f"GPU{gpu.physical_index}" for gpu in topo.gpus]
     rows = []

@@ -148,10 +148,14 @@ class Topology:
             raise SnapshotError(f"{source}: snapshot schema {schema!r:.40} is not supported "
                                 f"(this torchplace reads schema {SCHEMA_VERSION}). {SNAPSHOT_FIX}")
         try:
+            raw_links = _list(data.get("links"), "links")
+            count, pairs = len(data["gpus"]), len(data["gpus"]) * (len(data["gpus"]) - 1) // 2
+            if count > MAX_SNAPSHOT_GPUS or len(raw_links) > pairs:
+                raise ValueError(f"it lists {count} GPUs and {len(raw_links)} links; a snapshot describes one host: "
+                                 f"at most {MAX_SNAPSHOT_GPUS} GPUs, and one link per pair of them ({pairs} here)")
             gpus = [safeio.build(GpuRecord, snapshot_keys.upgrade(raw, snapshot_keys.GPU), f"gpus[{i}]")
                     for i, raw in enumerate(data["gpus"])]
-            links = [safeio.build(Link, item, f"links[{i}]")
-                     for i, item in enumerate(_list(data.get("links"), "links"))]
+            links = [safeio.build(Link, item, f"links[{i}]") for i, item in enumerate(raw_links)]
             fields_ = {k: safeio.build(_Strings, {"value": data.get(k)}, k).value
                        for k in ("driver_version", "cuda_driver_version", "nvml_error", "captured_at", "hostname")}
         except ValueError as exc:
@@ -174,6 +178,7 @@ class _Strings:
 
 SNAPSHOT_FIX = "Fix: capture it again with `torchplace doctor --json > snap.json` on the machine to describe."
 MAX_SNAPSHOT_BYTES = 16 * 2**20  # a snapshot of 8 GPUs is about 20 KiB
+MAX_SNAPSHOT_GPUS = 256  # GPUs of one host: 8 or 16 on the largest boards (doctor's checks compare pairs)
 
 
 def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
