@@ -244,3 +244,36 @@ def test_truncated_at_every_byte_of_the_header(tmp_path: Path) -> None:
         for read in (lambda: torchplace.load(path), lambda: inspect(path)):
             with pytest.raises(torchplace.CheckpointError, match="cut.pt"):
                 read()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "deep-json", "a-list"])
+def test_a_planted_job_file_is_no_restart_and_never_blocks(tmp_path: Path, kind: str) -> None:
+    """setup() reads checkpoint_dir/.torchplace-job: a FIFO there blocked it for good, deep JSON raised RecursionError."""
+    from torchplace.checkpoint.resume import JOB_FILE, mark_started, started_here
+
+    job = tmp_path / JOB_FILE
+    if kind == "fifo":
+        os.mkfifo(job)
+    elif kind == "dev-zero":
+        os.symlink("/dev/zero", job)
+    else:
+        job.write_text("[" * 100_000 + "]" * 100_000 if kind == "deep-json" else '["run-1"]')
+    assert started_here(tmp_path, "run-1") is False
+    job.unlink()
+    mark_started(tmp_path, "run-1")
+    assert started_here(tmp_path, "run-1") and not started_here(tmp_path, "run-2")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_a_flight_recorder_dump_that_is_no_regular_file_is_refused_at_once(tmp_path: Path, kind: str) -> None:
+    """load_dump read a FIFO (size 0 passed its size check) and blocked for good."""
+    from torchplace.distributed.flight_recorder import load_dump
+    from torchplace.errors import DistributedError
+
+    dump = tmp_path / "fr_rank_0"
+    if kind == "fifo":
+        os.mkfifo(dump)
+    else:
+        os.symlink("/dev/zero", dump)
+    with pytest.raises(DistributedError, match="not a regular file"):
+        load_dump(dump)

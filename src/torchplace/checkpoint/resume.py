@@ -22,12 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from .. import safeio
 from ..errors import CheckpointError
 from .atomic import write_bytes
 from .rotation import latest
 
 #: the file in checkpoint_dir naming the job (torchrun's run id) that started there last
 JOB_FILE = ".torchplace-job"
+MAX_JOB_FILE_BYTES = 64 * 2**10  # {"run_id": ...}: a run id is a few dozen characters
 
 Resume = bool | Literal["auto"]
 
@@ -58,10 +60,12 @@ def started_here(checkpoint_dir: str | os.PathLike[str] | None, job: str | None)
     """Whether the job JOB (a `job_id`) started in CHECKPOINT_DIR before (its `JOB_FILE` names it)."""
     if job is None or checkpoint_dir is None:
         return False
-    try:
-        return json.loads((Path(checkpoint_dir) / JOB_FILE).read_text()).get("run_id") == job
-    except (OSError, ValueError, AttributeError):
+    try:  # a regular file of a few bytes: a FIFO or /dev/zero planted under the name must not block or fill memory
+        record = safeio.loads(safeio.read_limited(Path(checkpoint_dir) / JOB_FILE, MAX_JOB_FILE_BYTES,
+                                                  CheckpointError, ""))
+    except (CheckpointError, ValueError):
         return False
+    return isinstance(record, dict) and record.get("run_id") == job
 
 
 def mark_started(checkpoint_dir: str | os.PathLike[str], job: str) -> None:

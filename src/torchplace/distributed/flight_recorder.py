@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import safeio
 from ..errors import DistributedError
 
 #: the default number of collectives each group keeps (torch's recommendation for production jobs)
@@ -52,12 +53,11 @@ class _NoGlobals(pickle.Unpickler):
 def load_dump(path: str | os.PathLike[str]) -> dict[str, Any]:
     """One rank's dump as a dict, read without running code from the file (no globals allowed)."""
     path = Path(path)
-    size = path.stat().st_size
-    if size > MAX_DUMP_BYTES:
-        raise DistributedError(f"{path} is {size} bytes, more than a flight recorder dump ({MAX_DUMP_BYTES} at most "
-                               "here). Fix: point at the files TORCH_FR_DUMP_TEMP_FILE names.")
+    # a regular file within the limit: a FIFO named like a dump would block the read, /dev/zero never end it
+    raw = safeio.read_limited(path, MAX_DUMP_BYTES, DistributedError,
+                              "Fix: point at the files TORCH_FR_DUMP_TEMP_FILE names.")
     try:
-        data = _NoGlobals(io.BytesIO(path.read_bytes())).load()
+        data = _NoGlobals(io.BytesIO(raw)).load()
     except Exception as exc:  # any malformed pickle: one message
         raise DistributedError(f"{path} is not a flight recorder dump torchplace can read safely ({exc}). Fix: "
                                "point at the files TORCH_FR_DUMP_TEMP_FILE names (one per rank).") from None
