@@ -78,11 +78,17 @@ def _restore_device(kind: str, saved: Any, device: torch.device, saved_device: s
         return
     here = device.index if device.index is not None else int(mod.current_device())
     src = here
-    if saved_device and saved_device.startswith(f"{kind}:"):
-        src = int(saved_device.split(":", 1)[1])
+    index = saved_device.split(":", 1)[1] if saved_device and saved_device.startswith(f"{kind}:") else ""
+    if index.isascii() and index.isdigit() and len(index) < 6:  # the file's word: 'cuda:x' is no index
+        src = int(index)
     if src >= len(saved):
         src = min(here, len(saved) - 1)
-    mod.set_rng_state(saved[src].cpu(), here)
+    try:
+        mod.set_rng_state(saved[src].cpu(), here)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        why = f"the saved state is not a {label} generator state ({type(exc).__name__}: {exc})"
+        skipped[f"{kind}:{here}"] = why[:300]
+        return
     restored.append(f"{kind}:{here}" + (f" (saved from {kind}:{src})" if src != here else ""))
     for i, name in enumerate(names):
         if i != src:
