@@ -34,6 +34,9 @@ def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
 
 #: torch.distributed keeps ranks, sizes and ports in C ints: a larger value cannot work.
 C_INT_MAX = 2**31 - 1
+#: The most processes a job may have: joining keeps one store key per rank on every rank (2**31 of them
+#: took 5 GiB and more before failing), and the largest jobs run have some 10**5 ranks.
+MAX_WORLD_SIZE = 2**20
 _INTEGER = re.compile(r"[+-]?[0-9]+")  # ASCII digits only: int() would also take '\u0661' or '1_0'
 
 
@@ -250,7 +253,12 @@ def parse_tasks_per_node(value: str) -> list[int]:
             raise DistributedError(
                 f"SLURM tasks-per-node value {value!r} has an unreadable part {part!r}; expected "
                 f"counts like '2(x3),1'. Fix: set LOCAL_WORLD_SIZE explicitly.")
-        out.extend([int(m.group(1))] * int(m.group(2) or 1))
+        repeat = int(m.group(2) or 1)
+        if len(out) + repeat > MAX_WORLD_SIZE:  # '2(x999999999)' would be a list of a billion counts
+            raise DistributedError(
+                f"SLURM tasks-per-node value {value!r:.80} describes more than {MAX_WORLD_SIZE} nodes. Fix: set "
+                "LOCAL_WORLD_SIZE explicitly.")
+        out.extend([int(m.group(1))] * repeat)
     return out
 
 
@@ -300,6 +308,9 @@ def _expand_name(item: str, whole: str) -> list[str]:
         width = len(bounds[0])
         for number in range(low, high + 1):
             out.extend(prefix + str(number).zfill(width) + tail for tail in _expand_name(rest, whole))
+            if len(out) > MAX_WORLD_SIZE:  # bracket groups multiply: 'r[0-99999]n[0-99999]' is 10**10 names
+                raise DistributedError(f"SLURM node list {whole!r:.80} names more than {MAX_WORLD_SIZE} hosts. Fix: "
+                                       "set MASTER_ADDR to the first node's host name.")
     return out
 
 
@@ -346,6 +357,9 @@ def check(launch: LaunchEnv) -> None:
     elif launch.world_size > C_INT_MAX:
         problems.append(f"{world_var}={launch.world_size} is larger than torch.distributed can count "
                         f"({C_INT_MAX}, a C int)")
+    elif launch.world_size > MAX_WORLD_SIZE:
+        problems.append(f"{world_var}={launch.world_size} is more processes than any job has (torchplace joins "
+                        f"at most {MAX_WORLD_SIZE}, keeping a store key per rank)")
     if launch.rank is not None and launch.world_size and launch.rank >= launch.world_size:
         problems.append(f"{rank_var}={launch.rank} is not below {world_var}={launch.world_size} "
                         f"(ranks run 0..{launch.world_size - 1})")
