@@ -32,11 +32,32 @@ def packable(t: torch.Tensor, max_bytes: int = MAX_TENSOR_BYTES) -> bool:
     """True for a small, plain, contiguous host tensor whose bytes can be packed and viewed back.
 
     Tensors that need autograd, subclasses, sparse, nested (a strided nested tensor has no single
-    shape to view back), quantized or non-contiguous ones keep their
-    own copy, so packing never changes what a tensor is, only where its bytes live.
+    shape to view back), quantized or non-contiguous ones keep their own copy, so packing never
+    changes what a tensor is, only where its bytes live (`why_not` says which applies).
     """
     return (type(t) is torch.Tensor and t.is_cpu and t.layout is torch.strided and not t.is_nested
             and not t.requires_grad and t.dtype in _DTYPES and t.nbytes <= max_bytes and t.is_contiguous())
+
+
+def why_not(t: torch.Tensor, max_bytes: int) -> str | None:
+    """Why T is not packed, or None when it is only large (large tensors are meant to keep their copy)."""
+    if type(t) is not torch.Tensor:
+        return f"{type(t).__name__} (a tensor subclass)"
+    if not t.is_cpu:
+        return f"on {t.device}"
+    if t.is_nested:
+        return "nested"
+    if t.layout is not torch.strided:
+        return f"{t.layout} (not strided)"
+    if t.requires_grad:
+        return "requiring grad"
+    if t.dtype not in _DTYPES:
+        return f"of dtype {t.dtype}"
+    if t.nbytes > max_bytes:
+        return None
+    if not t.is_contiguous():
+        return "non-contiguous"
+    return None
 
 
 @dataclass(frozen=True)

@@ -271,7 +271,7 @@ def pack(batch: Any, max_tensor_bytes: int = _pack.MAX_TENSOR_BYTES, ring: _slot
             small.append(t)
             return _SLOT
         loose = True
-        why = _why_not(t, max_tensor_bytes)
+        why = _pack.why_not(t, max_tensor_bytes)
         if why is not None:
             left_out[why] = left_out.get(why, 0) + 1
         return t
@@ -361,27 +361,6 @@ def _say(note: str) -> None:
     if note not in _warned:
         _warned.add(note)
         warnings.warn(note, PackingWarning, stacklevel=4)
-
-
-def _why_not(t: torch.Tensor, max_bytes: int) -> str | None:
-    """Why T is not packed, or None when it is only large (large tensors are meant to keep their copy)."""
-    if type(t) is not torch.Tensor:
-        return f"{type(t).__name__} (a tensor subclass)"
-    if not t.is_cpu:
-        return f"on {t.device}"
-    if t.is_nested:
-        return "nested"
-    if t.layout is not torch.strided:
-        return f"{t.layout} (not strided)"
-    if t.requires_grad:
-        return "requiring grad"
-    if t.dtype not in _pack._DTYPES:
-        return f"of dtype {t.dtype}"
-    if t.nbytes > max_bytes:
-        return None
-    if not t.is_contiguous():
-        return "non-contiguous"
-    return None
 
 
 def _default_collate(samples: Any) -> Any:
