@@ -433,6 +433,16 @@ def test_inline_staging_closes_the_upstream_and_passes_its_error():
     assert next(early, None) is None
 
 
+def test_a_strided_nested_tensor_is_never_packed_by_the_loader():
+    """DeviceLoader's own packing (Stager._collect, an inlined packable()) took a strided nested tensor
+    for a small plain one and failed inside with "NestedTensorImpl doesn't support sizes"; it travels
+    on its own (to meta, torch's refusal is then named: DeviceError)."""
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    batch = {"a": torch.ones(3), "b": torch.ones(4), "n": nested}
+    with pytest.raises(tp.DeviceError, match="nested tensor of the strided layout"):
+        list(tp.DeviceLoader([batch], "meta", background=True))
+
+
 # --- packing layouts and the parallel host copy -------------------------------------------------
 
 def test_a_layout_groups_equal_shapes_without_overlap_and_keeps_the_order():

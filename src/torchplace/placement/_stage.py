@@ -240,7 +240,7 @@ class Stager:
             leaves.append(x)
             if type(x) is _Tensor and can_pack:
                 dtype = x.dtype
-                if (x.is_cpu and x.layout is _strided and not x.requires_grad and dtype in dtypes
+                if (x.is_cpu and x.layout is _strided and not x.is_nested and not x.requires_grad and dtype in dtypes
                         and x.nbytes <= limit and x.is_contiguous()):
                     small.append(i)
                     key.append((dtype, x.shape))
