@@ -277,3 +277,52 @@ def test_a_flight_recorder_dump_that_is_no_regular_file_is_refused_at_once(tmp_p
         os.symlink("/dev/zero", dump)
     with pytest.raises(DistributedError, match="not a regular file"):
         load_dump(dump)
+
+
+def _compressed_claim(folder: Path) -> Path:
+    """A real model+optimizer DCP folder whose exp_avg claims 256 GiB, every record marked compressed."""
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, checkpoint_id=str(folder))
+    metadata = read_dcp_metadata(folder)
+    md = metadata.state_dict_metadata["optimizer.state.0.exp_avg"]
+    md.size = torch.Size([1 << 18, 1 << 18])
+    md.chunks[0].sizes = md.size
+    for info in metadata.storage_data.values():
+        info.transform_descriptors = ["zstd"]
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    return folder
+
+
+def test_records_marked_compressed_cannot_claim_unbounded_memory(tmp_path: Path) -> None:
+    """'Compressed' skipped every size check: a 27 KiB folder made load allocate 256 GiB for one optimizer state."""
+    folder = _compressed_claim(tmp_path / "ck")
+    model = torch.nn.Linear(4, 3)
+    with pytest.raises(torchplace.CheckpointError, match=r"(?s)stored compressed.*trust_pickle=True"):
+        torchplace.load(folder, model=model, optimizer=torch.optim.Adam(model.parameters()))
+
+
+TRUSTED_CLAIM = textwrap.dedent('''
+    import resource, sys
+    resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))  # 256 GiB cannot be had here
+    import torch, torchplace
+    model = torch.nn.Linear(4, 3)
+    try:
+        torchplace.load(sys.argv[1], model=model, optimizer=torch.optim.Adam(model.parameters()), trust_pickle=True)
+        print("loaded")
+    except torchplace.CheckpointError as exc:
+        print("CheckpointError", "cannot be allocated" in str(exc))
+''')
+
+
+def test_a_trusted_claim_that_cannot_be_allocated_is_a_checkpoint_error(tmp_path: Path) -> None:
+    """With trust the budget is lifted; torch's allocator refusal was a raw RuntimeError."""
+    folder = _compressed_claim(tmp_path / "ck")
+    run = subprocess.run([sys.executable, "-c", TRUSTED_CLAIM, str(folder)], capture_output=True, text=True,
+                         timeout=90)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split()[-2:] == ["CheckpointError", "True"], run.stdout

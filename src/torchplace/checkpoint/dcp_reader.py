@@ -145,9 +145,16 @@ def _nbytes(sizes: Any, dtype: Any) -> int:
     return numel * dtype.itemsize
 
 
-def check_storage(root: Path, metadata: Any) -> None:
+def compressed_budget(stored: int) -> int:
+    """The most tensor bytes an untrusted DCP folder whose records are compressed may declare for
+    STORED bytes of files: 64 times, or 1 GiB (zeros compress further; trust_pickle lifts the limit)."""
+    return max(64 * stored, 2**30)
+
+
+def check_storage(root: Path, metadata: Any, trusted: bool = False) -> None:
     """Refuse DCP metadata whose records point outside ROOT, past the end of a file, or at fewer
-    bytes than the tensors they declare; so reading costs no more memory than the files hold."""
+    bytes than the tensors they declare; so reading costs no more memory than the files hold (for
+    compressed records, than `compressed_budget` of them, unless TRUSTED)."""
     from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
     where = root / ".metadata"
@@ -209,7 +216,13 @@ def check_storage(root: Path, metadata: Any) -> None:
                                       f"{_nbytes(chunk.sizes, dtype)} bytes but stores {info.length}. Fix: the "
                                       "metadata is not this folder's own; copy the folder again.")
     compressed = any(getattr(info, "transform_descriptors", None) for info in storage.values())
-    if not compressed and total > sum(sizes.values()):
+    stored = sum(sizes.values())
+    if compressed and not trusted and total > compressed_budget(stored):
+        raise CheckpointError(f"{where} declares {total} bytes of tensors stored compressed in {stored} bytes; "
+                              f"torchplace unpacks at most {compressed_budget(stored)} from a folder this size "
+                              "unless it is trusted (a record marked compressed is not checked against its file). "
+                              "Fix: if you trust whoever made the folder, load it with trust_pickle=True.")
+    if not compressed and total > stored:
         raise CheckpointError(f"{where} declares {total} bytes of tensors, but its files hold {sum(sizes.values())}. "
                               "Fix: the metadata is not this folder's own; copy the folder again.")
 
@@ -239,7 +252,7 @@ def reader_classes() -> tuple[type, type]:
                 if getattr(metadata, "storage_meta", None) is None:
                     metadata.storage_meta = StorageMeta()
                 metadata.storage_meta.load_id = self.load_id
-            check_storage(self.root, metadata)
+            check_storage(self.root, metadata, trusted=self.trust_pickle)
             return metadata
 
     class SafeLoadPlanner(DefaultLoadPlanner):

@@ -335,8 +335,15 @@ def read_plain(path: Path, model: nn.Module, optimizer: Any, trust_pickle: bool
         opt_keys = found[1] if found is not None else {}
         for key in opt_keys:
             md = entries.get(key)
-            dest[key] = torch.empty(md.size, dtype=md.properties.dtype) if isinstance(md, TensorStorageMetadata) \
-                else None
+            if not isinstance(md, TensorStorageMetadata):
+                dest[key] = None
+                continue
+            try:
+                dest[key] = torch.empty(md.size, dtype=md.properties.dtype)
+            except RuntimeError as exc:  # torch's allocator refused: more than this machine can hold
+                raise CheckpointError(f"{path}: the optimizer state {key!r} is {list(md.size)} {md.properties.dtype}, "
+                                      f"which cannot be allocated here ({str(exc).splitlines()[0][:200]}). Fix: load "
+                                      "it on a machine with the memory it was saved on.") from None
     dcp_load(path, dest, trust_pickle, single_process=world()[1] == 1)
     state: dict[str, Any] = {"model": {k: dest[prefix + k] for k in own if prefix + k in dest}}
     notes = [f"read the model's weights from the keys under {prefix!r}"] if prefix else []
