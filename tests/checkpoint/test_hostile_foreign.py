@@ -326,3 +326,29 @@ def test_a_trusted_claim_that_cannot_be_allocated_is_a_checkpoint_error(tmp_path
                          timeout=90)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split()[-2:] == ["CheckpointError", "True"], run.stdout
+
+
+def test_a_deflated_zip_as_a_dcp_item_is_refused_before_it_unpacks(tmp_path: Path) -> None:
+    """A 160 MiB deflate bomb (700 KiB) as a BYTE_IO item: the .pt budget did not apply, load took 161 MiB."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    folder = tmp_path / "ck"
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.Adam(model.parameters())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, checkpoint_id=str(folder))
+    (tmp_path / "bomb").mkdir()
+    bomb = crafting.CASES["torch_zip_deflated_bomb"](tmp_path / "bomb").read_bytes()
+    metadata = read_dcp_metadata(folder)
+    target = next(k for k, v in metadata.state_dict_metadata.items()
+                  if isinstance(v, BytesStorageMetadata) and k.startswith("optimizer.param_groups"))
+    info = next(v for k, v in metadata.storage_data.items() if k.fqn == target)
+    data = folder / info.relative_path
+    info.offset, info.length = data.stat().st_size, len(bomb)
+    with open(data, "ab") as fh:
+        fh.write(bomb)
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    fresh = torch.nn.Linear(4, 3)
+    with pytest.raises(torchplace.CheckpointError, match=r"(?s)the item 'optimizer\.param_groups.*compressed"):
+        torchplace.load(folder, model=fresh, optimizer=torch.optim.Adam(fresh.parameters()))

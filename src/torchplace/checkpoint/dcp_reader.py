@@ -17,6 +17,7 @@ import pickle
 import stat
 import sys
 import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import torch
 from .. import safeio
 from ..errors import CheckpointError
 from .codec import PICKLE_FIX
+from .foreign import check_zip_stream
 
 
 class _Refused(pickle.UnpicklingError):
@@ -275,6 +277,10 @@ def reader_classes() -> tuple[type, type]:
             fqn = read_item.dest_index.fqn
             info = (getattr(self.metadata, "storage_data", None) or {}).get(read_item.storage_index)
             where = self.root / info.relative_path if info is not None else self.root
+            if not self.trust_pickle and zipfile.is_zipfile(value):  # DCP writes items with torch.save: never
+                size = value.seek(0, io.SEEK_END)                        # compressed, so never larger unpacked
+                check_zip_stream(value, size, size, f"{where}: the item {fqn!r}")
+            value.seek(0)
             try:
                 obj = torch.load(value, map_location="cpu", weights_only=not self.trust_pickle)
             except pickle.UnpicklingError as exc:

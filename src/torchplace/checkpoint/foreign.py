@@ -76,18 +76,26 @@ def check_zip(path: Path) -> None:
     """Refuse a zip whose members would unpack to more than `zip_budget` (a zip bomb): torch.save
     stores its members uncompressed, so only a re-packed or crafted file expands."""
     fd, size = safeio.open_regular(path, CheckpointError, FIX_PATH)
+    with os.fdopen(fd, "rb") as fh:
+        check_zip_stream(fh, size, zip_budget(size), str(path))
+
+
+def check_zip_stream(fh: Any, size: int, limit: int, where: str) -> None:
+    """check_zip for the open zip FH of SIZE bytes (named WHERE in messages), whose members may unpack
+    to at most LIMIT bytes; FH is left at its start."""
     try:
-        with os.fdopen(fd, "rb") as fh, zipfile.ZipFile(fh) as zf:
+        with zipfile.ZipFile(fh) as zf:
             members = zf.infolist()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
-        raise CheckpointError(f"{path} cannot be read as a torch.save file: {exc}. {FIX_COMPLETE}") from None
+        raise CheckpointError(f"{where} cannot be read as a torch.save file: {exc}. {FIX_COMPLETE}") from None
+    finally:
+        fh.seek(0)
     declared = sum(m.file_size for m in members)
-    limit = zip_budget(size)
     if declared > limit:
         packed = sum(1 for m in members if m.compress_type != zipfile.ZIP_STORED)
         raise CheckpointError(
-            f"{path} is a {size}-byte zip whose members declare {declared} bytes unpacked ({packed} of "
-            f"{len(members)} compressed); torchplace unpacks at most {limit} bytes from a file this size "
+            f"{where} is a {size}-byte zip whose members declare {declared} bytes unpacked ({packed} of "
+            f"{len(members)} compressed); torchplace unpacks at most {limit} bytes from it "
             "(torch.save never compresses, so this file was re-packed or crafted). Fix: if you trust its "
             "origin, load it with torch.load and save it again with torch.save or torchplace.save.")
 
