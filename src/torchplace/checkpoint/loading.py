@@ -26,7 +26,7 @@ from torch import nn
 from ..errors import CheckpointError
 from ..placement.resolve import DeviceSpec
 from . import distributed as tpdist
-from . import foreign, keymap, rng
+from . import dry_load, foreign, keymap, rng
 from .dcp_reader import is_dcp_dir
 from .fileio import read_file
 from .format import read_header
@@ -105,14 +105,19 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
         ck.stripped_prefix = found.stripped_prefix
         if found.note():
             ck.notes.append(found.note() or "")
+        refused = None
         try:
+            refused = dry_load.rehearse(target, sd, strict)  # torch would copy what fits, then raise
+            if refused is not None:
+                raise refused
             result = target.load_state_dict(sd, strict=strict)
         except RuntimeError as exc:
             tried = "" if found.complete else (
                 f"\n{found.matched} of {found.total} saved keys name a tensor of the model, under the best "
                 f"mapping ({found.rewrite.describe()}; wrapper prefixes {', '.join(keymap.WRAPPER_NAMES)} were "
                 "tried at the start and inside).")
-            raise CheckpointError(f"{path}: the weights do not fit {type(target).__name__}: {exc}{tried}\n"
+            kept = " The model was left as it was." if refused is not None else ""
+            raise CheckpointError(f"{path}: the weights do not fit {type(target).__name__}: {exc}{tried}{kept}\n"
                                   f"Fix: {_fit_fix(sd, target, strict)}") from None
         ck.missing_keys, ck.unexpected_keys = list(result.missing_keys), list(result.unexpected_keys)
     elif isinstance(state.get("model"), Mapping):

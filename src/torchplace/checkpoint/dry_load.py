@@ -1,0 +1,62 @@
+"""Find a load torch would refuse before any weight is written: a rehearsal on a shape-only twin.
+
+`Module.load_state_dict` copies every tensor that fits and only then raises for missing,
+unexpected or misshapen keys, so a refused load leaves the model half overwritten. `rehearse`
+runs torch's own `load_state_dict` (its hooks and each module's `_load_from_state_dict`, so the
+verdict is torch's) on a copy of the module whose tensors live on the meta device, where copies
+move no data. Where a rehearsal cannot be exact or safe it is skipped and the real load decides
+as before: modules with state-dict hooks (FSDP's run collectives), tensor subclasses (DTensor
+parameters), or a module that cannot be copied.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import warnings
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+_HOOKS = ("_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_state_dict_pre_hooks",
+          "_state_dict_hooks")
+
+
+def rehearse(module: nn.Module, state: Mapping[str, Any], strict: bool) -> RuntimeError | None:
+    """The RuntimeError `module.load_state_dict(state, strict=strict)` would raise, or None when it
+    would load (or when no rehearsal can tell: see the module docstring). Nothing of MODULE changes."""
+    twin = _meta_twin(module)
+    if twin is None:
+        return None
+    shadow: OrderedDict[str, Any] = OrderedDict(
+        (k, torch.empty_like(v, device="meta") if type(v) is torch.Tensor else v) for k, v in state.items())
+    shadow._metadata = getattr(state, "_metadata", None)  # type: ignore[attr-defined]
+    try:
+        with warnings.catch_warnings():  # the real load says what there is to say, once
+            warnings.simplefilter("ignore")
+            twin.load_state_dict(shadow, strict=strict)
+    except RuntimeError as exc:
+        return exc
+    except Exception:  # noqa: BLE001 - a module whose loading needs real data: the real load decides
+        return None
+    return None
+
+
+def _meta_twin(module: nn.Module) -> nn.Module | None:
+    """MODULE copied with every parameter and buffer as an empty meta tensor, or None when unsafe."""
+    modules = list(module.modules())
+    if any(getattr(m, name, None) for m in modules for name in _HOOKS):
+        return None
+    memo: dict[int, Any] = {}
+    for t in itertools.chain(module.parameters(), module.buffers()):
+        if type(t) not in (torch.Tensor, nn.Parameter):
+            return None
+        shell = torch.empty_like(t, device="meta")
+        memo[id(t)] = nn.Parameter(shell, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else shell
+    try:
+        return copy.deepcopy(module, memo)
+    except Exception:  # noqa: BLE001 - an attribute deepcopy refuses (a lock, a handle): no rehearsal
+        return None

@@ -1,0 +1,71 @@
+"""A load torch refuses leaves the model as it was (checkpoint/dry_load.py).
+
+torch's load_state_dict copies every tensor that fits before it raises for missing, unexpected or
+misshapen keys; the interop pass found tp.load refusing a checkpoint after overwriting the layers
+that did fit. The rehearsal on a meta twin must agree with torch: refuse what torch refuses, load
+what torch loads (version hooks included), and stay out of modules whose hooks have side effects.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import torchplace as tp
+from torchplace.checkpoint import dry_load
+from torchplace.errors import CheckpointError
+
+
+def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _same(model: nn.Module, snap: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(v, snap[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_refused_load_leaves_every_weight_as_it_was(tmp_path: Path, strict: bool) -> None:
+    tp.save(tmp_path / "c", model=nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 3)))
+    other = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(3, 3)) if strict else \
+        nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 4))  # strict=False still refuses another shape
+    snap = _snapshot(other)
+    with pytest.raises(CheckpointError, match="left as it was"):
+        tp.load(tmp_path / "c", model=other, strict=strict)
+    assert _same(other, snap)  # before: layer 0 had the checkpoint's weights
+
+
+def test_the_rehearsal_agrees_with_torchs_version_hooks() -> None:
+    """A BatchNorm state of version 1 has no num_batches_tracked; torch's hook fills it in and loads."""
+    bn = nn.BatchNorm1d(3)
+    old = OrderedDict((k, v) for k, v in bn.state_dict().items() if k != "num_batches_tracked")
+    old._metadata = OrderedDict({"": {"version": 1}})  # type: ignore[attr-defined]
+    assert dry_load.rehearse(nn.BatchNorm1d(3), old, strict=True) is None
+    nn.BatchNorm1d(3).load_state_dict(old, strict=True)  # what torch does with it
+    new = OrderedDict(old)
+    new._metadata = OrderedDict({"": {"version": 2}})  # type: ignore[attr-defined]
+    refused = dry_load.rehearse(nn.BatchNorm1d(3), new, strict=True)
+    assert refused is not None and "num_batches_tracked" in str(refused)
+
+
+def test_modules_with_load_hooks_are_not_rehearsed_and_their_hooks_run_once() -> None:
+    calls = []
+    model = nn.Linear(2, 2)
+    model.register_load_state_dict_post_hook(lambda module, keys: calls.append(1))
+    state = nn.Linear(2, 2).state_dict()
+    assert dry_load.rehearse(model, state, strict=True) is None  # not rehearsed
+    model.load_state_dict(state)
+    assert calls == [1]
+
+
+def test_the_rehearsal_changes_nothing_and_moves_no_data() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    snap = _snapshot(model)
+    state = {k: torch.full_like(v, 7) for k, v in model.state_dict().items()}
+    assert dry_load.rehearse(model, state, strict=True) is None
+    assert _same(model, snap)
+    assert all(p.device.type == "cpu" for p in model.parameters())
