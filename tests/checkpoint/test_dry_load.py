@@ -69,3 +69,13 @@ def test_the_rehearsal_changes_nothing_and_moves_no_data() -> None:
     assert dry_load.rehearse(model, state, strict=True) is None
     assert _same(model, snap)
     assert all(p.device.type == "cpu" for p in model.parameters())
+
+
+def test_a_named_module_that_does_not_fit_is_left_as_it_was(tmp_path: Path) -> None:
+    model = nn.Linear(2, 2)
+    tp.save(tmp_path / "c", model=model, ema=nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 3)))
+    ema = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(3, 3))
+    snap = _snapshot(ema)
+    with pytest.raises(CheckpointError, match="saved ema state does not fit"):
+        tp.load(tmp_path / "c", model=nn.Linear(2, 2), ema=ema)
+    assert _same(ema, snap)  # before: its first layer had the saved weights

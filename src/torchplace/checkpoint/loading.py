@@ -145,6 +145,9 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
         if name == "optimizer" and foreign_file and isinstance(value, Mapping):
             value = place_optimizer_state(obj, dict(value))
         try:
+            refused = dry_load.rehearse(obj, value, strict=True) if isinstance(obj, nn.Module) else None
+            if refused is not None:  # an EMA model: left as it was, as the model above
+                raise refused
             obj.load_state_dict(value)
         except (RuntimeError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             raise CheckpointError(f"{path}: the saved {name} state does not fit the {type(obj).__name__} given "
