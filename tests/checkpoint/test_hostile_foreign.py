@@ -352,3 +352,24 @@ def test_a_deflated_zip_as_a_dcp_item_is_refused_before_it_unpacks(tmp_path: Pat
     fresh = torch.nn.Linear(4, 3)
     with pytest.raises(torchplace.CheckpointError, match=r"(?s)the item 'optimizer\.param_groups.*compressed"):
         torchplace.load(folder, model=fresh, optimizer=torch.optim.Adam(fresh.parameters()))
+
+
+def test_small_deflated_bin_shards_share_one_unpacking_budget(tmp_path: Path) -> None:
+    """Each .bin shard alone may unpack to the 128 MiB floor: three 60 MiB deflated shards (~200 KiB) passed."""
+    import zipfile
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    plain = tmp_path / "plain.bin"
+    torch.save({"weight": torch.zeros(60 * 2**20 // 4)}, plain)
+    names = [f"pytorch_model-0000{i}.bin" for i in range(3)]
+    with zipfile.ZipFile(plain) as src, zipfile.ZipFile(folder / names[0], "w", zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info))
+    plain.unlink()
+    for name in names[1:]:
+        (folder / name).write_bytes((folder / names[0]).read_bytes())
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": {f"w{i}": n for i, n in
+                                                                                    enumerate(names)}}))
+    with pytest.raises(torchplace.CheckpointError, match=r"lists 3 torch.save shards.*declare"):
+        torchplace.load(folder)

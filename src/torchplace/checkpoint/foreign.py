@@ -72,17 +72,18 @@ def zip_budget(file_size: int) -> int:
     return max(2 * file_size, 128 * 2**20)
 
 
-def check_zip(path: Path) -> None:
+def check_zip(path: Path) -> int:
     """Refuse a zip whose members would unpack to more than `zip_budget` (a zip bomb): torch.save
-    stores its members uncompressed, so only a re-packed or crafted file expands."""
+    stores its members uncompressed, so only a re-packed or crafted file expands. Returns what its
+    members declare."""
     fd, size = safeio.open_regular(path, CheckpointError, FIX_PATH)
     with os.fdopen(fd, "rb") as fh:
-        check_zip_stream(fh, size, zip_budget(size), str(path))
+        return check_zip_stream(fh, size, zip_budget(size), str(path))
 
 
-def check_zip_stream(fh: Any, size: int, limit: int, where: str) -> None:
+def check_zip_stream(fh: Any, size: int, limit: int, where: str) -> int:
     """check_zip for the open zip FH of SIZE bytes (named WHERE in messages), whose members may unpack
-    to at most LIMIT bytes; FH is left at its start."""
+    to at most LIMIT bytes; returns what they declare. FH is left at its start."""
     try:
         with zipfile.ZipFile(fh) as zf:
             members = zf.infolist()
@@ -98,6 +99,7 @@ def check_zip_stream(fh: Any, size: int, limit: int, where: str) -> None:
             f"{len(members)} compressed); torchplace unpacks at most {limit} bytes from it "
             "(torch.save never compresses, so this file was re-packed or crafted). Fix: if you trust its "
             "origin, load it with torch.load and save it again with torch.save or torchplace.save.")
+    return declared
 
 
 def torch_load(path: Path, map_location: Any, trust_pickle: bool, *, mmap: bool = False) -> Any:
@@ -215,12 +217,29 @@ def _accelerate_model(path: Path, load_file: Callable[[Path], dict[str, Any]],
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if os.path.lexists(path / index):
             shards = _index_shards(path / index)
+            _check_zips_together(index, [path / s for s in shards if not s.endswith(".safetensors")])
             out: dict[str, Any] = {}
             for shard in shards:
                 out.update(load_file(path / shard) if shard.endswith(".safetensors") else
                            torch_load(path / shard, map_location, trust_pickle))
             return out
     return None
+
+
+def _check_zips_together(index: Path, paths: list[Path]) -> None:
+    """The zip budget for a sharded model's .bin shards taken together: each file alone may unpack to
+    zip_budget's 128 MiB floor, so a thousand small deflated shards would otherwise take 128 GiB."""
+    zips = [p for p in paths if os.path.lexists(p) and sniff(p) == "torch-zip"]
+    if len(zips) < 2:
+        return
+    size = sum(p.stat().st_size for p in zips)
+    declared = sum(check_zip(p) for p in zips)
+    if declared > zip_budget(size):
+        raise CheckpointError(
+            f"{index} lists {len(zips)} torch.save shards of {size} bytes in all whose members declare {declared} "
+            f"bytes unpacked; torchplace unpacks at most {zip_budget(size)} from shards this size (torch.save never "
+            "compresses, so they were re-packed or crafted). Fix: if you trust their origin, load them with "
+            "torch.load and save them again.")
 
 
 def _index_shards(index: Path) -> list[str]:
