@@ -373,3 +373,21 @@ def test_small_deflated_bin_shards_share_one_unpacking_budget(tmp_path: Path) ->
                                                                                     enumerate(names)}}))
     with pytest.raises(torchplace.CheckpointError, match=r"lists 3 torch.save shards.*declare"):
         torchplace.load(folder)
+
+
+def test_keep_last_in_a_folder_of_foreign_files_deletes_only_its_own(tmp_path: Path) -> None:
+    """Notes, another tool's file, a plain save, a FIFO, /dev/zero, a dangling link, a folder: all are kept."""
+    model = torch.nn.Linear(2, 2)
+    (tmp_path / "notes.txt").write_text("mine")
+    torch.save({"w": torch.ones(2)}, tmp_path / "other.pt")
+    torchplace.save(tmp_path / "plain.safetensors", model=model)  # no keep_last: not in the series
+    os.mkfifo(tmp_path / "pipe.pt")
+    os.symlink("/dev/zero", tmp_path / "zero.pt")
+    os.symlink(tmp_path / "gone", tmp_path / "dangling.pt")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / ".hidden").write_text("x")
+    foreign = sorted(p.name for p in tmp_path.iterdir())
+    for step in range(3):
+        torchplace.save(tmp_path / f"step-{step}.pt", model=model, keep_last=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*foreign, "step-2.pt", "latest"])
+    assert torchplace.load(tmp_path).path.name == "step-2.pt"
