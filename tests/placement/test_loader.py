@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchplace as tp
+from torchplace.errors import PackingError
 from torchplace.placement import _hostcopy, _pack
 from torchplace.placement._inline import InlineIter
 from torchplace.placement._stage import Staged
@@ -490,3 +491,16 @@ def test_the_host_copy_shares_big_packs_out_and_reports_errors(monkeypatch):
         _hostcopy._jobs.put(None)
     for t in helpers:
         t.join()
+
+
+@pytest.mark.parametrize("value", ["²", "-1", "1e3", "100000", "three"])
+def test_a_copy_thread_count_that_is_no_small_number_is_refused_by_name(monkeypatch, value):
+    """'²' passed str.isdigit() and then int() raised ValueError; 100000 started that many threads."""
+    monkeypatch.setenv("TORCHPLACE_COPY_THREADS", value)
+    with pytest.raises(PackingError, match="TORCHPLACE_COPY_THREADS"):
+        _hostcopy.threads()
+
+
+def test_a_copy_thread_count_in_range_is_taken(monkeypatch):
+    monkeypatch.setenv("TORCHPLACE_COPY_THREADS", " 2 ")
+    assert _hostcopy.threads() == 2

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..errors import PackingError
 from . import _pack
 
 PARALLEL_BYTES = 1 << 20  # below this, handing the copy to helpers costs more than it saves
@@ -25,13 +26,22 @@ _helpers = 0
 _pid = 0  # the process that started the helpers (a forked child has none and starts its own)
 
 
+MAX_THREADS = 64  # a forced count above this would only start threads that wait for the same cores
+
+
 def threads() -> int:
     """Helper threads to use: a quarter of this process's cores, at most 3 (0 on small machines).
 
-    TORCHPLACE_COPY_THREADS=N overrides it (0: pack on the loader's worker thread alone).
+    TORCHPLACE_COPY_THREADS=N overrides it (0: pack on the loader's worker thread alone; at most
+    MAX_THREADS); a value that is no such number raises PackingError naming it.
     """
     forced = os.environ.get("TORCHPLACE_COPY_THREADS", "").strip()
-    if forced.isdigit():
+    if forced:
+        if not (forced.isascii() and forced.isdigit()) or int(forced) > MAX_THREADS:
+            raise PackingError(f"TORCHPLACE_COPY_THREADS={forced[:40]!r}: the number of helper threads that copy a "
+                               f"batch's small tensors must be a whole number from 0 to {MAX_THREADS}. Fix: set it "
+                               "to such a number (0 copies on the loader's thread alone), or unset it for the "
+                               "default (a quarter of the cores, at most 3).")
         return int(forced)
     try:
         cores = len(os.sched_getaffinity(0))
