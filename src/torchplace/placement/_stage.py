@@ -148,7 +148,7 @@ class Stager:
         if direct:
             source_read = self._spin_event()
             source_read.record(self.side)
-        if others:  # unknown internals: moved on the consumer's stream, synchronously
+        if others:  # unknown internals, sparse and nested tensors: moved on the consumer's stream, synchronously
             with self._consumer_stream():
                 for i in others:
                     x = leaves[i]
@@ -184,6 +184,8 @@ class Stager:
             nonlocal direct
             if t.device == self.device:
                 return t
+            if self.streams and not _recordable(t):
+                return other(t)
             moved, reads_source = self._one(t)
             keep.append(moved)
             direct = direct or reads_source
@@ -233,6 +235,7 @@ class Stager:
         big: list[int] = []
         others: list[int] = []
         dev, limit, dtypes = self.device, _pack.MAX_TENSOR_BYTES, _pack._DTYPES
+        recordable = _recordable if self.streams else (lambda _: True)  # without streams nothing is recorded
         can_pack = self.pack and not self.host_target
 
         def tensor(x: torch.Tensor) -> torch.Tensor:
@@ -246,7 +249,7 @@ class Stager:
                     key.append((dtype, x.shape))
                     return x
             if x.device != dev:
-                big.append(i)
+                (big if recordable(x) else others).append(i)
             return x
 
         def other(x: Any) -> Any:
@@ -276,9 +279,15 @@ class Stager:
         dev = self.device
 
         def fn(t: torch.Tensor) -> torch.Tensor:
-            if t.device == dev:
+            if t.device == dev and _recordable(t):
                 seen.setdefault(t.untyped_storage().data_ptr(), t)
             return t
 
         _walk(batch, fn, None)
         return list(seen.values())
+
+
+def _recordable(t: torch.Tensor) -> bool:
+    """Whether torch can record_stream T (a strided, non-nested tensor). Others (sparse, nested)
+    are moved on the consumer's stream, which then needs no record_stream to keep their memory."""
+    return t.layout is _strided and not t.is_nested
