@@ -79,3 +79,34 @@ def test_a_named_module_that_does_not_fit_is_left_as_it_was(tmp_path: Path) -> N
     with pytest.raises(CheckpointError, match="saved ema state does not fit"):
         tp.load(tmp_path / "c", model=nn.Linear(2, 2), ema=ema)
     assert _same(ema, snap)  # before: its first layer had the saved weights
+
+
+class _ReadsItsScale(nn.Module):
+    """A module whose own loading reads a saved value, which a meta tensor cannot give."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self.register_buffer("scale", torch.tensor(2.0))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args) -> None:  # type: ignore[no-untyped-def]
+        if float(state_dict[prefix + "scale"]) <= 0:
+            raise ValueError("scale must be positive")
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
+
+def test_a_module_whose_loading_reads_values_is_not_refused_by_the_rehearsal(tmp_path: Path) -> None:
+    # `.item()` on a meta tensor raises a RuntimeError of its own: no verdict, the real load decides
+    model = _ReadsItsScale()
+    assert dry_load.rehearse(model, model.state_dict(), strict=True) is None
+    path = tmp_path / "m.pt"
+    tp.save(path, model=model)
+    fresh = _ReadsItsScale()
+    tp.load(path, model=fresh)
+    assert torch.equal(fresh.lin.weight, model.lin.weight)
+
+
+def test_a_quantized_module_loads_as_torch_loads_it() -> None:
+    q = torch.ao.nn.quantized.Linear(4, 4)
+    assert dry_load.rehearse(q, q.state_dict(), strict=True) is None
+    assert isinstance(dry_load.rehearse(nn.Linear(2, 2), {"weight": torch.ones(3, 3)}, strict=False), RuntimeError)

@@ -38,11 +38,20 @@ def rehearse(module: nn.Module, state: Mapping[str, Any], strict: bool) -> Runti
         with warnings.catch_warnings():  # the real load says what there is to say, once
             warnings.simplefilter("ignore")
             twin.load_state_dict(shadow, strict=strict)
-    except RuntimeError as exc:
-        return exc
+    except RuntimeError as exc:  # torch's verdict, or a module's own loading that needs real data
+        return exc if _verdict(exc) else None
     except Exception:  # noqa: BLE001 - a module whose loading needs real data: the real load decides
         return None
     return None
+
+
+def _verdict(exc: RuntimeError) -> bool:
+    """Whether EXC is load_state_dict's own refusal (missing, unexpected or misshapen keys), which
+    holds for the real tensors too. A module's `_load_from_state_dict` that reads a value (quantized
+    modules: `.item()`, a repack) fails on meta tensors with a RuntimeError of its own, and a copy
+    torch failed is said as 'While copying': neither is a verdict, so the real load decides."""
+    text = str(exc)
+    return text.startswith("Error(s) in loading state_dict") and "While copying the parameter" not in text
 
 
 def _meta_twin(module: nn.Module) -> nn.Module | None:
