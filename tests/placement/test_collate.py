@@ -198,3 +198,29 @@ def test_the_size_limit_takes_a_size_and_bad_arguments_say_what_to_give():
     with pytest.raises(TypeError, match="collate_fn must be a function"):
         packed_collate("default")  # type: ignore[arg-type]
     assert "default_collate" in repr(packed_collate())
+
+
+def test_sets_deques_and_attrs_classes_in_a_packed_batch_have_every_tensor_moved():
+    # the rebuild kept them whole as plain values: a loose tensor in one stayed on the host
+    attrs = pytest.importorskip("attrs")
+    from collections import deque
+
+    Holder = attrs.make_class("Holder", ["x"])
+    large = torch.arange(1 << 18, dtype=torch.float32)  # above the packing limit: moved on its own
+    for extra in (deque([large], maxlen=3), {large}, frozenset([large]), Holder(large)):
+        raw = pack({"a": torch.ones(2), "b": torch.zeros(3), "e": extra})
+        assert type(raw) is PackedBatch
+        for _ in range(2):  # the walk, then the builder the first rebuild made
+            out = raw.rebuild(raw.buffer, lambda t: t.to("meta"), lambda x: x)
+            held = out["e"].x if type(out["e"]) is Holder else next(iter(out["e"]))
+            assert type(out["e"]) is type(extra) and held.is_meta, extra
+            assert torch.equal(out["b"], torch.zeros(3))
+
+
+def test_a_set_of_small_tensors_goes_unpacked_rather_than_mixing_up_slots():
+    # one placeholder object stands for every slot, and a set keeps it once
+    a, b, c = torch.arange(4.0), torch.arange(4.0) + 10, torch.arange(3) + 100
+    batch = {"s": {a, b}, "c": c}
+    assert pack(batch) is batch
+    moved = tp.to_device(pack(batch), "meta")
+    assert moved["c"].dtype == torch.int64 and moved["c"].shape == (3,) and len(moved["s"]) == 2

@@ -21,6 +21,7 @@ import dataclasses
 import itertools
 import os
 import secrets
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -65,7 +66,8 @@ class Names:
 
 def signature(x: Any, slot: torch.Tensor) -> Any:
     """A hashable description of X's structure (containers, keys, kinds of leaves), or None when
-    X holds a container a builder does not make (mapping or sequence subclasses, dataclasses)."""
+    X holds a container a builder does not make (mapping or sequence subclasses, dataclasses, attrs
+    classes, sets, deques)."""
     if isinstance(x, _Tensor):
         return "s" if x is slot else "t"
     cls = type(x)
@@ -86,7 +88,11 @@ def signature(x: Any, slot: torch.Tensor) -> Any:
 
 
 def _container(x: Any) -> bool:
-    return isinstance(x, Mapping) or (dataclasses.is_dataclass(x) and not isinstance(x, type))
+    """Whether the walk (`traverse._walk`) enters X: a builder would keep it whole, tensors and all."""
+    if isinstance(x, type):
+        return False
+    return (isinstance(x, (Mapping, set, frozenset, deque)) or dataclasses.is_dataclass(x)
+            or hasattr(type(x), "__attrs_attrs__"))
 
 
 def builder(key: str, skeleton: Any, slot: torch.Tensor, plan: tuple) -> Callable[..., Any] | None:
