@@ -89,24 +89,74 @@ def place(module: nn.Module, devices: Mapping[str, DeviceSpec], *, output: Devic
     out_dev = target_device(output) if output is not None else None
     owners = dict(module.named_modules(remove_duplicate=False))
     _check_shared(module, targets)
+    _check_empty(owners, targets)
     for name, sub in owners.items():
         dev = _effective(name, targets)
         if dev is not None:
             sub._apply(lambda t, dev=dev: t.to(dev), recurse=False)  # its own tensors only
     placement = Placement(module, dict(sorted(targets.items(), key=lambda kv: kv[0].count("."))), out_dev)
-    for name, dev in placement.devices.items():
+    for name, dev in _hooked(owners, targets).items():
         placement._handles.append(owners[name].register_forward_pre_hook(_mover(dev), with_kwargs=True))
     placement._handles.append(module.register_forward_hook(_output_hook(placement)))
     return placement
 
 
 def _checked(module: nn.Module, devices: Mapping[str, DeviceSpec]) -> Mapping[str, DeviceSpec]:
-    """DEVICES, after refusing any name that is not a submodule of MODULE (listing the names)."""
+    """DEVICES, after refusing any name that is not a submodule of MODULE (listing the names).
+
+    A `torch.compile`d model wraps the original as `_orig_mod`: the original's names are taken too."""
     names = {name for name, _ in module.named_modules(remove_duplicate=False)}
-    for name in devices:
+    wrapped = "_orig_mod" in names and isinstance(getattr(module, "_orig_mod", None), nn.Module)
+    checked: dict[str, DeviceSpec] = {}
+    for name, spec in devices.items():
+        if wrapped and isinstance(name, str) and name not in names and f"_orig_mod.{name}" in names:
+            name = f"_orig_mod.{name}"
         if not isinstance(name, str) or name not in names:
             raise DeviceError(_unknown(module, name, names))
-    return devices
+        checked[name] = spec
+    return checked
+
+
+def _hooked(owners: Mapping[str, nn.Module], targets: Mapping[str, torch.device]) -> dict[str, torch.device]:
+    """The modules whose inputs are moved: each named one, and each child of a split module that only
+    inherits its device (with `{"": "cuda:0", "decoder": "cuda:1"}`, the head after the decoder gets
+    the decoder's output on cuda:1 and needs it on cuda:0), outermost first."""
+    split = {name.rpartition(".")[0] if "." in name else "" for name in targets if name}
+    while True:  # every ancestor of a named module has a child on a device of its own
+        more = {p.rpartition(".")[0] if "." in p else "" for p in split if p} - split
+        if not more:
+            break
+        split |= more
+    hooked = dict(targets)
+    for name in owners:
+        parent = name.rpartition(".")[0] if "." in name else ""
+        if name and parent in split and name not in hooked:
+            dev = _effective(name, targets)
+            if dev is not None:
+                hooked[name] = dev
+    return dict(sorted(hooked.items(), key=lambda kv: kv[0].count(".") if kv[0] else -1))
+
+
+def _check_empty(owners: Mapping[str, nn.Module], targets: Mapping[str, torch.device]) -> None:
+    """Refuse, before anything moves, a meta tensor (no data) that would have to move to a real device:
+    the weights of a model made on meta, or offloaded by accelerate (cpu_offload, a device_map with
+    "cpu"/"disk" entries) whose hooks load them only for each forward."""
+    for owner, sub in owners.items():
+        dev = _effective(owner, targets)
+        if dev is None or dev.type == "meta":
+            continue
+        for local, t in [*sub._parameters.items(), *sub._buffers.items()]:
+            if t is not None and t.is_meta:
+                full = f"{owner}.{local}" if owner else local
+                hooks = [n or "<root>" for n, m in owners.items() if hasattr(m, "_hf_hook")]
+                why = (f" {len(hooks)} module(s) carry accelerate hooks ({', '.join(hooks[:3])}"
+                       f"{', ...' if len(hooks) > 3 else ''}), which load offloaded weights only during forward."
+                       if hooks else "")
+                raise DeviceError(
+                    f"place(): {full!r} is a meta tensor (shape {tuple(t.shape)}, no data) and would have to move to "
+                    f"{dev}; there is nothing to copy.{why} Nothing was moved. Fix: load the weights first (e.g. "
+                    "from_pretrained without device_map, or accelerate.hooks.remove_hook_from_module(model, "
+                    "recurse=True) after loading them), or use module.to_empty(device=...) and initialize.")
 
 
 def _unknown(module: nn.Module, name: Any, names: set[str]) -> str:
