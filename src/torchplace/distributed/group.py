@@ -72,6 +72,13 @@ def info() -> DistInfo:
     """
     if STATE.info is None:
         raise DistributedError("torchplace.dist.init() has not run in this process. Fix: call it first.")
+    if not dist.is_initialized():
+        how = "adopted from another library" if STATE.info.adopted else "made by torchplace.dist.init()"
+        raise DistributedError(
+            f"The process group torchplace recorded (rank {STATE.info.rank} of {STATE.info.world_size}, {how}) "
+            "was destroyed outside torchplace (torch.distributed.destroy_process_group, e.g. by Lightning's or "
+            "accelerate's teardown), so its record no longer describes this process. Fix: call "
+            "torchplace.dist.init() again to make or adopt a group, or leave teardown to torchplace.dist.teardown().")
     return STATE.info
 
 

@@ -7,7 +7,9 @@ counts, the visible map, LOCAL_RANK), so tests run it on snapshots of real machi
 
 from __future__ import annotations
 
+import numbers
 import re
+import sys
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -119,8 +121,10 @@ def resolve(spec: DeviceSpec, m: Machine) -> torch.device:
     """The pure core of `device`: resolve against a given Machine."""
     if spec is None or (isinstance(spec, str) and spec.strip().lower() == "auto"):
         return _auto(m)
-    if isinstance(spec, bool):
+    if isinstance(spec, (bool, numpy_bool())):
         raise DeviceError(f"{spec!r} is not a device. Accepted: {_FORMS}.")
+    if isinstance(spec, numbers.Integral) and not isinstance(spec, torch.Tensor):
+        spec = int(spec)  # numpy integers (a device_map read with numpy), as torch.device takes them
     if isinstance(spec, int):
         if m.cuda_count or not m.accelerator:
             return _cuda(spec, m, asked=str(spec))
@@ -157,6 +161,12 @@ def resolve(spec: DeviceSpec, m: Machine) -> torch.device:
     except RuntimeError:
         raise DeviceError(f"{text!r} names no device type PyTorch knows. Accepted: {_FORMS}.") from None
     return _accelerator(kind, idx if idx is not None else 0, m, asked=text)
+
+
+def numpy_bool() -> type:
+    """numpy's bool type when numpy is loaded (it is not an Integral, but says nothing of a device either)."""
+    np = sys.modules.get("numpy")
+    return np.bool_ if np is not None else bool
 
 
 def _auto(m: Machine) -> torch.device:
