@@ -72,3 +72,16 @@ def test_a_group_destroyed_by_its_maker_is_not_reported_as_alive(tmp_path):
         tpdist.teardown()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_lightning_precision_strings():
+    """Ported in our terms from Lightning-AI/pytorch-lightning tests/tests_pytorch/trainer/connectors/
+    test_accelerator_connector.py (the precision strings a Trainer takes and reports): '32-true', the
+    Trainer's default trainer.precision, was refused while '16-mixed' and 'bf16-mixed' were taken; the
+    '-true' half forms (weights cast, no autocast) are refused with what they mean."""
+    from torchplace.errors import PrecisionError
+
+    assert tp.precision_for("cpu", "32-true").dtype == torch.float32
+    assert tp.precision_for("cpu", "bf16-mixed").dtype == torch.bfloat16
+    with pytest.raises(PrecisionError, match="'bf16-true' is Lightning's.*model.to\\(dtype\\)"):
+        tp.precision_for("cpu", "bf16-true")

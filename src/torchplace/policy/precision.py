@@ -42,6 +42,7 @@ _ALIASES = {
     "fp16": "float16", "float16": "float16", "half": "float16", "16": "float16", "16-mixed": "float16",
     "bf16-mixed": "bfloat16",
     "fp32": "float32", "float32": "float32", "float": "float32", "32": "float32",
+    "32-true": "float32",  # Lightning's default Trainer(precision=...), as trainer.precision reports it
 }
 
 @dataclass(frozen=True)
@@ -62,6 +63,10 @@ def normalize_dtype(dtype: Any) -> str | None:
     text = str(dtype).removeprefix("torch.").strip().lower()
     if text == "auto":
         return None
+    if text in ("16-true", "bf16-true", "64-true"):
+        raise PrecisionError(f"Precision {dtype!r} is Lightning's: the weights themselves in that dtype, with no "
+                             "autocast, which a precision policy does not do. Fix: cast the model yourself "
+                             "(model.to(dtype)), or pass '16-mixed' / 'bf16-mixed' for autocast.")
     if text not in _ALIASES:
         raise PrecisionError(f"Precision {dtype!r} is not one of bf16/bfloat16, fp16/float16/half, "
                              "fp32/float32 or 'auto'. Fix: pass one of those, or None to let "
