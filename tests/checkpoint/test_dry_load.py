@@ -110,3 +110,15 @@ def test_a_quantized_module_loads_as_torch_loads_it() -> None:
     q = torch.ao.nn.quantized.Linear(4, 4)
     assert dry_load.rehearse(q, q.state_dict(), strict=True) is None
     assert isinstance(dry_load.rehearse(nn.Linear(2, 2), {"weight": torch.ones(3, 3)}, strict=False), RuntimeError)
+
+
+def test_the_twin_shares_what_a_module_holds_besides_its_tensors() -> None:
+    # a LightningModule's dataset, a cached table: copying them for every load would double them
+    model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    model[0].table = [torch.ones(3)] * 4
+    model.lock = __import__("threading").Lock()  # deepcopy refuses a lock: no rehearsal before
+    twin = dry_load._meta_twin(model)
+    assert twin is not None and twin[0].table is model[0].table and twin.lock is model.lock
+    assert twin[0].weight.is_meta and twin[1].running_mean.is_meta and twin[0] is not model[0]
+    assert isinstance(dry_load.rehearse(model, {"0.weight": torch.ones(3, 3)}, strict=False), RuntimeError)
+    assert dry_load.rehearse(model, model.state_dict(), strict=True) is None

@@ -23,6 +23,7 @@ from torch import nn
 
 _HOOKS = ("_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_state_dict_pre_hooks",
           "_state_dict_hooks")
+_OWN = ("_parameters", "_buffers", "_modules")  # the twin's own tables: copied (their tensors as meta shells)
 
 
 def rehearse(module: nn.Module, state: Mapping[str, Any], strict: bool) -> RuntimeError | None:
@@ -55,7 +56,8 @@ def _verdict(exc: RuntimeError) -> bool:
 
 
 def _meta_twin(module: nn.Module) -> nn.Module | None:
-    """MODULE copied with every parameter and buffer as an empty meta tensor, or None when unsafe."""
+    """MODULE copied with every parameter and buffer as an empty meta tensor and every other attribute
+    shared with MODULE, or None when unsafe."""
     modules = list(module.modules())
     if any(getattr(m, name, None) for m in modules for name in _HOOKS):
         return None
@@ -65,6 +67,10 @@ def _meta_twin(module: nn.Module) -> nn.Module | None:
             return None
         shell = torch.empty_like(t, device="meta")
         memo[id(t)] = nn.Parameter(shell, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else shell
+    for m in modules:  # every other attribute is shared, not copied: loading writes none of them in place,
+        for name, value in vars(m).items():  # and a dataset, a cache or a tokenizer a module holds may be large
+            if name not in _OWN and not isinstance(value, nn.Module):
+                memo.setdefault(id(value), value)
     try:
         return copy.deepcopy(module, memo)
     except Exception:  # noqa: BLE001 - an attribute deepcopy refuses (a lock, a handle): no rehearsal
