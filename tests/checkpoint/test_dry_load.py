@@ -122,3 +122,14 @@ def test_the_twin_shares_what_a_module_holds_besides_its_tensors() -> None:
     assert twin[0].weight.is_meta and twin[1].running_mean.is_meta and twin[0] is not model[0]
     assert isinstance(dry_load.rehearse(model, {"0.weight": torch.ones(3, 3)}, strict=False), RuntimeError)
     assert dry_load.rehearse(model, model.state_dict(), strict=True) is None
+
+
+def test_values_torch_cannot_shape_on_meta_are_passed_as_they_are() -> None:
+    # a quantized conv saves its weight as a quantized tensor: empty_like(..., device="meta") raised
+    # NotImplementedError (a RuntimeError), and the load was refused as not fitting
+    conv = torch.ao.nn.quantized.Conv2d(2, 2, 1)
+    state = conv.state_dict()
+    assert any(isinstance(v, torch.Tensor) and v.is_quantized for v in state.values())
+    assert dry_load.rehearse(conv, state, strict=True) is None
+    nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    assert dry_load._shell(nested) is nested and dry_load._shell(torch.ones(2)).is_meta

@@ -32,10 +32,9 @@ def rehearse(module: nn.Module, state: Mapping[str, Any], strict: bool) -> Runti
     twin = _meta_twin(module)
     if twin is None:
         return None
-    shadow: OrderedDict[str, Any] = OrderedDict(
-        (k, torch.empty_like(v, device="meta") if type(v) is torch.Tensor else v) for k, v in state.items())
-    shadow._metadata = getattr(state, "_metadata", None)  # type: ignore[attr-defined]
     try:
+        shadow: OrderedDict[str, Any] = OrderedDict((k, _shell(v)) for k, v in state.items())
+        shadow._metadata = getattr(state, "_metadata", None)  # type: ignore[attr-defined]
         with warnings.catch_warnings():  # the real load says what there is to say, once
             warnings.simplefilter("ignore")
             twin.load_state_dict(shadow, strict=strict)
@@ -44,6 +43,15 @@ def rehearse(module: nn.Module, state: Mapping[str, Any], strict: bool) -> Runti
     except Exception:  # noqa: BLE001 - a module whose loading needs real data: the real load decides
         return None
     return None
+
+
+def _shell(value: Any) -> Any:
+    """VALUE as an empty meta tensor, where torch can make one; other values (quantized and strided
+    nested tensors have no meta kernels, subclasses their own rules) are passed as they are."""
+    if type(value) is torch.Tensor and not value.is_quantized and not (
+            value.is_nested and value.layout is torch.strided):
+        return torch.empty_like(value, device="meta")
+    return value
 
 
 def _verdict(exc: RuntimeError) -> bool:
