@@ -17,7 +17,7 @@ import torchplace as tp
 from torchplace.errors import PackingError
 from torchplace.placement import _hostcopy, _pack
 from torchplace.placement._inline import InlineIter
-from torchplace.placement._stage import Staged
+from torchplace.placement._stage import Staged, Stager
 from torchplace.placement.loader import _BackgroundIter, image_transform
 from torchplace.placement.traverse import map_tensors
 
@@ -504,3 +504,24 @@ def test_a_copy_thread_count_that_is_no_small_number_is_refused_by_name(monkeypa
 def test_a_copy_thread_count_in_range_is_taken(monkeypatch):
     monkeypatch.setenv("TORCHPLACE_COPY_THREADS", " 2 ")
     assert _hostcopy.threads() == 2
+
+
+def test_inline_staging_that_fails_on_the_first_batch_closes_the_upstream_at_once():
+    # the first batch is staged in iter(): its failure left the upstream open until garbage collection
+    closed = []
+
+    def source():
+        try:
+            yield from range(3)
+        finally:
+            closed.append(True)
+
+    def transform(batch):
+        raise Boom("transform")
+
+    it = source()
+    next(it)  # started, as iter() starts it by pulling the first batch
+    stager = Stager(torch.device("cpu"), None, None, None, transform, True)
+    with pytest.raises(Boom) as raised:
+        InlineIter(it, True, stager, 2, torch.ones(2))
+    assert closed, raised  # the traceback still holds the half-made iterator: closed all the same

@@ -52,7 +52,11 @@ class InlineIter(Iterator[Any]):
         self._source_read: Any = None
         self._ended = self._done = False
         stager.owner = self._owner = object()  # the slots this epoch holds are settled by close()
-        self._add(first)
+        try:
+            self._add(first)
+        except BaseException:  # iter() raises: the upstream (a DataLoader's workers) is closed now, not at GC
+            self.close()
+            raise
 
     def _add(self, batch: Any) -> None:
         with self._stage.on_side():
