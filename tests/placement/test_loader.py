@@ -525,3 +525,22 @@ def test_inline_staging_that_fails_on_the_first_batch_closes_the_upstream_at_onc
     with pytest.raises(Boom) as raised:
         InlineIter(it, True, stager, 2, torch.ones(2))
     assert closed, raised  # the traceback still holds the half-made iterator: closed all the same
+
+
+def test_a_transforms_sparse_and_nested_outputs_are_kept_by_the_tensors_holding_their_memory():
+    # record_stream refuses sparse and nested tensors (NotImplementedError on SparseCUDA): their
+    # indices, values and offsets are recorded instead, so the consumer's use still keeps the memory
+    from torchplace.placement._stage import _memory_of
+
+    coo = torch.eye(3).to_sparse()
+    csr = torch.eye(3).to_sparse_csr()
+    jagged = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged)
+    strided = torch.nested.as_nested_tensor([torch.ones(2), torch.ones(3)])
+    for t in (coo, csr, jagged, strided):
+        parts = _memory_of(t)
+        assert parts and all(p.layout is torch.strided and not p.is_nested for p in parts), t.layout
+    assert {p.untyped_storage().data_ptr() for p in _memory_of(coo)} == {
+        coo._indices().untyped_storage().data_ptr(), coo._values().untyped_storage().data_ptr()}
+    stager = Stager(torch.device("cpu"), None, None, None, None, True)
+    found = stager._device_tensors({"a": torch.ones(2), "s": coo, "n": jagged})
+    assert len(found) == 1 + 2 + 2 and all(t.layout is torch.strided for t in found)

@@ -300,6 +300,22 @@ def test_image_transform_runs_on_the_device():
     assert torch.allclose(x.cpu(), expected, atol=1e-5) and torch.equal(y.cpu(), torch.arange(4))
 
 
+def test_a_transform_that_makes_sparse_and_nested_tensors_on_the_device():
+    # record_stream refuses them: the tensors that hold their memory are recorded instead
+    def transform(batch):
+        x = batch["x"]
+        return {"s": x.to_sparse(), "n": torch.nested.nested_tensor([x[0], x[1, :2]], layout=torch.jagged),
+                "i": batch["i"]}
+
+    data = [{"x": torch.full((2, 3), float(i)), "i": torch.tensor(i)} for i in range(20)]
+    for background in (None, True):
+        for batch in tp.DeviceLoader(data, "cuda:0", transform=transform, background=background):
+            i = float(batch["i"])
+            assert batch["s"].is_sparse and batch["s"].device.type == "cuda"
+            assert torch.equal(batch["s"].to_dense().cpu(), torch.full((2, 3), i))
+            assert torch.equal(batch["n"].values().cpu(), torch.full((5,), i))
+
+
 class Moves:
     def __init__(self, t: torch.Tensor) -> None:
         self.t = t

@@ -279,8 +279,9 @@ class Stager:
         dev = self.device
 
         def fn(t: torch.Tensor) -> torch.Tensor:
-            if t.device == dev and _recordable(t):
-                seen.setdefault(t.untyped_storage().data_ptr(), t)
+            if t.device == dev:
+                for part in (t,) if _recordable(t) else _memory_of(t):  # a transform's sparse or nested output
+                    seen.setdefault(part.untyped_storage().data_ptr(), part)
             return t
 
         _walk(batch, fn, None)
@@ -289,5 +290,26 @@ class Stager:
 
 def _recordable(t: torch.Tensor) -> bool:
     """Whether torch can record_stream T (a strided, non-nested tensor). Others (sparse, nested)
-    are moved on the consumer's stream, which then needs no record_stream to keep their memory."""
+    are moved on the consumer's stream, which then needs no record_stream to keep their memory; those
+    a transform makes on the side stream are kept by the tensors that hold their memory (`_memory_of`)."""
     return t.layout is _strided and not t.is_nested
+
+
+def _memory_of(t: torch.Tensor) -> list[torch.Tensor]:
+    """The strided tensors that hold T's memory (a sparse tensor's indices and values, a nested
+    tensor's values and offsets), which `record_stream` takes where T itself is refused."""
+    if t.is_nested:
+        parts = [t.values()]
+        if t.layout is torch.jagged:
+            parts += [x for x in (t.offsets(), t.lengths()) if x is not None]
+        return parts
+    layout = t.layout
+    if layout is _strided:
+        return [t]
+    if layout is torch.sparse_coo:
+        return [t._indices(), t._values()]
+    if layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [t.crow_indices(), t.col_indices(), t.values()]
+    if layout in (torch.sparse_csc, torch.sparse_bsc):
+        return [t.ccol_indices(), t.row_indices(), t.values()]
+    return []
