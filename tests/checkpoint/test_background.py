@@ -262,3 +262,9 @@ def test_the_writer_runs_at_the_module_s_priority(tmp_path: Path, monkeypatch: p
     assert pending.result(timeout=60) == tmp_path / "c" and pending.writer_nice == min(19, main + 3)
     monkeypatch.setattr(background, "WRITER_NICE", 0)
     assert torchplace.save_async(tmp_path / "d", extra={"a": 1}).result(timeout=60) == tmp_path / "d"
+
+
+def test_the_shard_stager_waits_on_the_devices_the_state_is_on() -> None:
+    from torchplace.checkpoint.staging import _devices
+
+    assert _devices({"a": torch.ones(1), "b": torch.empty(2, device="meta"), "c": 3}) == set()

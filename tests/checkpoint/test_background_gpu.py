@@ -106,3 +106,18 @@ def test_a_sharded_model_on_the_gpu_with_an_nccl_group(tmp_path: Path) -> None:
             assert torch.equal(a, b.full_tensor())
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.multigpu
+def test_sharded_staging_waits_for_copies_on_a_gpu_other_than_the_current_one() -> None:
+    # torch.accelerator.synchronize() waited for the current device only: a state on cuda:1 (moved
+    # there without set_device) came back while its copies still ran behind queued work
+    from torchplace.checkpoint.staging import HostStaging
+
+    torch.cuda.set_device(0)
+    value = torch.full((64 * 2**20,), 3.0, device="cuda:1")
+    torch.cuda._sleep(2_000_000_000)  # on cuda:0's stream: nothing to do with the copy
+    with torch.cuda.device(1):
+        torch.cuda._sleep(2_000_000_000)  # queued before the copies, on the stream they are queued on
+    staged = HostStaging().dcp_stage({"w": value}, pinned=True)
+    assert torch.equal(staged["w"], torch.full((64 * 2**20,), 3.0))

@@ -93,8 +93,9 @@ class HostStaging:
             self._dcp = StateDictStager(pin_memory=pinned, share_memory=False)
             self._dcp_pinned, self.dcp_bytes = pinned, 0
         staged = self._dcp.stage(tensors, non_blocking=pinned)
-        if pinned:
-            torch.accelerator.synchronize()  # the copies are complete on return
+        if pinned:  # the copies are complete on return: on every device they were queued on, which need
+            for device in _devices(tensors):  # not be the current one (a model moved to cuda:1 without set_device)
+                torch.accelerator.synchronize(device)
         self.dcp_bytes = local_bytes(tensors)
         return dict(staged)
 
@@ -169,6 +170,17 @@ def available_memory() -> int:
     import psutil
 
     return int(psutil.virtual_memory().available)
+
+
+def _devices(tensors: dict[str, Any]) -> set[torch.device]:
+    """The accelerators TENSORS (and DTensors' local shards) are on."""
+    found = set()
+    for t in tensors.values():
+        if isinstance(t, torch.Tensor):
+            device = (t.to_local() if hasattr(t, "to_local") else t).device
+            if device.type not in ("cpu", "meta"):
+                found.add(device)
+    return found
 
 
 def _default_stage(tensors: dict[str, Any], pinned: bool) -> dict[str, Any]:
