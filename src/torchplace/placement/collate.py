@@ -298,7 +298,7 @@ def pack(batch: Any, max_tensor_bytes: int = _pack.MAX_TENSOR_BYTES, ring: _slot
         return batch
     key = tuple([(t.dtype, t.shape) for t in small])
     name = _names.key(skeleton, _SLOT, key) if small else None  # none packed: the skeleton is the batch
-    if name is None and small and _slots_in(skeleton) != len(small):  # a set made its slots one: unpacked
+    if name is None and small and _build.slot_count(skeleton, _SLOT) != len(small):  # a set merged slots: unpacked
         if note is not None:
             _say(note)
         return batch
@@ -317,20 +317,6 @@ def pack(batch: Any, max_tensor_bytes: int = _pack.MAX_TENSOR_BYTES, ring: _slot
         buf = torch.empty(total, dtype=torch.uint8)
     _pack.copy(_pack.group_views(buf, plan, len(small)), small)
     return PackedBatch(buf, plan, skeleton, _SLOT, len(small), note, name, loose, ref)
-
-
-def _slots_in(skeleton: Any) -> int:
-    """How many slots SKELETON holds: fewer than the tensors packed where a set held several, as
-    their slots are one object (a set of tensors is rare; such a batch goes unpacked)."""
-    count = 0
-
-    def fn(t: torch.Tensor) -> torch.Tensor:
-        nonlocal count
-        count += t is _SLOT
-        return t
-
-    _walk(skeleton, fn, lambda x: x)
-    return count
 
 
 def _from_slot(ref: _slots.SlotRef, layout: tuple, skeleton: Any, slot: torch.Tensor, count: int, note: str | None,
