@@ -268,3 +268,12 @@ def test_the_shard_stager_waits_on_the_devices_the_state_is_on() -> None:
     from torchplace.checkpoint.staging import _devices
 
     assert _devices({"a": torch.ones(1), "b": torch.empty(2, device="meta"), "c": 3}) == set()
+
+
+def test_a_torch_without_the_shard_stager_is_named_with_the_fix(monkeypatch) -> None:
+    """Older torch has no StateDictStager: a CheckpointError saying so, not a raw ImportError."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch.distributed.checkpoint._state_dict_stager", None)
+    with pytest.raises(torchplace.CheckpointError, match="StateDictStager.*Fix: upgrade torch"):
+        HostStaging().dcp_stage({"w": torch.ones(2)}, pinned=False)

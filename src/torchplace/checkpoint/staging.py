@@ -83,8 +83,10 @@ class HostStaging:
         reuses each tensor's host copy, pinned once."""
         try:
             from torch.distributed.checkpoint._state_dict_stager import StateDictStager
-        except ImportError:  # a torch without it: DCP's public stager, made and closed per save
-            return _default_stage(tensors, pinned)
+        except ImportError:
+            raise CheckpointError(f"save_async of a sharded model copies its shards with torch's DCP StateDictStager, "
+                                  f"which this torch ({torch.__version__}) does not have. Fix: upgrade torch, or save "
+                                  "this model with tp.save (it waits for the write).") from None
         if self._dcp is None or self._dcp_pinned != pinned:
             # StateDictStager itself, not DefaultStager: torch 2.11's DefaultStager closes its StateDictStager
             # after every stage, which frees the host copies and empties its copy table, so the next stage of
@@ -182,14 +184,3 @@ def _devices(tensors: dict[str, Any]) -> set[torch.device]:
                 found.add(device)
     return found
 
-
-def _default_stage(tensors: dict[str, Any], pinned: bool) -> dict[str, Any]:
-    """TENSORS copied to the host by DCP's DefaultStager (synchronously); nothing kept between saves."""
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-    stager = DefaultStager(StagingOptions(use_pinned_memory=pinned, use_shared_memory=False,
-                                          use_async_staging=False, use_non_blocking_copy=pinned))
-    try:
-        return dict(stager.stage(tensors))  # type: ignore[arg-type]
-    finally:
-        stager.close()
