@@ -37,7 +37,7 @@ class Staged(NamedTuple):
     batch: Any
     ready: Any  # event on the side stream after the copies and the transform (None: no streams)
     started: Any  # event for the consumer to record on its stream when it takes the batch
-    keep: list[torch.Tensor]  # device buffers, for record_stream if the consumer's stream changed
+    keep: list[torch.Tensor]  # strided device tensors holding the batch, for record_stream on another stream
     source_read: Any  # event after the copies that read the caller's own pinned memory, or None
 
 
@@ -142,13 +142,13 @@ class Stager:
             direct = True
         for i in big:
             moved[i], reads_source = self._one(leaves[i])
-            keep.append(moved[i])
+            keep.extend(_memory_of(moved[i]))
             direct = direct or reads_source
         source_read = None
         if direct:
             source_read = self._spin_event()
             source_read.record(self.side)
-        if others:  # unknown internals, sparse and nested tensors: moved on the consumer's stream, synchronously
+        if others:  # unknown internals: moved on the consumer's stream, synchronously
             with self._consumer_stream():
                 for i in others:
                     x = leaves[i]
@@ -184,10 +184,8 @@ class Stager:
             nonlocal direct
             if t.device == self.device:
                 return t
-            if self.streams and not _recordable(t):
-                return other(t)
             moved, reads_source = self._one(t)
-            keep.append(moved)
+            keep.extend(_memory_of(moved))
             direct = direct or reads_source
             return moved
 
@@ -235,7 +233,6 @@ class Stager:
         big: list[int] = []
         others: list[int] = []
         dev, limit, dtypes = self.device, _pack.MAX_TENSOR_BYTES, _pack._DTYPES
-        recordable = _recordable if self.streams else (lambda _: True)  # without streams nothing is recorded
         can_pack = self.pack and not self.host_target
 
         def tensor(x: torch.Tensor) -> torch.Tensor:
@@ -249,7 +246,7 @@ class Stager:
                     key.append((dtype, x.shape))
                     return x
             if x.device != dev:
-                (big if recordable(x) else others).append(i)
+                big.append(i)
             return x
 
         def other(x: Any) -> Any:
@@ -280,7 +277,7 @@ class Stager:
 
         def fn(t: torch.Tensor) -> torch.Tensor:
             if t.device == dev:
-                for part in (t,) if _recordable(t) else _memory_of(t):  # a transform's sparse or nested output
+                for part in _memory_of(t):  # a sparse or nested tensor: the tensors that hold its memory
                     seen.setdefault(part.untyped_storage().data_ptr(), part)
             return t
 
@@ -288,16 +285,10 @@ class Stager:
         return list(seen.values())
 
 
-def _recordable(t: torch.Tensor) -> bool:
-    """Whether torch can record_stream T (a strided, non-nested tensor). Others (sparse, nested)
-    are moved on the consumer's stream, which then needs no record_stream to keep their memory; those
-    a transform makes on the side stream are kept by the tensors that hold their memory (`_memory_of`)."""
-    return t.layout is _strided and not t.is_nested
-
-
 def _memory_of(t: torch.Tensor) -> list[torch.Tensor]:
-    """The strided tensors that hold T's memory (a sparse tensor's indices and values, a nested
-    tensor's values and offsets), which `record_stream` takes where T itself is refused."""
+    """The strided tensors that hold T's memory: T itself, or a sparse tensor's indices and values, a
+    nested tensor's values and offsets. torch refuses record_stream on sparse and nested tensors
+    (NotImplementedError on SparseCUDA), so the batch's memory is kept for the consumer through these."""
     if t.is_nested:
         parts = [t.values()]
         if t.layout is torch.jagged:
