@@ -133,3 +133,13 @@ def test_values_torch_cannot_shape_on_meta_are_passed_as_they_are() -> None:
     assert dry_load.rehearse(conv, state, strict=True) is None
     nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
     assert dry_load._shell(nested) is nested and dry_load._shell(torch.ones(2)).is_meta
+
+
+def test_a_module_holding_a_quantized_buffer_is_not_rehearsed_and_loads() -> None:
+    """torch has no meta kernel to shape a quantized tensor: making the twin must not raise."""
+    model = nn.Module()
+    model.register_buffer("q", torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8))
+    state = {"q": torch.quantize_per_tensor(torch.full((3,), 2.0), 0.1, 0, torch.qint8)}
+    assert dry_load.rehearse(model, state, strict=True) is None
+    model.load_state_dict(state)
+    assert torch.equal(model.q.dequantize(), torch.full((3,), 2.0))

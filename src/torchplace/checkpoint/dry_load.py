@@ -71,8 +71,8 @@ def _meta_twin(module: nn.Module) -> nn.Module | None:
         return None
     memo: dict[int, Any] = {}
     for t in itertools.chain(module.parameters(), module.buffers()):
-        if type(t) not in (torch.Tensor, nn.Parameter):
-            return None
+        if type(t) not in (torch.Tensor, nn.Parameter) or t.is_quantized or t.is_nested:
+            return None  # no meta shell for these (subclasses have their own rules): the real load decides
         shell = torch.empty_like(t, device="meta")
         memo[id(t)] = nn.Parameter(shell, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else shell
     for m in modules:  # every other attribute is shared, not copied: loading writes none of them in place,
