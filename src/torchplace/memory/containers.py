@@ -57,6 +57,9 @@ def holder_of(obj: Any, ignore: set[int], depth: int = 2) -> str | None:
     'a list of N items (...)'. None when only local variables or C++ (autograd) hold it."""
     refs = gc.get_referrers(obj)  # one heap scan per call: only for the few objects a report names
     ignore = ignore | {id(obj), id(refs)}
+    # a dict subclass whose entries are also attributes (a transformers ModelOutput): its __dict__
+    # is the same reference path as its entry, not a second holder
+    ignore |= {id(vars(r)) for r in refs if isinstance(r, dict) and type(r) is not dict and hasattr(r, "__dict__")}
     refs = [r for r in refs if id(r) not in ignore]
     for ref in refs:  # named places first: a global, an attribute, a dict entry
         if isinstance(ref, dict):
@@ -97,6 +100,9 @@ def _dict_entry(d: dict, key: Any, ignore: set[int]) -> str:
             owner = next((o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref), None)
             if owner is not None:
                 return f"{type(owner).__name__}.{attr}[{key}]"
+    if type(d) is not dict:  # a dict subclass (a ModelOutput): its type, then what holds it
+        outer = holder_of(d, ignore, depth=1)
+        return f"{type(d).__name__}[{key}] ({outer})" if outer else f"{type(d).__name__}[{key}]"
     return f"key {key} of a dict of {len(d)} items"
 
 

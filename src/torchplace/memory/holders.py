@@ -111,8 +111,9 @@ def holdings(keep: Callable[[torch.Tensor], bool], own: set[int] = frozenset(), 
             found[id(obj)] = obj
         # one level up: a container of anonymous containers ({step: (x, y)}, [[a, b], ...])
         inner = {i for i, o in found.items() if issubclass(type(o), _CONTAINERS)}
+        attribute_dicts: set[int] = set()
         if inner:
-            skip |= {id(held), id(found), id(inner), id(parts)}
+            skip |= {id(held), id(found), id(inner), id(parts), id(attribute_dicts)}
             for obj in heap:
                 if id(obj) in skip or not issubclass(type(obj), _CONTAINERS) or _is_namespace(obj):
                     continue
@@ -126,6 +127,14 @@ def holdings(keep: Callable[[torch.Tensor], bool], own: set[int] = frozenset(), 
                     if id(r) in inner and id(r) != id(obj):
                         mine.update(held[id(r)])
                         credited.add(id(r))
+                        if type(r) is dict and type(obj) not in _CONTAINERS and _attributes(obj) is r:
+                            attribute_dicts.add(id(r))
+            # a container subclass's attributes (a transformers ModelOutput is a dict whose fields are
+            # also attributes) are that object's, not a second holder of the same tensors
+            for i in attribute_dicts:
+                del held[i], found[i]
+            for credited in parts.values():
+                credited -= attribute_dicts
         out = {i: Holding(_kind(found[i]), len(s), sum(s.values()), frozenset(parts.get(i, ())))
                for i, s in held.items()}
         if objects is not None:
@@ -185,12 +194,13 @@ def name_holder(obj: Any, frames: list[types.FrameType], ignore: set[int]) -> tu
     grows it ("train.py:42"), searched in FRAMES' variables, then in what references OBJ."""
     kind = type(obj).__name__
     path, attr, origin = _path(obj, frames, ignore | {id(frames)}, depth=3)
-    if issubclass(type(obj), _CONTAINERS):
+    # an object with tensors in its attributes (a container subclass too: a ModelOutput's fields)
+    tensors = {k: v for k, v in _attributes(obj).items() if issubclass(type(v), torch.Tensor)}
+    if issubclass(type(obj), _CONTAINERS) and (type(obj) in _CONTAINERS or not tensors):
         if path is None:
             return f"a {kind} of {len(obj)} items", None
         return f"{kind} `{path}`", _growth_line(path.rsplit(".", 1)[-1].split("[")[0], origin, frames)
-    # an object with tensors in its attributes: the attribute holding the most
-    tensors = {k: v for k, v in _attributes(obj).items() if issubclass(type(v), torch.Tensor)}
+    # the attribute holding the most
     best = max(tensors, key=lambda k: _nbytes(tensors[k]), default=None)
     owner = f"`{path}`" if path else kind
     if best is None:
