@@ -33,6 +33,7 @@ OPTIMIZER_KEYS = ("optimizer", "optimizer_state_dict", "optim", "optimizer_state
 SCHEDULER_KEYS = ("scheduler", "lr_scheduler", "scheduler_state_dict", "lr_scheduler_state_dict")
 SCALER_KEYS = ("scaler", "grad_scaler", "scaler_state_dict", "amp")
 ACCELERATE_FILES = ("optimizer.bin", "scheduler.bin", "scaler.pt", "random_states_0.pkl")
+INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")  # transformers' sharded models
 MAX_INDEX_BYTES = 16 * 2**20  # a sharded model's index JSON (a few hundred KiB for the largest models)
 FIX_PATH = "Fix: check the path; torchplace.load(DIRECTORY) finds the newest checkpoint in a directory."
 FIX_COMPLETE = "Fix: check that the file is complete (compare its size with the original)."
@@ -214,16 +215,23 @@ def _accelerate_model(path: Path, load_file: Callable[[Path], dict[str, Any]],
         if os.path.lexists(path / name):                       # names is refused, not passed over
             return load_file(path / name) if name.endswith(".safetensors") else \
                 torch_load(path / name, map_location, trust_pickle)
-    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+    for index in INDEX_FILES:
         if os.path.lexists(path / index):
-            shards = _index_shards(path / index)
-            _check_zips_together(index, [path / s for s in shards if not s.endswith(".safetensors")])
-            out: dict[str, Any] = {}
-            for shard in shards:
-                out.update(load_file(path / shard) if shard.endswith(".safetensors") else
-                           torch_load(path / shard, map_location, trust_pickle))
-            return out
+            return load_index(path / index, load_file, map_location, trust_pickle)
     return None
+
+
+def load_index(index: Path, load_file: Callable[[Path], dict[str, Any]], map_location: Any,
+               trust_pickle: bool) -> dict[str, Any]:
+    """The model state of the shards a sharded model's index JSON lists (transformers' save_pretrained)."""
+    shards = _index_shards(index)
+    path = index.parent
+    _check_zips_together(index, [path / s for s in shards if not s.endswith(".safetensors")])
+    out: dict[str, Any] = {}
+    for shard in shards:
+        out.update(load_file(path / shard) if shard.endswith(".safetensors") else
+                   torch_load(path / shard, map_location, trust_pickle))
+    return out
 
 
 def _check_zips_together(index: Path, paths: list[Path]) -> None:

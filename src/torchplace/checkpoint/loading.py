@@ -26,7 +26,7 @@ from torch import nn
 from ..errors import CheckpointError
 from ..placement.resolve import DeviceSpec
 from . import distributed as tpdist
-from . import dry_load, foreign, keymap, rng
+from . import dry_load, foreign, keymap, rng, state_dicts
 from .dcp_reader import is_dcp_dir
 from .fileio import read_file
 from .format import read_header
@@ -92,6 +92,7 @@ def _holds(state: dict[str, Any]) -> str:
 def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], strict: bool,
            foreign_file: bool) -> None:
     state, path = ck.state, ck.path
+    _check_objects(ck, model=model, objects=objects)  # before the model changes: a refusal leaves everything as it was
     if model is not None:
         sd = state.get("model")
         if not isinstance(sd, Mapping):
@@ -105,6 +106,7 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
         ck.stripped_prefix = found.stripped_prefix
         if found.note():
             ck.notes.append(found.note() or "")
+        sd = state["model"] = _tied(ck, sd, target)
         refused = None
         try:
             refused = dry_load.rehearse(target, sd, strict)  # torch would copy what fits, then raise
@@ -132,9 +134,6 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
     for name, obj in objects.items():
         if obj is None:
             continue
-        if name not in state:
-            raise CheckpointError(f"{path} has no {name} state (it holds: {_holds(state)}). "
-                                  f"Fix: load it without {name}=.")
         value = state[name]
         if isinstance(obj, nn.Module) and isinstance(value, Mapping):  # a named module (an EMA model)
             found = keymap.match(list(value), unwrap(obj))
@@ -142,6 +141,7 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
             if found.note():
                 ck.notes.append(f"{name}: {found.note()}")
             obj = unwrap(obj)
+            value = state[name] = _tied(ck, value, obj, name)
         if name == "optimizer" and foreign_file and isinstance(value, Mapping):
             value = place_optimizer_state(obj, dict(value))
         try:
@@ -153,6 +153,41 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
             raise CheckpointError(f"{path}: the saved {name} state does not fit the {type(obj).__name__} given "
                                   f"({exc}). Fix: build it as it was when saved (same parameters and groups)."
                                   ) from None
+
+
+def _check_objects(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any]) -> None:
+    """Refuse, before anything is loaded, a named state the file lacks or an optimizer whose parameter
+    groups do not fit (torch would refuse it after the model had taken the new weights)."""
+    state, path = ck.state, ck.path
+    kept = " Nothing was loaded: the model and every object given were left as they were." if model is not None else ""
+    for name, obj in objects.items():
+        if obj is None:
+            continue
+        if name not in state:
+            raise CheckpointError(f"{path} has no {name} state (it holds: {_holds(state)}). "
+                                  f"Fix: load it without {name}=.{kept}")
+        problem = state_dicts.optimizer_problem(obj, state[name]) if name == "optimizer" else None
+        if problem is not None:
+            raise CheckpointError(f"{path}: the saved optimizer state does not fit the {type(obj).__name__} given "
+                                  f"({problem}).{kept} Fix: build it as it was when saved (same parameters and groups, "
+                                  "in the same order).")
+
+
+def _tied(ck: Checkpoint, sd: Any, target: nn.Module, name: str = "model") -> Any:
+    """SD with keys the file leaves out for being tied to a saved one filled (noted); a tied group
+    saved with different values refused before anything is loaded."""
+    if not isinstance(sd, Mapping):
+        return sd
+    sd, notes, differ = state_dicts.fill_tied(sd, target)
+    ck.notes.extend(notes if name == "model" else [f"{name}: {n}" for n in notes])
+    if differ:
+        raise CheckpointError(
+            f"{ck.path}: {'; '.join(differ)} are one tensor in {type(target).__name__} (tied weights), but the file "
+            "holds different values for them: it was saved from a model where they are separate, and loading would "
+            "keep whichever torch copies last. Nothing was loaded. Fix: build the model untied, as it was saved (for "
+            "transformers: tie_word_embeddings=False in its config), or take the state (tp.load(path)['model']), "
+            "delete the key you do not want and load the rest.")
+    return sd
 
 
 def _file_versions(ck: Checkpoint, name: str, sd: Any) -> dict[str, Any] | None:

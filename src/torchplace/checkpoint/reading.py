@@ -67,6 +67,10 @@ def read_any(path: Path, *, dev: torch.device | None, model: nn.Module | None, o
     if default.type == "meta":
         default = torch.device("cpu")
     kind = foreign.sniff(path)
+
+    def load_st(p: Path) -> dict[str, Any]:  # a foreign safetensors file's tensors, onto the default device
+        return read_file(p, lambda _: default).tree["model"]
+
     if kind == "safetensors":
         skeleton = _skeleton(path)
         saved_model = skeleton.get("model") or {}
@@ -79,11 +83,10 @@ def read_any(path: Path, *, dev: torch.device | None, model: nn.Module | None, o
         tool, state = foreign.normalize(foreign.torch_load(path, default, trust_pickle), path)
         return tool, state, {}, []
     if kind == "accelerate":
-        def load_st(p: Path) -> dict[str, Any]:
-            return read_file(p, lambda _: default).tree["model"]
-
         state, notes = foreign.load_accelerate(path, load_st, default, trust_pickle)
         return "accelerate", state, {}, notes
+    if kind == "unknown" and path.name in foreign.INDEX_FILES:  # a sharded model's index: the shards it lists
+        return "accelerate", {"model": foreign.load_index(path, load_st, default, trust_pickle)}, {}, []
     if kind == "dcp":
         raise CheckpointError(f"{path} is a sharded checkpoint (torch.distributed.checkpoint): its tensors only "
                               "exist as shards. Fix: torchplace.load it with model= (and optimizer=) in a process "

@@ -151,3 +151,63 @@ def optimizer_devices(optimizer: torch.optim.Optimizer,
             for name in names:
                 out[("state", pid, name)] = param.device if name != "step" or on_device else cpu
     return out
+
+
+def optimizer_problem(optimizer: Any, saved: Any) -> str | None:
+    """Why OPTIMIZER's `load_state_dict(SAVED)` would refuse (torch's own words), or None: the
+    checks it makes on parameter groups, made before anything else of a checkpoint is loaded."""
+    groups = saved.get("param_groups") if isinstance(saved, Mapping) else None
+    current = getattr(optimizer, "param_groups", None)
+    if not isinstance(groups, list) or not isinstance(current, list):
+        return None  # not an optimizer's state: load_state_dict says what is wrong
+    if len(groups) != len(current):
+        return (f"loaded state dict has a different number of parameter groups: {len(groups)} saved, "
+                f"{len(current)} in the optimizer")
+    sizes = [(len(g["params"]), len(c["params"])) for g, c in zip(groups, current)
+             if isinstance(g, Mapping) and isinstance(g.get("params"), list)]
+    odd = next(((i, s) for i, s in enumerate(sizes) if s[0] != s[1]), None)
+    if odd is not None:
+        return (f"loaded state dict contains a parameter group that doesn't match the size of optimizer's group: "
+                f"group {odd[0]} has {odd[1][0]} parameters saved and {odd[1][1]} in the optimizer")
+    return None
+
+
+def tied_groups(model: nn.Module) -> list[list[str]]:
+    """MODEL's state-dict keys that name one tensor (tied weights: an LM head sharing the input
+    embedding), in groups of two or more, each in state-dict order."""
+    by_tensor: dict[int, list[str]] = {}
+    for key, value in model.state_dict(keep_vars=True).items():
+        if isinstance(value, torch.Tensor):
+            by_tensor.setdefault(id(value), []).append(key)
+    return [keys for keys in by_tensor.values() if len(keys) > 1]
+
+
+def fill_tied(sd: Mapping[str, Any], model: nn.Module) -> tuple[Mapping[str, Any], list[str], list[str]]:
+    """SD with the keys a file leaves out because the model ties them to a key it has (transformers'
+    save_pretrained writes one key of each tied group) filled from that key; notes on what was filled;
+    and the tied groups SD holds different values for (saved from a model where they were separate:
+    loading would keep whichever torch copies last)."""
+    filled: dict[str, str] = {}
+    differ: list[str] = []
+    for keys in tied_groups(model):
+        present = [k for k in keys if k in sd]
+        if not present:
+            continue
+        first = sd[present[0]]
+        for k in keys:
+            if k not in sd:
+                filled[k] = present[0]
+        unequal = [k for k in present[1:] if isinstance(first, torch.Tensor) and isinstance(sd[k], torch.Tensor)
+                   and sd[k].shape == first.shape and not torch.equal(sd[k], first.to(sd[k].device))]
+        if unequal:
+            differ.append(" = ".join([present[0], *unequal]))
+    if not filled:
+        return sd, [], differ
+    out: OrderedDict[str, Any] = OrderedDict(sd)
+    for k, source in filled.items():
+        out[k] = sd[source]
+    out._metadata = getattr(sd, "_metadata", None)  # type: ignore[attr-defined]
+    shown = ", ".join(f"{k} from {s}" for k, s in list(filled.items())[:4])
+    more = f" and {len(filled) - 4} more" if len(filled) > 4 else ""
+    return out, [f"tied weights: {len(filled)} key(s) not in the file are one tensor with a saved key in the model, "
+                 f"filled from it ({shown}{more})"], differ
