@@ -65,10 +65,66 @@ def test_an_accelerate_offloaded_model_is_refused_with_its_hooks_named_and_left_
     expected = model(ids).logits
     cpu_offload(model, execution_device=torch.device("cpu"))
     before = devices_of(model)
-    with pytest.raises(DeviceError, match="meta tensor.*accelerate hooks.*Nothing was moved"):
+    with pytest.raises(DeviceError, match="dispatched by accelerate.*weights offloaded.*Nothing was moved"):
         tp.place(model, {"": "cpu"})
     assert devices_of(model) == before and not model._forward_pre_hooks
     assert torch.allclose(model(ids).logits, expected)  # accelerate's hooks still work
+
+
+def test_a_model_accelerate_dispatched_is_refused_naming_its_hooks_and_the_fix():
+    """dispatch_model with a device_map attaches AlignDevicesHooks that move every input to their
+    execution device inside forward, after place()'s pre-hooks: place() moved layer 2 to meta and
+    the forward died in torch's 'Cannot copy out of meta tensor'. Refused before anything moves;
+    after accelerate.hooks.remove_hook_from_submodules the same place() works."""
+    from accelerate import dispatch_model
+    from accelerate.hooks import remove_hook_from_submodules
+
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    expected = net(x)
+    dispatch_model(net, device_map={"0": "cpu", "1": "cpu", "2": "cpu"}, force_hooks=True)
+    with pytest.raises(DeviceError) as err:
+        tp.place(net, {"2": "meta"})
+    message = str(err.value)
+    assert "Sequential is already dispatched by accelerate: 4 module(s)" in message
+    assert "'2' -> AlignDevicesHook on cpu" in message and "hf_device_map: {'0': 'cpu'," in message
+    assert "Nothing was moved" in message and "accelerate.hooks.remove_hook_from_submodules(model)" in message
+    assert devices_of(net) == dict.fromkeys(devices_of(net), "cpu") and not net[2]._forward_pre_hooks
+    assert torch.equal(net(x), expected)  # accelerate's placement still runs
+    remove_hook_from_submodules(net)
+    tp.place(net, {"2": "meta"})
+    assert net(x).is_meta and net[0].weight.device.type == "cpu"
+
+
+def test_a_disk_offloaded_model_is_refused_and_placeable_once_its_hooks_are_off(tmp_path):
+    from accelerate import dispatch_model
+    from accelerate.hooks import remove_hook_from_submodules
+
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    x = torch.randn(3, 4)
+    expected = net(x)
+    dispatch_model(net, device_map={"0": "cpu", "1": "cpu", "2": "disk"}, offload_dir=str(tmp_path))
+    assert net[2].weight.is_meta
+    with pytest.raises(DeviceError, match="'2' -> AlignDevicesHook on cpu, weights offloaded"):
+        tp.place(net, {"": "cpu"})
+    remove_hook_from_submodules(net)  # the offloaded weights come back from the offload folder
+    assert not net[2].weight.is_meta
+    tp.place(net, {"": "cpu"}, output="cpu")
+    assert torch.equal(net(x), expected)
+
+
+def test_accelerate_hooks_in_a_sequential_hook_count_and_hooks_that_move_nothing_do_not():
+    from accelerate.hooks import AlignDevicesHook, ModelHook, add_hook_to_module
+
+    net = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    add_hook_to_module(net[1], ModelHook())  # a user's hook that moves nothing
+    assert tp.place(net, {"1": "meta"}).devices == {"1": torch.device("meta")}
+    net = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    add_hook_to_module(net[1], ModelHook())
+    add_hook_to_module(net[1], AlignDevicesHook(execution_device="cpu"), append=True)  # -> SequentialHook
+    assert type(net[1]._hf_hook).__name__ == "SequentialHook"
+    with pytest.raises(DeviceError, match=r"1 module\(s\).*'1' -> AlignDevicesHook on cpu\."):
+        tp.place(net, {"1": "meta"})
 
 
 def test_a_model_made_on_meta_placed_on_cpu_is_refused_by_name():

@@ -71,8 +71,9 @@ def place(module: nn.Module, devices: Mapping[str, DeviceSpec], *, output: Devic
         `remove()` to take the hooks off.
 
     Raises:
-        DeviceError: an unknown submodule name, a device that does not exist, or tied weights that
-            would have to be on two devices; raised before anything moves.
+        DeviceError: an unknown submodule name, a device that does not exist, tied weights that
+            would have to be on two devices, or a model accelerate already dispatched (its hooks
+            would move inputs and weights back to its own devices); raised before anything moves.
 
     Example:
         ```python
@@ -88,6 +89,7 @@ def place(module: nn.Module, devices: Mapping[str, DeviceSpec], *, output: Devic
     targets = {name: target_device(spec) for name, spec in _checked(module, devices).items()}
     out_dev = target_device(output) if output is not None else None
     owners = dict(module.named_modules(remove_duplicate=False))
+    _check_accelerate(module, owners)
     _check_shared(module, targets)
     _check_empty(owners, targets)
     for name, sub in owners.items():
@@ -148,15 +150,50 @@ def _check_empty(owners: Mapping[str, nn.Module], targets: Mapping[str, torch.de
         for local, t in [*sub._parameters.items(), *sub._buffers.items()]:
             if t is not None and t.is_meta:
                 full = f"{owner}.{local}" if owner else local
-                hooks = [n or "<root>" for n, m in owners.items() if hasattr(m, "_hf_hook")]
-                why = (f" {len(hooks)} module(s) carry accelerate hooks ({', '.join(hooks[:3])}"
-                       f"{', ...' if len(hooks) > 3 else ''}), which load offloaded weights only during forward."
-                       if hooks else "")
                 raise DeviceError(
                     f"place(): {full!r} is a meta tensor (shape {tuple(t.shape)}, no data) and would have to move to "
-                    f"{dev}; there is nothing to copy.{why} Nothing was moved. Fix: load the weights first (e.g. "
-                    "from_pretrained without device_map, or accelerate.hooks.remove_hook_from_module(model, "
-                    "recurse=True) after loading them), or use module.to_empty(device=...) and initialize.")
+                    f"{dev}; there is nothing to copy. Nothing was moved. Fix: load the weights first (e.g. "
+                    "from_pretrained without device_map), or use module.to_empty(device=...) and initialize.")
+
+
+def _check_accelerate(module: nn.Module, owners: Mapping[str, nn.Module]) -> None:
+    """Refuse a model accelerate dispatched (dispatch_model, cpu_offload, from_pretrained with a
+    device_map): its hooks move every input, and load offloaded weights, to their own execution
+    devices inside each forward, after place()'s hooks ran, so the two would fight on every call."""
+    hooked = {name: hooks for name, sub in owners.items() if (hooks := _device_hooks(getattr(sub, "_hf_hook", None)))}
+    if not hooked:
+        return
+    listed = [f"{name or '<root>'!r} -> {_hook_text(hooks)}" for name, hooks in list(hooked.items())[:4]]
+    more = f", ... ({len(hooked)} in all)" if len(hooked) > 4 else ""
+    device_map = getattr(module, "hf_device_map", None)
+    mapped = f" Its hf_device_map: {dict(device_map)}." if isinstance(device_map, Mapping) else ""
+    raise DeviceError(
+        f"place(): {type(module).__name__} is already dispatched by accelerate: {len(hooked)} module(s) carry "
+        f"accelerate device hooks (AlignDevicesHook/CpuOffload) that move inputs and weights to their own execution "
+        f"devices on every forward: {'; '.join(listed)}{more}.{mapped} place() would move the weights and the "
+        "hooks would move the inputs back. Nothing was moved. Fix: keep accelerate's placement (its device_map "
+        "already splits the model; drop the place() call), or take its hooks off first with "
+        "accelerate.hooks.remove_hook_from_submodules(model) (offloaded weights come back to where they were "
+        "loaded) and then call place().")
+
+
+def _device_hooks(hook: Any) -> list[Any]:
+    """The accelerate hooks in HOOK (a SequentialHook holds several) that move tensors between devices."""
+    if hook is None:
+        return []
+    if isinstance(getattr(hook, "hooks", None), (list, tuple)):
+        return [h for inner in hook.hooks for h in _device_hooks(inner)]
+    return [hook] if hasattr(hook, "execution_device") else []
+
+
+def _hook_text(hooks: list[Any]) -> str:
+    parts = []
+    for hook in hooks:
+        dev = hook.execution_device
+        where = " (outputs back to the input's device)" if dev is None else f" on {dev}"
+        offload = ", weights offloaded (meta until forward)" if getattr(hook, "offload", False) else ""
+        parts.append(f"{type(hook).__name__}{where}{offload}")
+    return ", ".join(parts)
 
 
 def _unknown(module: nn.Module, name: Any, names: set[str]) -> str:
