@@ -340,6 +340,9 @@ class FakeStager:
         self.consumer = self.mod.current
         self.staged = 0
 
+    _native = False  # the device module's current_stream, which FakeMod logs
+    hand_out = Stager.hand_out  # the real consumer's side, on these events and streams
+
     def on_worker(self):
         return contextlib.nullcontext()
 

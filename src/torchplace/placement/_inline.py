@@ -1,7 +1,7 @@
 """The consumer's side of a DeviceLoader epoch: taking a staged batch, and staging on the caller's thread.
 
-`hand_out` is what the loop's thread does for every batch, whichever thread staged it.
-`InlineIter` stages on that thread too, for batches packed in the DataLoader's workers.
+`InlineIter` stages on the loop's thread, for batches packed in the DataLoader's workers; the loop
+takes every batch through `Stager.hand_out`, whichever thread staged it.
 """
 
 from __future__ import annotations
@@ -10,28 +10,8 @@ import collections
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-
 from . import _slots
 from ._stage import Staged, Stager
-
-
-def hand_out(item: Staged, mod: Any, device: torch.device, consumer: Any) -> Any:
-    """The consumer's side of taking ITEM: its stream waits for the copy; returns the token that
-    tells the stager when the device has reached this point (None without streams)."""
-    if item.ready is None:
-        return None
-    stream = mod.current_stream(device)
-    if stream != consumer:  # iterated under another stream than iter() saw: protect it there too
-        for t in item.keep:
-            t.record_stream(stream)
-    stream.wait_event(item.ready)
-    # Done once the device has finished the steps before this one and this batch's copy.
-    # Recorded after the wait, nothing is queued between it and the free of the batch your
-    # loop drops next (the previous one), so the stager, waiting for it, finds that memory
-    # reusable; recorded before, it completed at once on an idle stream, ahead of that free.
-    item.started.record(stream)
-    return item.started, item.ready
 
 
 class InlineIter(Iterator[Any]):
@@ -46,7 +26,6 @@ class InlineIter(Iterator[Any]):
 
     def __init__(self, it: Iterator[Any], owned: bool, stager: Stager, prefetch: int, first: Any) -> None:
         self._it, self._owned, self._stage, self._prefetch = it, owned, stager, prefetch
-        self._mod, self._device = stager.mod, stager.device
         self._staged: collections.deque[Staged] = collections.deque()  # staged, not yet handed out
         self._taken: collections.deque[Any] = collections.deque()  # tokens of batches handed out, oldest first
         self._source_read: Any = None
@@ -91,7 +70,7 @@ class InlineIter(Iterator[Any]):
             self.close()
             raise StopIteration
         item = self._staged.popleft()
-        self._taken.append(hand_out(item, self._mod, self._device, self._stage.consumer))
+        self._taken.append(self._stage.hand_out(item))
         return item.batch
 
     def close(self) -> None:

@@ -58,6 +58,7 @@ class Stager:
         self._events: list[Any] = []  # events known to be done with: reused, not remade
         self._spinning: list[Any] = []
         self.owner: Any = None  # who settles the slots this stager holds (`_slots.settle`): None, the thread
+        self._native = self.streams and _switches_natively(device, side, mod)
 
     # -- events ---------------------------------------------------------------------------------
 
@@ -96,7 +97,28 @@ class Stager:
 
     def on_side(self) -> contextlib.AbstractContextManager:
         """The side stream as current (and its device) while one batch is staged on another thread."""
+        if self._native:
+            return _SideStream(self.side, self.device.index)
         return self.mod.stream(self.side) if self.streams else contextlib.nullcontext()
+
+    def hand_out(self, item: Staged) -> Any:
+        """The consumer's side of taking ITEM: its stream waits for the copy; returns the token that
+        tells the stager when the device has reached this point (None without streams)."""
+        if item.ready is None:
+            return None
+        stream = self.consumer
+        if not self._native or torch.accelerator.current_stream(self.device.index).stream_id != stream.stream_id:
+            stream = self.mod.current_stream(self.device)
+            if stream != self.consumer:  # iterated under another stream than iter() saw: protect it there too
+                for t in item.keep:
+                    t.record_stream(stream)
+        stream.wait_event(item.ready)
+        # Done once the device has finished the steps before this one and this batch's copy.
+        # Recorded after the wait, nothing is queued between it and the free of the batch your
+        # loop drops next (the previous one), so the stager, waiting for it, finds that memory
+        # reusable; recorded before, it completed at once on an idle stream, ahead of that free.
+        item.started.record(stream)
+        return item.started, item.ready
 
     # -- one batch ------------------------------------------------------------------------------
 
@@ -283,6 +305,49 @@ class Stager:
 
         _walk(batch, fn, None)
         return list(seen.values())
+
+
+class _SideStream:
+    """STREAM made current for one `with` block through torch.accelerator's C++ calls, the thread's
+    stream and device restored after. The device module's context manager and current_stream look the
+    device up in Python several times: for a packed batch staged on the loop's thread they were the
+    largest cost after the views themselves."""
+
+    __slots__ = ("_device", "_index", "_prev", "_stream")
+
+    def __init__(self, stream: Any, index: int) -> None:
+        self._stream, self._index = stream, index
+
+    def __enter__(self) -> None:
+        acc = torch.accelerator
+        self._device = acc.current_device_index()
+        self._prev = acc.current_stream(self._index)
+        acc.set_stream(self._stream)
+
+    def __exit__(self, *exc: object) -> None:
+        acc = torch.accelerator
+        acc.set_stream(self._prev)  # makes the stream's device current too
+        if self._device != self._index:
+            acc.set_device_index(self._device)
+
+
+def _switches_natively(device: torch.device, side: Any, mod: Any) -> bool:
+    """Whether torch.accelerator switches DEVICE's current stream as its device module sees it (CUDA, XPU).
+    A back end written in Python gets no C++ device guard (hardware/accelerator.py), so it is tried once
+    here, and one where the two disagree keeps the device module's context manager."""
+    acc = getattr(torch, "accelerator", None)
+    if device.index is None or acc is None or not hasattr(acc, "set_stream"):
+        return False
+    try:
+        current = acc.current_accelerator()
+        if current is None or current.type != device.type:
+            return False
+        switch = _SideStream(side, device.index)
+        with switch:
+            seen = acc.current_stream(device.index).stream_id == side.stream_id and mod.current_stream(device) == side
+        return bool(seen) and mod.current_stream(device).stream_id == switch._prev.stream_id
+    except Exception:  # noqa: BLE001 - any failure means the module's own context manager is the way
+        return False
 
 
 def _memory_of(t: torch.Tensor) -> list[torch.Tensor]:

@@ -24,7 +24,7 @@ import torch
 
 from ..hardware.accelerator import device_module, has_streams, say_once
 from . import _slots
-from ._inline import InlineIter, close_upstream, hand_out
+from ._inline import InlineIter, close_upstream
 from ._stage import Staged, Stager
 from .collate import PackedBatch
 from .resolve import DeviceSpec
@@ -178,7 +178,7 @@ class _BackgroundIter(Iterator[Any]):
     """One epoch of a DeviceLoader whose batches a worker thread prepares (`_produce`)."""
 
     def __init__(self, it: Iterator[Any], owned: bool, stager: Stager, prefetch: int, first: Any = _NONE) -> None:
-        self._mod, self._device, self._consumer = stager.mod, stager.device, stager.consumer
+        self._stage = stager
         self._queue: queue.SimpleQueue = queue.SimpleQueue()  # worker -> consumer: staged batches
         self._handed: queue.SimpleQueue = queue.SimpleQueue()  # consumer -> worker: one token per batch taken
         self._stop = threading.Event()
@@ -198,7 +198,7 @@ class _BackgroundIter(Iterator[Any]):
             if item is _END:
                 raise StopIteration
             raise item.error
-        self._handed.put(hand_out(item, self._mod, self._device, self._consumer))
+        self._handed.put(self._stage.hand_out(item))
         return item.batch
 
     def close(self) -> None:
