@@ -8,6 +8,7 @@ schedulers that keep callables, an EMA AveragedModel and a DDP model on a gloo g
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -174,3 +175,69 @@ def test_fp32_optimizer_state_into_bf16_parameters_is_cast_as_torch_casts_it(tmp
     same_weights(ref, half)
     for want, got in zip(ref_opt.state.values(), half_opt.state.values()):
         assert {k: (v.dtype, v.tolist()) for k, v in want.items()} == {k: (v.dtype, v.tolist()) for k, v in got.items()}
+
+
+def on_meta(how: str, make: Any) -> nn.Module:
+    if how == "torch.device":
+        with torch.device("meta"):
+            return make()
+    accelerate = pytest.importorskip("accelerate")
+    with accelerate.init_empty_weights():
+        model = make()
+    model.tie_weights()  # transformers ties after loading; accelerate's big-model recipe ties before
+    return model
+
+
+@pytest.mark.parametrize("how", ["torch.device", "init_empty_weights"])
+def test_a_model_made_on_meta_takes_the_files_tensors(tmp_path: Path, how: str) -> None:
+    """huggingface/accelerate, tests/test_big_modeling.py (init_empty_weights, then load a checkpoint into
+    the empty model) and pytorch/pytorch, test/test_nn.py (load_state_dict(assign=True) into a meta model):
+    torch's plain load into meta tensors is a no-op with a warning, so our load returned as if it had
+    loaded and the model stayed empty (and device= raised torch's NotImplementedError from .to()). Now
+    every tensor is the file's, on DEVICE, Parameters still, tied weights one Parameter again."""
+    torch.manual_seed(0)
+    saved = gpt2()
+    saved.save_pretrained(tmp_path / "hf")
+    empty = on_meta(how, gpt2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's "copying ... to a meta parameter is a no-op" fails
+        ck = tp.load(tmp_path / "hf", model=empty, device="cpu")
+    same_weights(saved, empty)
+    assert all(type(p) is nn.Parameter and p.requires_grad and p.device.type == "cpu" for p in empty.parameters())
+    assert empty.lm_head.weight is empty.transformer.wte.weight
+    assert len(list(empty.parameters())) == len(list(saved.parameters()))
+    assert any("on the meta device" in n for n in ck.notes)
+    x = torch.randint(0, 50, (1, 6))
+    assert torch.equal(saved.eval()(x).logits, empty.eval()(x).logits)
+
+
+def test_a_meta_model_takes_the_dtype_it_was_built_with(tmp_path: Path) -> None:
+    """A bf16 model made on meta from an fp32 checkpoint holds bf16 weights, as a load into real bf16 tensors."""
+    torch.manual_seed(0)
+    saved = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    path = tp.save(tmp_path / "s.safetensors", model=saved)
+    with torch.device("meta"):
+        empty = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)).to(torch.bfloat16)
+    tp.load(path, model=empty)
+    same_weights(saved.to(torch.bfloat16), empty)
+
+
+class Rotary(nn.Module):
+    """A Llama-style rotary table: a non-persistent buffer, never in a checkpoint."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.register_buffer("inv_freq", 1.0 / 10000 ** (torch.arange(0, 4, 2) / 4), persistent=False)
+
+
+def test_a_meta_model_with_tensors_the_file_cannot_fill_is_refused_as_it_was(tmp_path: Path) -> None:
+    path = tp.save(tmp_path / "r.safetensors", model=Rotary())
+    with torch.device("meta"):
+        empty = Rotary()
+    with pytest.raises(tp.CheckpointError, match=r"1 of them: inv_freq .*non-persistent buffers.*Nothing was loaded.*"
+                                                 r"to_empty"):
+        tp.load(path, model=empty, device="cpu")
+    assert all(t.is_meta for t in [*empty.parameters(), *empty.buffers()])
+    real = Rotary()
+    tp.load(path, model=real, device="cpu")

@@ -26,7 +26,7 @@ from torch import nn
 from ..errors import CheckpointError
 from ..placement.resolve import DeviceSpec
 from . import distributed as tpdist
-from . import dry_load, foreign, keymap, rng, state_dicts
+from . import dry_load, fitting, foreign, keymap, rng, state_dicts
 from .dcp_reader import is_dcp_dir
 from .fileio import read_file
 from .format import read_header
@@ -85,18 +85,14 @@ def _needs_pickle(path: Path) -> bool:
         return False
 
 
-def _holds(state: dict[str, Any]) -> str:
-    return ", ".join(sorted(state)) or "nothing"
-
-
 def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], strict: bool,
            foreign_file: bool) -> None:
     state, path = ck.state, ck.path
-    _check_objects(ck, model=model, objects=objects)  # before the model changes: a refusal leaves everything as it was
+    fitting.check_objects(path, state, model=model, objects=objects)  # refused here: nothing has changed
     if model is not None:
         sd = state.get("model")
         if not isinstance(sd, Mapping):
-            raise CheckpointError(f"{path} holds no model weights (it holds: {_holds(state)}). "
+            raise CheckpointError(f"{path} holds no model weights (it holds: {fitting.holds(state)}). "
                                   "Fix: load it without model=, or point at the checkpoint that has them.")
         target = unwrap(model)
         found = keymap.match(list(sd), target)
@@ -106,13 +102,19 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
         ck.stripped_prefix = found.stripped_prefix
         if found.note():
             ck.notes.append(found.note() or "")
-        sd = state["model"] = _tied(ck, sd, target)
+        sd = state["model"] = fitting.tied(path, ck.notes, sd, target)
+        empty = fitting.meta_to_fill(path, ck.notes, sd, target)
+        ties = state_dicts.tied_groups(target) if empty else []
         refused = None
         try:
             refused = dry_load.rehearse(target, sd, strict)  # torch would copy what fits, then raise
             if refused is not None:
                 raise refused
-            result = target.load_state_dict(sd, strict=strict)
+            if empty:  # a model made on meta takes the file's tensors as its own (a copy into meta does nothing)
+                result = target.load_state_dict(state_dicts.for_assign(sd, target), strict=strict, assign=True)
+                state_dicts.retie(target, ties)
+            else:
+                result = target.load_state_dict(sd, strict=strict)
         except RuntimeError as exc:
             tried = "" if found.complete else (
                 f"\n{found.matched} of {found.total} saved keys name a tensor of the model, under the best "
@@ -120,7 +122,7 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
                 "tried at the start and inside).")
             kept = " The model was left as it was." if refused is not None else ""
             raise CheckpointError(f"{path}: the weights do not fit {type(target).__name__}: {exc}{tried}{kept}\n"
-                                  f"Fix: {_fit_fix(sd, target, strict)}") from None
+                                  f"Fix: {fitting.fit_fix(sd, target, strict)}") from None
         ck.missing_keys, ck.unexpected_keys = list(result.missing_keys), list(result.unexpected_keys)
     elif isinstance(state.get("model"), Mapping):
         sd = state["model"]
@@ -141,7 +143,7 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
             if found.note():
                 ck.notes.append(f"{name}: {found.note()}")
             obj = unwrap(obj)
-            value = state[name] = _tied(ck, value, obj, name)
+            value = state[name] = fitting.tied(path, ck.notes, value, obj, name)
         if name == "optimizer" and foreign_file and isinstance(value, Mapping):
             value = place_optimizer_state(obj, dict(value))
         try:
@@ -153,41 +155,6 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
             raise CheckpointError(f"{path}: the saved {name} state does not fit the {type(obj).__name__} given "
                                   f"({exc}). Fix: build it as it was when saved (same parameters and groups)."
                                   ) from None
-
-
-def _check_objects(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any]) -> None:
-    """Refuse, before anything is loaded, a named state the file lacks or an optimizer whose parameter
-    groups do not fit (torch would refuse it after the model had taken the new weights)."""
-    state, path = ck.state, ck.path
-    kept = " Nothing was loaded: the model and every object given were left as they were." if model is not None else ""
-    for name, obj in objects.items():
-        if obj is None:
-            continue
-        if name not in state:
-            raise CheckpointError(f"{path} has no {name} state (it holds: {_holds(state)}). "
-                                  f"Fix: load it without {name}=.{kept}")
-        problem = state_dicts.optimizer_problem(obj, state[name]) if name == "optimizer" else None
-        if problem is not None:
-            raise CheckpointError(f"{path}: the saved optimizer state does not fit the {type(obj).__name__} given "
-                                  f"({problem}).{kept} Fix: build it as it was when saved (same parameters and groups, "
-                                  "in the same order).")
-
-
-def _tied(ck: Checkpoint, sd: Any, target: nn.Module, name: str = "model") -> Any:
-    """SD with keys the file leaves out for being tied to a saved one filled (noted); a tied group
-    saved with different values refused before anything is loaded."""
-    if not isinstance(sd, Mapping):
-        return sd
-    sd, notes, differ = state_dicts.fill_tied(sd, target)
-    ck.notes.extend(notes if name == "model" else [f"{name}: {n}" for n in notes])
-    if differ:
-        raise CheckpointError(
-            f"{ck.path}: {'; '.join(differ)} are one tensor in {type(target).__name__} (tied weights), but the file "
-            "holds different values for them: it was saved from a model where they are separate, and loading would "
-            "keep whichever torch copies last. Nothing was loaded. Fix: build the model untied, as it was saved (for "
-            "transformers: tie_word_embeddings=False in its config), or take the state (tp.load(path)['model']), "
-            "delete the key you do not want and load the rest.")
-    return sd
 
 
 def _file_versions(ck: Checkpoint, name: str, sd: Any) -> dict[str, Any] | None:
@@ -238,6 +205,8 @@ def _load_one(path: Path, *, dev: torch.device | None, model: nn.Module | None, 
                                                  trust_pickle=trust_pickle)
         ck = Checkpoint(path, state, meta, tool, notes=list(notes))
         _apply(ck, model=model, objects=objects, strict=strict, foreign_file=tool != "torchplace")
+        if model is not None and dev is not None:  # no-op unless it was made on meta
+            unwrap(model).to(dev)
     if restore_rng:
         where = dev or (module_device(unwrap(model)) if model is not None else torch.device("cpu"))
         _restore_rng(ck, where)
@@ -258,24 +227,6 @@ def _load_dcp(path: Path, *, model: nn.Module | None, optimizer: Any, trust_pick
         tree["optimizer"] = osd
     return Checkpoint(path, tree, fs.meta, "torchplace (sharded, torch.distributed.checkpoint)")
 
-
-
-def _fit_fix(saved: Mapping[str, Any], model: nn.Module, strict: bool) -> str:
-    """The fix for a load_state_dict refusal: strict=False skips missing and unexpected keys, but
-    torch refuses a tensor of another shape either way, so for shapes it is no fix."""
-    own = model.state_dict()
-    shapes = [f"{k} saved {list(v.shape)}, model {list(own[k].shape)}" for k, v in saved.items()
-              if isinstance(v, torch.Tensor) and isinstance(own.get(k), torch.Tensor) and v.shape != own[k].shape]
-    if shapes:
-        more = f" and {len(shapes) - 3} more" if len(shapes) > 3 else ""
-        return (f"build the model with the configuration it was saved with: {len(shapes)} tensor(s) have "
-                f"another shape ({'; '.join(shapes[:3])}{more}), which strict=False does not skip. To load the "
-                "rest, take the state (tp.load(path)['model']), delete those keys, and call "
-                "model.load_state_dict(state, strict=False).")
-    if strict:
-        return ("pass the model the checkpoint was saved from, or strict=False to load the keys that match "
-                "(missing and unexpected keys are then reported).")
-    return "pass the model the checkpoint was saved from."
 
 def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.Module | None = None,
          optimizer: Any = None, scheduler: Any = None, scaler: Any = None, strict: bool = True,
@@ -334,8 +285,8 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
             raise TypeError(f"load() got {name}={type(obj).__name__}, which has no load_state_dict(); "
                             f"pass objects to fill, and read saved values from the result (ck[{name!r}]).")
     dev = _resolve(device)  # validated before anything is touched
-    if model is not None and dev is not None:
-        unwrap(model).to(dev)
+    if model is not None and dev is not None and not state_dicts.meta_names(unwrap(model)):
+        unwrap(model).to(dev)  # a model on meta is moved after its load: its tensors are read onto DEV
     target = Path(path)
     pointed: list[str] = []
     if is_pointer(target):  # DIR/latest: the directory's newest, found by the headers as for DIR itself

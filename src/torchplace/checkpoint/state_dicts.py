@@ -211,3 +211,37 @@ def fill_tied(sd: Mapping[str, Any], model: nn.Module) -> tuple[Mapping[str, Any
     more = f" and {len(filled) - 4} more" if len(filled) > 4 else ""
     return out, [f"tied weights: {len(filled)} key(s) not in the file are one tensor with a saved key in the model, "
                  f"filled from it ({shown}{more})"], differ
+
+
+def meta_names(model: nn.Module) -> list[str]:
+    """MODEL's parameters and buffers (non-persistent ones too) that live on the meta device: a model
+    built under `torch.device("meta")` or accelerate's init_empty_weights, waiting for its weights."""
+    named = list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False))
+    return [name for name, t in named if t.is_meta]
+
+
+def for_assign(sd: Mapping[str, Any], model: nn.Module) -> OrderedDict[str, Any]:
+    """SD ready for `load_state_dict(assign=True)` into MODEL's meta tensors: each floating tensor in the
+    dtype the model was built with (as a load into real tensors casts), tensors shared in SD still shared."""
+    own = model.state_dict(keep_vars=True)
+    cast: dict[int, Any] = {}
+    out: OrderedDict[str, Any] = OrderedDict()
+    for key, value in sd.items():
+        want = own.get(key)
+        if isinstance(value, torch.Tensor) and isinstance(want, torch.Tensor) and want.is_meta and \
+                value.is_floating_point() and want.is_floating_point() and value.dtype != want.dtype:
+            value = cast.setdefault(id(value), value.to(want.dtype))
+        out[key] = value
+    out._metadata = getattr(sd, "_metadata", None)  # type: ignore[attr-defined]
+    return out
+
+
+def retie(model: nn.Module, groups: list[list[str]]) -> None:
+    """Make each group of MODEL's state-dict keys one tensor again, the first key's (a load with
+    assign=True gives every key its own Parameter, so tied weights would train apart)."""
+    for keys in groups:
+        owner, _, name = keys[0].rpartition(".")
+        first = getattr(model.get_submodule(owner), name)
+        for key in keys[1:]:
+            owner, _, name = key.rpartition(".")
+            setattr(model.get_submodule(owner), name, first)
