@@ -90,6 +90,24 @@ def test_bad_specs(spec, match):
         resolve(spec, machine())
 
 
+@pytest.mark.parametrize("spec,hint", [
+    ("gpu", "Did you mean 'cuda'?"), ("GPU:1", "Did you mean 'cuda:1'?"), ("cuda0", "Did you mean 'cuda:0'?"),
+    ("cuda_1", "Did you mean 'cuda:1'?"), ("0", "Did you mean 'cuda:0' (or the int 0)?"),
+    ("-1", "Did you mean 'cpu'?"), ("banana", "names no device type PyTorch knows. Accepted"),
+])
+def test_spellings_of_other_tools_get_the_torchplace_spelling(spec, hint):
+    """What a new user types for a GPU: 'gpu' (Keras, Ray), 'cuda0', '0' from a --device flag, and
+    transformers' -1 for the CPU, each answered with the spelling that works."""
+    with pytest.raises(DeviceError, match=re.escape(hint)):
+        resolve(spec, machine())
+
+
+def test_an_accelerator_that_does_not_exist_says_what_to_ask_for():
+    with pytest.raises(DeviceError, match=r"mps requested, but no mps device is available.*Available: cpu, "
+                                          r"cuda:0\.\.cuda:1\. Fix: ask for one of those, or 'auto'"):
+        resolve("mps", machine())
+
+
 def test_device_error_is_a_value_error():
     assert issubclass(DeviceError, ValueError) and issubclass(DeviceError, tp.TorchplaceError)
 

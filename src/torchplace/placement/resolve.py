@@ -143,7 +143,7 @@ def resolve(spec: DeviceSpec, m: Machine) -> torch.device:
         return _uuid(text, m)
     match = _TYPED.match(low)
     if not match:
-        raise DeviceError(f"{text!r} is not a device spec. Accepted: {_FORMS}.")
+        raise DeviceError(f"{text!r} is not a device spec.{_did_you_mean(low)} Accepted: {_FORMS}.")
     kind, index = match.group(1), match.group(2)
     idx = _index(index, text) if index is not None else None
     if kind in ("cpu", "meta"):
@@ -159,8 +159,22 @@ def resolve(spec: DeviceSpec, m: Machine) -> torch.device:
     try:
         torch.device(kind)
     except RuntimeError:
-        raise DeviceError(f"{text!r} names no device type PyTorch knows. Accepted: {_FORMS}.") from None
+        raise DeviceError(f"{text!r} names no device type PyTorch knows.{_did_you_mean(low)} "
+                          f"Accepted: {_FORMS}.") from None
     return _accelerator(kind, idx if idx is not None else 0, m, asked=text)
+
+
+def _did_you_mean(low: str) -> str:
+    """' Did you mean ...?' for the spellings other tools use: 'gpu', 'cuda0', '0' and '-1' as text."""
+    if re.fullmatch(r"-?[0-9]+", low):
+        if low.startswith("-"):
+            return " (-1 means the CPU to transformers' pipeline.) Did you mean 'cpu'?"
+        return f" Did you mean 'cuda:{int(low)}' (or the int {int(low)})?"
+    found = re.fullmatch(r"(gpu|cuda|nvidia|mps|xpu|npu)\s*[:_-]?\s*([0-9]*)", low)
+    if not found:
+        return ""
+    kind = "cuda" if found.group(1) in ("gpu", "nvidia") else found.group(1)
+    return f" Did you mean {kind + (':' + found.group(2) if found.group(2) else '')!r}?"
 
 
 def numpy_bool() -> type:
@@ -262,7 +276,9 @@ def _accelerator(kind: str, idx: int, m: Machine, asked: str) -> torch.device:
     have = f"{count} {kind} device(s) exist" if count else f"no {kind} device is available"
     others = ["cpu"] + ([f"cuda:0..cuda:{m.cuda_count - 1}"] if m.cuda_count else []) + (
         [f"{m.accelerator}:0..{m.accelerator}:{m.accelerator_count - 1}"] if m.accelerator_count else [])
-    return _raise(f"{asked} requested, but {have}. Available: {', '.join(others)}.")
+    where = " (mps is Apple silicon's GPU, on macOS only)" if kind == "mps" and sys.platform != "darwin" else ""
+    return _raise(f"{asked} requested, but {have}{where}. Available: {', '.join(others)}. Fix: ask for one of "
+                  "those, or 'auto' (the best device here).")
 
 
 def _raise(message: str) -> Any:
