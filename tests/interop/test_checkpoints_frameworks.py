@@ -57,7 +57,7 @@ TIES = {  # the model's keys that are one tensor: save_pretrained writes the fir
 def test_save_pretrained_of_a_tied_model_loads_bit_for_bit_and_stays_tied(tmp_path: Path, arch: str,
                                                                           where: str) -> None:
     """huggingface/transformers, tests/test_modeling_common.py (test_tied_weights_keys: save_pretrained
-    writes one key per tied group, from_pretrained re-ties) and tests/test_modeling_utils.py (checkpoint
+    writes one key per tied group, from_pretrained re-ties) and tests/utils/test_modeling_utils.py (checkpoint
     sharding with a small max_shard_size, loaded from the folder and from its index): through our load,
     the keys left out are filled from the one saved (torch's strict load called them missing), every
     weight is bit-equal and the ties hold."""

@@ -107,6 +107,13 @@ def _checked(module: nn.Module, devices: Mapping[str, DeviceSpec]) -> Mapping[st
     """DEVICES, after refusing any name that is not a submodule of MODULE (listing the names).
 
     A `torch.compile`d model wraps the original as `_orig_mod`: the original's names are taken too."""
+    if not isinstance(devices, Mapping):  # transformers' device_map="auto", or one device as for .to()
+        one = devices if isinstance(devices, (str, int)) else str(devices)
+        raise DeviceError(
+            f"place() takes a map of submodule names to devices (a device_map), not {devices!r:.60} "
+            f"({type(devices).__name__}). Fix: {{'': {one!r:.40}}} puts the whole model on one device "
+            "(as does model.to(tp.device(...))); for a plan like device_map='auto', pass the dict accelerate's "
+            "infer_auto_device_map(model) returns.")
     names = {name for name, _ in module.named_modules(remove_duplicate=False)}
     wrapped = "_orig_mod" in names and isinstance(getattr(module, "_orig_mod", None), nn.Module)
     checked: dict[str, DeviceSpec] = {}
