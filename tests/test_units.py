@@ -36,6 +36,21 @@ def test_errors_name_the_value(parse, text, match):
         parse(text)
 
 
+@pytest.mark.parametrize("text,expected", [("1e3MB", 10**9), ("1.5e1GiB", 15 * 2**30), ("2E2", 200)])
+def test_a_size_in_scientific_notation_is_read(text, expected):
+    assert parse_size(text) == expected
+    assert parse_duration("1e2s") == 100.0
+
+
+@pytest.mark.parametrize("parse,text,match", [(parse_size, "-5MB", "size '-5MB' is negative; a size is 0 or more"),
+                                              (parse_duration, "-1s", "duration '-1s' is negative"),
+                                              (parse_size, "1e400GB", "larger than any memory"),
+                                              (parse_duration, "1e400h", "is infinite")])
+def test_negative_and_endless_values_say_so(parse, text, match):
+    with pytest.raises(ValueError, match=match):
+        parse(text)
+
+
 @pytest.mark.parametrize("n,expected", [(None, "?"), (0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"),
                                         (3 * 2**29, "1.5 GiB"), (-5 * 2**20, "-5.0 MiB"), (3 * 2**40, "3.0 TiB")])
 def test_format_bytes_picks_the_unit(n, expected):

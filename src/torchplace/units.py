@@ -17,17 +17,23 @@ SIZE_UNITS = {
 }
 DURATION_UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 _BINARY = (("B", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40))
-_NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+_NUMBER_UNIT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")  # 1.5GiB, 1e3MB
+
+
+def _refuse_negative(text: str, what: str, example: str) -> None:
+    if text.strip().startswith("-") and _NUMBER_UNIT.match(text.strip()[1:]):
+        raise ValueError(f"{what} {text!r} is negative; a {what} is 0 or more, e.g. {example}.")
 
 
 def parse_size(text: str | int, *, bare: str = "B") -> int:
-    """Bytes from ``"20GiB"``, ``"500MB"``, ``"1.5G"``, or a bare number in the unit `bare` (bytes).
+    """Bytes from ``"20GiB"``, ``"500MB"``, ``"1.5G"``, ``"1e3MB"``, or a bare number in the unit `bare` (bytes).
 
-    >>> parse_size("20GiB"), parse_size("4096"), parse_size("2", bare="GiB")
-    (21474836480, 4096, 2147483648)
+    >>> parse_size("20GiB"), parse_size("4096"), parse_size("2", bare="GiB"), parse_size("1e3MB")
+    (21474836480, 4096, 2147483648, 1000000000)
     """
     if isinstance(text, int):
         return text
+    _refuse_negative(text, "size", "20GiB")
     m = _NUMBER_UNIT.match(text)
     unit = (m.group(2) or bare).lower() if m else None
     if not m or unit not in SIZE_UNITS:
@@ -35,7 +41,10 @@ def parse_size(text: str | int, *, bare: str = "B") -> int:
         raise ValueError(f"size {text!r} is not understood; write a number with an optional unit, "
                          f"e.g. 20GiB, 500MiB, 40GB; a bare number is {meaning} "
                          f"(units: {', '.join(SIZE_UNITS)}).")
-    return int(float(m.group(1)) * SIZE_UNITS[unit])
+    value = float(m.group(1)) * SIZE_UNITS[unit]
+    if value > 2**80:  # 1e400GB is infinite: no int; no memory or disk is within a million times of it
+        raise ValueError(f"size {text!r} is larger than any memory or disk; write e.g. 20GiB.")
+    return int(value)
 
 
 def parse_duration(text: str | float) -> float:
@@ -46,12 +55,16 @@ def parse_duration(text: str | float) -> float:
     """
     if isinstance(text, (int, float)):
         return float(text)
+    _refuse_negative(text, "duration", "10m")
     m = _NUMBER_UNIT.match(text)
     unit = (m.group(2) or "s").lower() if m else None
     if not m or unit not in DURATION_UNITS:
         raise ValueError(f"duration {text!r} is not understood; write seconds or a number with "
                          "s, m or h, e.g. 90, 30s, 10m, 1h.")
-    return float(m.group(1)) * DURATION_UNITS[unit]
+    value = float(m.group(1)) * DURATION_UNITS[unit]
+    if value == float("inf"):
+        raise ValueError(f"duration {text!r} is infinite; write seconds or a number with s, m or h, e.g. 10m.")
+    return value
 
 
 def format_bytes(n: int | float | None, unit: str | None = None, digits: int = 1) -> str:

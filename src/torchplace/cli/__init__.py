@@ -86,9 +86,10 @@ def _check_types(parser: argparse.ArgumentParser) -> None:
         if not isinstance(action, argparse._StoreAction):
             continue
         dest = action.dest
-        if action.type is int:
-            high = 100 if dest == "max_utilization" else t.C_INT_MAX
-            action.type = t.whole_number(1 if dest in _POSITIVE_INTS else 0, high)
+        if action.type is int and dest == "max_utilization":
+            action.type = t.percent
+        elif action.type is int:
+            action.type = t.whole_number(1 if dest in _POSITIVE_INTS else 0, t.C_INT_MAX)
         elif action.type is float:
             action.type = t.number(0.0, above=dest == "seconds")
         elif action.type is None and action.nargs is None:
@@ -137,10 +138,29 @@ def _main(argv: list[str]) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help and --version end here, after printing
         return exc.code if isinstance(exc.code, int) else 0
+    except UsageError as exc:
+        raise _dash_value(exc, argv) from None
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
     return int(args.func(args) or 0)
+
+
+def _dash_value(exc: UsageError, argv: list[str]) -> UsageError:
+    """argparse reads a value that starts with '-' ('--min-free-memory -5MB') as the next option and
+    says only "expected one argument": name the value it skipped and the spelling that passes it."""
+    found = re.search(r"argument (\S+?): expected one argument", str(exc))
+    if not found:
+        return exc
+    names = found.group(1).split("/")
+    for i, word in enumerate(argv[:-1]):
+        value = argv[i + 1]
+        if word in names and value.startswith("-") and value != "--":
+            head, _, tail = str(exc).partition(". See `")
+            return UsageError(f"{head}: {value!r} after {word} starts with '-', so it was read as an option, not "
+                              f"as the value. Fix: write {word}={value} to pass it as the value (no option takes a "
+                              f"negative number). See `{tail}")
+    return exc
 
 
 # C0 and C1 control characters but newline and tab, and the bidirectional overrides and isolates

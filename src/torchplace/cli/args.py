@@ -43,6 +43,8 @@ def whole_number(minimum: int = 0, maximum: int = C_INT_MAX) -> Callable[[str], 
 
     def parse(text: str) -> int:
         raw = text.strip()
+        if raw.startswith("-") and _ASCII_INT.fullmatch(raw[1:]):
+            raise _fail(text, f"is negative; write a whole number from {minimum} to {maximum}.")
         if not _ASCII_INT.fullmatch(raw):
             raise _fail(text, f"is not a whole number{_ascii_hint(raw)}; write e.g. {max(minimum, 1)}.")
         if len(raw) > 12 or int(raw) > maximum:
@@ -80,8 +82,17 @@ def count_or_auto(text: str) -> int | str:
     try:
         return whole_number(1, 4096)(text)
     except argparse.ArgumentTypeError as exc:
-        raise argparse.ArgumentTypeError(f"{str(exc).replace('; write e.g. 1.', '')}: give a number of GPUs "
-                                         "(1 or more) or 'auto'.") from None
+        said = str(exc).replace("; write e.g. 1.", "").replace("; write a whole number from 1 to 4096.", "")
+        raise argparse.ArgumentTypeError(f"{said.rstrip('.')}: give a number of GPUs (1 or more) or 'auto'.") from None
+
+
+def percent(text: str) -> int:
+    """`--max-utilization`: a whole number 0..100, with or without a trailing '%'."""
+    raw = text.strip()
+    try:
+        return whole_number(0, 100)(raw[:-1] if raw.endswith("%") else raw)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("write e.g. 1.", "write a percentage, e.g. 80.")) from None
 
 
 def size(text: str) -> int:
