@@ -246,7 +246,9 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
         device: where tensors go ("cpu", "cuda:0", a torch.device, ...; resolved and validated).
             With a model, the model is moved there first; without one, tensors go to the model's
             own devices, or to the CPU.
-        model: loaded first, so the optimizer's state lands on its parameters' devices.
+        model: loaded first, so the optimizer's state lands on its parameters' devices. Keys the
+            file leaves out because the model ties them to a saved key are filled from it; a model
+            made on the meta device takes the file's tensors as its own.
         optimizer: its `load_state_dict` is called with the saved state.
         scheduler: as `optimizer`.
         scaler: as `optimizer`.
@@ -263,8 +265,9 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
 
     Raises:
         CheckpointError: PATH does not exist or holds no checkpoint, a torn, corrupt or unknown
-            file, a checksum mismatch, keys or shapes that do not fit the model, or a file that
-            needs pickle without `trust_pickle=True`.
+            file, a checksum mismatch, keys or shapes that do not fit the model, an optimizer whose
+            groups do not fit, or a file that needs pickle without `trust_pickle=True` (each before
+            anything is loaded, where it can be known before).
         DeviceError: DEVICE does not exist here.
 
     Example:
