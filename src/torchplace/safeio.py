@@ -38,6 +38,35 @@ def kind_of(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "not a regular file")
 
 
+def missing(path: str | os.PathLike[str]) -> str:
+    """'PATH does not exist', with what does: a quoted '~' the shell did not expand, the names in its
+    folder that are close to it, or the nearest folder above it that exists."""
+    import difflib
+
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    said = f"{text} does not exist"
+    if text.startswith("~") and os.path.expanduser(text) != text:
+        expanded = os.path.expanduser(text)
+        there = "exists" if os.path.exists(expanded) else "does not exist either"
+        return (f"{said} ('~' is a shell's shorthand, expanded only when unquoted, and Python does not expand "
+                f"it: {expanded} {there}).")
+    folder = os.path.dirname(os.path.abspath(text))
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        above = folder
+        while not os.path.isdir(above) and os.path.dirname(above) != above:
+            above = os.path.dirname(above)
+        return f"{said}: its folder {folder} does not exist (the nearest that does is {above})."
+    close = difflib.get_close_matches(os.path.basename(text), names, n=3, cutoff=0.6)
+    if close:
+        return f"{said}. Close names in {folder}: {', '.join(close)}."
+    shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+    return f"{said}. {folder} holds: {shown or 'nothing'}."
+
+
 def open_regular(path: str | os.PathLike[str], error: type[TorchplaceError], fix: str) -> tuple[int, int]:
     """(fd, size) of the regular file PATH, opened read-only; ERROR (ending with FIX) for anything else.
 
@@ -48,7 +77,7 @@ def open_regular(path: str | os.PathLike[str], error: type[TorchplaceError], fix
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
-        raise error(f"{path} does not exist. {fix}") from None
+        raise error(f"{missing(path)} {fix}") from None
     except OSError as exc:
         raise error(f"cannot open {path}: {exc.strerror or exc}. {fix}") from None
     try:

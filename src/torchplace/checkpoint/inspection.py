@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .. import safeio
 from ..errors import CheckpointError
 from ..progress import ProgressFn, begin, reporting
 from . import codec, foreign
@@ -171,7 +172,7 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
     PROGRESS, if given, hears the verification (see torchplace.progress)."""
     path = Path(path)
     if not path.exists():
-        raise CheckpointError(f"{path} does not exist. Fix: check the path.")
+        raise CheckpointError(f"{safeio.missing(path)} Fix: check the path.")
     folder = path.parent if is_pointer(path) else path
     series = complete_checkpoints(folder) if folder.is_dir() and foreign.sniff(folder) == "unknown" else []
     if series:  # a run folder (save(..., keep_last=N)): what torchplace.load(folder) would load
