@@ -182,6 +182,16 @@ def tied_groups(model: nn.Module) -> list[list[str]]:
     return [keys for keys in by_tensor.values() if len(keys) > 1]
 
 
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """A and B hold equal values: at once when they are one view of one storage (a torch.save of a tied
+    model keeps both keys so), else compared."""
+    if a is b or (a.device == b.device and a.dtype == b.dtype and a.stride() == b.stride() and not a.is_meta
+                  and a.storage_offset() == b.storage_offset()
+                  and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()):
+        return True
+    return torch.equal(a, b.to(a.device))
+
+
 def fill_tied(sd: Mapping[str, Any], model: nn.Module) -> tuple[Mapping[str, Any], list[str], list[str]]:
     """SD with the keys a file leaves out because the model ties them to a key it has (transformers'
     save_pretrained writes one key of each tied group) filled from that key; notes on what was filled;
@@ -198,7 +208,7 @@ def fill_tied(sd: Mapping[str, Any], model: nn.Module) -> tuple[Mapping[str, Any
             if k not in sd:
                 filled[k] = present[0]
         unequal = [k for k in present[1:] if isinstance(first, torch.Tensor) and isinstance(sd[k], torch.Tensor)
-                   and sd[k].shape == first.shape and not torch.equal(sd[k], first.to(sd[k].device))]
+                   and sd[k].shape == first.shape and not _same_values(sd[k], first)]
         if unequal:
             differ.append(" = ".join([present[0], *unequal]))
     if not filled:
