@@ -120,3 +120,16 @@ def test_accelerate_save_state_directories_load(tmp_path: Path) -> None:
         assert torch.equal(a, b)
     assert target_opt.state_dict()["state"][0]["step"] == 1
     assert "scheduler" in ck and inspect(tmp_path / "acc").tool.startswith("accelerate")
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_a_plain_pickle_of_protocol_4_is_named_as_such_not_as_code(tmp_path):
+    """pickle.dump's default protocol frames its data (FRAME, 149), which torch's safe unpickler does
+    not read: it was reported as 'a pickle that needs code from the file to load (Unsupported operand 149)'."""
+    import pickle
+
+    path = tmp_path / "weights.pkl"
+    path.write_bytes(pickle.dumps({"lr": 0.1}, protocol=4))
+    with pytest.raises(torchplace.CheckpointError, match=r"plain pickle of protocol 4 or later .* FRAME instruction .*"
+                                              r"trust_pickle=True.*write it again with torch.save"):
+        inspect(path)

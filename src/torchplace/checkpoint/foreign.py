@@ -116,6 +116,13 @@ def torch_load(path: Path, map_location: Any, trust_pickle: bool, *, mmap: bool 
         return torch.load(path, **kwargs)
     except pickle.UnpicklingError as exc:
         needs = None if trust_pickle else _needs_code(str(exc))
+        framing = re.search(r"Unsupported operand (\d+)", str(exc))
+        if not trust_pickle and framing and int(framing.group(1)) in _PROTOCOL4:
+            op = pickletools.code2op[chr(int(framing.group(1)))].name
+            raise CheckpointError(f"{path} is a plain pickle of protocol 4 or later (as pickle.dump writes it; "
+                                  f"torch.save writes a zip archive), whose {op} instruction torch's safe unpickler "
+                                  f"does not read. {PICKLE_FIX} Or load it with pickle where you trust it and write "
+                                  "it again with torch.save.") from None
         if needs is None:  # not a pickle at all (a byte no pickle has), or broken even when trusted
             lines = str(exc).splitlines()
             raise CheckpointError(f"{path} cannot be read as a torch.save file (it is not a pickle torch can read: "
@@ -127,6 +134,10 @@ def torch_load(path: Path, map_location: Any, trust_pickle: bool, *, mmap: bool 
         lines = str(exc).splitlines()
         raise CheckpointError(f"{path} cannot be read as a torch.save file ({type(exc).__name__}: "
                               f"{(lines[0] if lines else '')[:300]}). {FIX_COMPLETE}") from None
+
+
+# the instructions protocols 4 and 5 added that build no object from code (FRAME, MEMOIZE, ...)
+_PROTOCOL4 = {ord(pickletools.code2op[c].code) for c in "\x95\x94\x8c\x8d\x8e\x96\x97\x98"}
 
 
 def _needs_code(message: str) -> str | None:
