@@ -238,8 +238,10 @@ def _packed_ratios(result: BenchResult, ms: dict[str, float], cpu: dict[str, flo
     result.notes.append(f"packed_collate, {what}, copies only: " + ", ".join(f"{k} {v:.3g}" for k, v in ratios.items()))
     if not targets:
         return
-    result.targets.append(Target(f"packed_collate + DeviceLoader / one pre-packed pinned copy, {what}, host time "
-                                 "per batch, copies only", ratios["host_vs_one_packed_copy"], 2.0, "<="))
+    if not tag:  # issue 21's host target is for the 64 tensors; the recommender batch's copy (13 µs for
+        # 588 KB) is too short to be the yardstick: its ratio measures making 53 views, and stays a note
+        result.targets.append(Target(f"packed_collate + DeviceLoader / one pre-packed pinned copy, {what}, host "
+                                     "time per batch, copies only", ratios["host_vs_one_packed_copy"], 2.0, "<="))
     if f"cpu_vs_{send_name}" in ratios:
         result.targets.append(Target(f"packed_collate + DeviceLoader / {send_name}, {what}, training-process CPU "
                                      "per batch, copies only", ratios[f"cpu_vs_{send_name}"], 0.25, "<="))
