@@ -53,3 +53,20 @@ def test_recommender_batches_and_to_device_and_the_sync_loader(dev):
         assert_same(_recsys_batch(i), batch)
     big = pack(_recsys_batch(0, batch_size=4096))  # values above the size limit keep their own copy
     assert_same(_recsys_batch(0, batch_size=4096), tp.to_device(big, dev))
+
+
+@pytest.mark.parametrize("under", ["default stream", "own stream"])
+def test_staging_on_the_loops_thread_leaves_its_stream_current(dev, under):
+    """Packed batches are staged on the loop's thread, switching to the side stream through
+    torch.accelerator's calls: after every next() the loop's stream (and device) is current again,
+    and the batches read right under it are the source's bytes."""
+    batches = [pack(_recsys_batch(i)) for i in range(6)]
+    user = torch.cuda.Stream(dev) if under == "own stream" else torch.cuda.current_stream(dev)
+    with torch.cuda.stream(user):
+        loader = tp.DeviceLoader([b.pin_memory() for b in batches], dev)
+        for i, batch in enumerate(loader):
+            assert torch.cuda.current_stream(dev) == user and torch.cuda.current_device() == dev.index
+            assert loader.stream != user
+            doubled = {k: v * 2 for k, v in batch["sparse"]["cat_0"].items()}  # queued on the loop's stream
+            want = _recsys_batch(i)["sparse"]["cat_0"]
+            assert all(torch.equal(doubled[k].cpu(), want[k] * 2) for k in want)
