@@ -71,11 +71,16 @@ def module_path(chain: list[torch.nn.Module], root: torch.nn.Module | None, root
 
 
 def root_of(model: torch.nn.Module | None, chain: list[torch.nn.Module]) -> tuple[torch.nn.Module | None, str]:
-    """The module paths' root: the given model ("model"), else the outermost running module (its class)."""
+    """The module paths' root: the given model ("model"), else the outermost running module (its class).
+    A wrapper (DDP, DataParallel, torch.compile, Lightning Fabric's _FabricModule) is seen through, so
+    paths read `model.encoder.0`, as the user's class names it, not `model._forward_module.encoder.0`."""
+    from ..checkpoint.state_dicts import unwrap
+
     if model is not None:
-        return model, "model"
+        return unwrap(model), "model"
     if chain:
-        return chain[0], type(chain[0]).__name__
+        inner = unwrap(chain[0])
+        return inner, type(inner).__name__
     return None, "model"
 
 
@@ -87,6 +92,8 @@ class ModuleNames:
         self.root, self.root_label, self.user_frames = root, root_label, user_frames
 
     def path(self, target: torch.nn.Module) -> str | None:
+        from ..checkpoint.state_dicts import unwrap
+
         if self.root is not None:
             found = _find_module(self.root, self.root_label, target)
             if found:
@@ -97,7 +104,7 @@ class ModuleNames:
                     continue
                 if isinstance(value, torch.nn.Module) or value is target:
                     label = self.root_label if value is self.root else name
-                    found = _find_module(value, label, target) if isinstance(value, torch.nn.Module) else None
+                    found = _find_module(unwrap(value), label, target) if isinstance(value, torch.nn.Module) else None
                     if found:
                         return found
         return None

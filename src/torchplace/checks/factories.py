@@ -12,6 +12,7 @@ set of constructors `with torch.device(...)` redirects, and TorchScript's builti
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -47,7 +48,9 @@ class FactoryCheck(TorchFunctionMode):
                 if device is not None and self.implicit:
                     report_implicit(self.implicit, device, f"torch.{name}(..., device={device.type!r})")
             elif self.omitted and func in FACTORIES and not (args and isinstance(args[0], torch.Tensor)):
-                if torch.get_default_device().type == "cpu" and not _in_module_init(sys._getframe(1)):
+                caller = sys._getframe(1)
+                if torch.get_default_device().type == "cpu" and not _in_module_init(caller) \
+                        and not _in_data_loading(caller):
                     _report_omitted(self.omitted, name)
         return func(*args, **kwargs)
 
@@ -55,6 +58,19 @@ class FactoryCheck(TorchFunctionMode):
 def _in_module_init(frame: Any) -> bool:
     """Tensors made while a module is built become its buffers and move with .to(): not a mistake."""
     return frame.f_code.co_name == "__init__" and isinstance(frame.f_locals.get("self"), torch.nn.Module)
+
+
+_DATA_LOADING = f"{os.sep}torch{os.sep}utils{os.sep}data{os.sep}"
+
+
+def _in_data_loading(frame: Any) -> bool:
+    """A Dataset's __getitem__, a collate_fn or a sampler, run by the DataLoader: batches are made on the
+    CPU (worker processes cannot make CUDA tensors) and moved by the loop, so the CPU is right there."""
+    while frame is not None:
+        if _DATA_LOADING in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _report_omitted(action: str, name: str) -> None:

@@ -10,6 +10,7 @@ this module puts them together into the report and its fix.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from types import FrameType
 
@@ -195,9 +196,17 @@ def to_error(exc: BaseException, model: torch.nn.Module | None = None,
     return err
 
 
+_OVERRIDES = os.path.join(fr.TORCH_DIR, "overrides.py")
+
+
 def _op_index(entries: list[tuple[FrameType, int, int]]) -> int:
     """The frame that called the failing op: the last one above torch's op machinery."""
-    limit = next((i for i, e in enumerate(entries) if fr.is_internal(e[0].f_code.co_filename)), len(entries))
+    first = 0  # strict(factories=True)'s TorchFunctionMode re-runs each call: the op is below the mode's frame
+    for i in range(1, len(entries)):
+        if fr.is_plumbing(entries[i][0]) and entries[i - 1][0].f_code.co_filename == _OVERRIDES:
+            first = i + 1
+    limit = next((i for i in range(first, len(entries)) if fr.is_internal(entries[i][0].f_code.co_filename)),
+                 len(entries))
     for i in range(limit - 1, -1, -1):
         if not fr.is_plumbing(entries[i][0]):
             return i
