@@ -168,8 +168,13 @@ def test_ctrl_c_during_convert_leaves_no_partial_file(tmp_path: Path) -> None:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.Popen([sys.executable, "-m", "torchplace", "ckpt", "convert", str(src), str(out_dir / "o.pt")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    time.sleep(1.0)  # past interpreter start-up, where Python itself prints a traceback for SIGINT
-    proc.send_signal(signal.SIGINT)
+    # Interrupt once the write has begun (its temporary file is there): past interpreter start-up and
+    # imports, where Python itself prints a traceback for SIGINT (a fixed sleep was too short on a busy host).
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and not any(out_dir.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert "Traceback" not in err, err[-2000:]
     left = sorted(p.name for p in out_dir.iterdir())
