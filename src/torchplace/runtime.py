@@ -255,7 +255,8 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
     launch = read_launch_env()
     info = None
     existing = torch.distributed.is_available() and torch.distributed.is_initialized()  # Fabric, Accelerate
-    if distributed is True or (distributed == "auto"
+    lightning = launch.launcher == "lightning" and not existing  # Lightning's launcher: its fit makes the group
+    if distributed is True or (distributed == "auto" and not lightning
                                and (existing or launch.launched and (launch.world_size or 1) > 1)):
         from .distributed.group import init
 
@@ -268,6 +269,10 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
                             if info.restarted else ""))
     else:
         dev = resolve_device(device)
+        if lightning and distributed == "auto":
+            decisions.append(f"process group: none yet; Lightning's launcher started this process (local rank "
+                             f"{launch.local_rank} of WORLD_SIZE={launch.world_size}) and its Trainer.fit / "
+                             "Fabric.launch makes the group (torchplace.dist.init() afterwards adopts it)")
     decisions.insert(0, _describe_device(dev) + (" (auto)" if device == "auto" else ""))
 
     plan = None

@@ -13,7 +13,8 @@ from .registry import Finding, check
 if TYPE_CHECKING:
     from ..hardware.facts import Facts
 
-_LAUNCHERS = {"torchrun": "torchrun", "slurm": "srun (SLURM)", "env": "RANK/WORLD_SIZE set by hand or another launcher"}
+_LAUNCHERS = {"torchrun": "torchrun", "slurm": "srun (SLURM)", "env": "RANK/WORLD_SIZE set by hand or another launcher",
+              "mpi": "mpirun (MPI)", "lightning": "Lightning's launcher (it makes the process group in fit)"}
 
 
 def _where(launch: LaunchEnv) -> str:
@@ -47,7 +48,8 @@ def check_rendezvous(facts: Facts) -> list[Finding]:
     if not launch.launched:
         return []
     try:
-        check_launch_env(launch)
+        if launch.launcher != "lightning":  # no RANK until Lightning's fit: not a mistake (launch_others.py)
+            check_launch_env(launch)
     except DistributedError as exc:
         return [Finding("launch.inconsistent", "error", f"The {launch.launcher} launch environment is inconsistent",
                         str(exc))]

@@ -1,4 +1,4 @@
-"""What the launcher (torchrun or SLURM) told this process, read purely from the environment.
+"""What the launcher (torchrun or SLURM; MPI and Lightning in launch_others) told this process.
 
 torchrun sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and the
 TORCHELASTIC_* variables; srun sets SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, ... . This
@@ -77,7 +77,10 @@ def local_rank(env: Mapping[str, str] | None = None) -> int | None:
         return value
     if e.get("RANK") is not None:  # torchrun-style launch without LOCAL_RANK: do not mix in SLURM
         return None
-    return _int_var(e, "SLURM_LOCALID")
+    from .launch_others import read_mpi  # mpirun in an sbatch script: SLURM_LOCALID is the batch step's
+
+    mpi = read_mpi(e)
+    return mpi.local_rank if mpi is not None else _int_var(e, "SLURM_LOCALID")
 
 
 @dataclass(frozen=True)
@@ -120,11 +123,16 @@ class LaunchEnv:
 def read_launch_env(env: Mapping[str, str] | None = None) -> LaunchEnv:
     """Read what torchrun, another env:// launcher, or srun set for this process. Never validates
     consistency (see `check`); raises DistributedError only for values that are not integers."""
+    from .launch_others import read_mpi, settle  # which launcher wins when several did: launch_others.py
+
     e = _env(env)
     if e.get("RANK") is not None or e.get("WORLD_SIZE") is not None:
-        return _read_torchrun(e)
+        return settle(_read_torchrun(e), e)
+    mpi = read_mpi(e)
+    if mpi is not None:
+        return settle(mpi, e)
     if e.get("SLURM_PROCID") is not None and e.get("SLURM_NTASKS") is not None:
-        return _read_slurm(e)
+        return settle(_read_slurm(e), e)
     return LaunchEnv(launcher=None, local_rank=local_rank(e),
                      variables={k: e[k] for k in ("LOCAL_RANK", "SLURM_LOCALID") if k in e})
 
@@ -344,9 +352,11 @@ def check(launch: LaunchEnv) -> None:
     """
     if launch.launcher is None:
         return
-    rank_var, world_var, lrank_var = (("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
-                                      if launch.launcher == "slurm" else
-                                      ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    from .launch_others import lightning_problem, variable_names
+
+    if launch.launcher == "lightning":
+        raise DistributedError(lightning_problem(launch))
+    rank_var, world_var, lrank_var, fix = variable_names(launch)
     problems: list[str] = []
     if launch.rank is None:
         problems.append(f"{rank_var} is not set (this process's global rank)")
@@ -383,5 +393,4 @@ def check(launch: LaunchEnv) -> None:
     if problems:
         raise DistributedError(
             f"The {launch.launcher} launch environment is inconsistent: " + "; ".join(problems)
-            + f". Read: {launch.describe()}. Fix: start the job with `torchplace run --gpus N -- CMD` "
-            "or torchrun, which set all of these together, or correct the variables named.")
+            + f". Read: {launch.describe()}. Fix: {fix}")
