@@ -269,6 +269,8 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
             groups do not fit, or a file that needs pickle without `trust_pickle=True` (each before
             anything is loaded, where it can be known before).
         DeviceError: DEVICE does not exist here.
+        TypeError: `model` is not a module (a state dict, a list of modules), or another object
+            to fill has no load_state_dict().
 
     Example:
         ```python
@@ -282,6 +284,7 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
         print(ck.extra["step"], torch.equal(fresh.weight, model.weight))
         ```
     """
+    state_dicts.module_to_fill(model)
     objects = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, **more_state}
     for name, obj in objects.items():
         if obj is not None and not callable(getattr(obj, "load_state_dict", None)):

@@ -60,13 +60,40 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def state_of(obj: Any, what: str) -> Any:
     """OBJ's state dict, or OBJ itself when it is already a mapping (e.g. from another checkpoint)."""
-    if obj is None or isinstance(obj, Mapping):
+    if obj is None:
+        return obj
+    if isinstance(obj, Mapping):
+        if any(isinstance(v, nn.Module) for v in obj.values()):
+            raise TypeError(f"save({what}=...) got a {type(obj).__name__} of modules. {_SEVERAL.format(call='save')}")
         return obj
     if isinstance(obj, nn.Module):
         return module_state(obj)
     if callable(getattr(obj, "state_dict", None)):
         return obj.state_dict()
-    raise TypeError(f"{what}= must be an object with state_dict() or a mapping, not {type(obj).__name__}")
+    several = f" {_SEVERAL.format(call='save')}" if _holds_modules(obj) else ""
+    raise TypeError(f"{what}= must be an object with state_dict() or a mapping, not {type(obj).__name__}.{several}")
+
+
+_SEVERAL = ("Pass one module (or its state dict) as model=, and other modules by name: "
+            "{call}(path, model=model, ema=ema_model), or hold them in one nn.ModuleDict / nn.ModuleList.")
+
+
+def _holds_modules(obj: Any) -> bool:
+    return isinstance(obj, (list, tuple)) and any(isinstance(v, nn.Module) for v in obj)
+
+
+def module_to_fill(model: Any) -> None:
+    """Refuse a load's model= that is not a module to fill in place (a state dict, a list of modules)."""
+    if model is None or isinstance(model, nn.Module):
+        return
+    if isinstance(model, Mapping) and not any(isinstance(v, nn.Module) for v in model.values()):
+        raise TypeError(f"load(model=...) fills an nn.Module's tensors in place; it got a {type(model).__name__} "
+                        "(a state dict?). Fix: pass the module to fill, or call load(path) without model= and "
+                        "read the saved tensors from ck['model'].")
+    several = _SEVERAL.format(call="load") if _holds_modules(model) or isinstance(model, Mapping) else \
+        "Fix: pass the nn.Module to fill (a wrapper such as DDP or torch.compile's is fine)."
+    raise TypeError(f"load(model=...) fills an nn.Module's tensors in place; it got a {type(model).__name__}. "
+                    f"{several}")
 
 
 def module_state(model: nn.Module) -> OrderedDict[str, Any]:

@@ -59,6 +59,7 @@ class DeviceLoader(Generic[T]):
 
     Raises:
         DeviceError: the device does not exist here.
+        TypeError: `loader` is not iterable, or `transform` is not callable.
         ValueError: `prefetch` is not an int >= 1.
 
     Example:
@@ -79,6 +80,13 @@ class DeviceLoader(Generic[T]):
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"DeviceLoader(prefetch={prefetch!r}): prefetch is the number of batches copied "
                              "ahead and must be an int >= 1 (2 hides a copy behind one step of compute).")
+        if not (hasattr(type(loader), "__iter__") or hasattr(type(loader), "__getitem__")):
+            raise TypeError(f"DeviceLoader(loader={type(loader).__name__}): the loader must be iterable (a DataLoader "
+                            "or any iterable of batches). Fix: DeviceLoader(DataLoader(dataset, batch_size=...), "
+                            "device).")
+        if transform is not None and not callable(transform):
+            raise TypeError(f"DeviceLoader(transform={type(transform).__name__}): transform must be a function of "
+                            "the batch, run on the device after each copy (e.g. image_transform(mean, std)), or None.")
         self.loader = loader
         self.device = target_device(device)
         self.prefetch = prefetch

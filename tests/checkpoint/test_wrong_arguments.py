@@ -1,0 +1,71 @@
+"""First-contact mistakes with save/load's and DeviceLoader's arguments get a TypeError that names
+what was passed and the call that works, before anything is read, written or moved (found by the
+new-user pass: load(model=[m]) raised AttributeError 'list' object has no attribute 'parameters',
+DeviceLoader(None) failed only when iterated)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import torchplace as tp
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> Path:
+    return tp.save(tmp_path / "m.pt", model=nn.Linear(2, 2), rng_state=False)
+
+
+@pytest.mark.parametrize("bad", [lambda m: [m], lambda m: (m,), lambda m: {"a": m}], ids=["list", "tuple", "dict"])
+def test_several_modules_are_asked_for_by_name(saved: Path, tmp_path: Path, bad) -> None:
+    m = nn.Linear(2, 2)
+    before = m.weight.detach().clone()
+    with pytest.raises(TypeError, match=r"model=model, ema=ema_model.*ModuleDict"):
+        tp.load(saved, model=bad(m))
+    assert torch.equal(m.weight, before)
+    with pytest.raises(TypeError, match=r"save\(path, model=model, ema=ema_model\)"):
+        tp.save(tmp_path / "x.pt", model=bad(m))
+    assert not (tmp_path / "x.pt").exists()
+
+
+def test_a_state_dict_is_not_a_model_to_fill(saved: Path) -> None:
+    with pytest.raises(TypeError, match=r"a state dict\?.*ck\['model'\]"):
+        tp.load(saved, model=nn.Linear(2, 2).state_dict())
+    assert set(tp.load(saved)["model"]) == {"weight", "bias"}  # the way the message names works
+
+
+@pytest.mark.parametrize("bad", ["model", 5])
+def test_other_objects_name_their_type_and_the_fix(saved: Path, bad) -> None:
+    with pytest.raises(TypeError, match=rf"got a {type(bad).__name__}\. Fix: pass the nn.Module to fill"):
+        tp.load(saved, model=bad)
+
+
+def test_a_wrapped_module_is_still_a_model(saved: Path) -> None:
+    fresh = nn.Linear(2, 2)
+    tp.load(saved, model=nn.DataParallel(fresh))
+    assert torch.equal(fresh.weight, tp.load(saved)["model"]["weight"])
+
+
+@pytest.mark.parametrize("bad", [None, 5, 2.5])
+def test_device_loader_refuses_what_is_not_iterable_when_made(bad) -> None:
+    with pytest.raises(TypeError, match=r"must be iterable.*DataLoader\(dataset, batch_size=\.\.\.\)"):
+        tp.DeviceLoader(bad, "cpu")
+
+
+def test_device_loader_refuses_a_transform_that_is_not_callable() -> None:
+    with pytest.raises(TypeError, match=r"transform must be a function of the batch"):
+        tp.DeviceLoader([torch.ones(1)], "cpu", transform=5)
+
+
+def test_anything_iterable_is_still_a_loader() -> None:
+    class Indexed:  # the old sequence protocol: __getitem__ until IndexError
+        def __getitem__(self, i: int) -> torch.Tensor:
+            if i >= 2:
+                raise IndexError(i)
+            return torch.full((1,), float(i))
+
+    assert [t.item() for t in tp.DeviceLoader(Indexed(), "cpu")] == [0.0, 1.0]
+    assert [t.item() for t in tp.DeviceLoader((torch.ones(1) for _ in range(2)), "cpu")] == [1.0, 1.0]
