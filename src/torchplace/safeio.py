@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shlex
 import stat
 import types
 import typing
@@ -67,6 +68,11 @@ def missing(path: str | os.PathLike[str]) -> str:
     return f"{said}. {folder} holds: {shown or 'nothing'}."
 
 
+def _uid() -> str:
+    geteuid = getattr(os, "geteuid", None)
+    return f" (uid {geteuid()})" if geteuid else ""
+
+
 def open_regular(path: str | os.PathLike[str], error: type[TorchplaceError], fix: str) -> tuple[int, int]:
     """(fd, size) of the regular file PATH, opened read-only; ERROR (ending with FIX) for anything else.
 
@@ -78,6 +84,9 @@ def open_regular(path: str | os.PathLike[str], error: type[TorchplaceError], fix
         fd = os.open(path, flags)
     except FileNotFoundError:
         raise error(f"{missing(path)} {fix}") from None
+    except PermissionError as exc:
+        raise error(f"cannot open {path}: {exc.strerror or exc}: this user{_uid()} may not read it. Fix: "
+                    f"check its permissions (ls -l {shlex.quote(str(path))}), or read it as a user who may.") from None
     except OSError as exc:
         raise error(f"cannot open {path}: {exc.strerror or exc}. {fix}") from None
     try:
