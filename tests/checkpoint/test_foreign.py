@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -122,7 +123,6 @@ def test_accelerate_save_state_directories_load(tmp_path: Path) -> None:
     assert "scheduler" in ck and inspect(tmp_path / "acc").tool.startswith("accelerate")
 
 
-@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_a_plain_pickle_of_protocol_4_is_named_as_such_not_as_code(tmp_path):
     """pickle.dump's default protocol frames its data (FRAME, 149), which torch's safe unpickler does
     not read: it was reported as 'a pickle that needs code from the file to load (Unsupported operand 149)'."""
@@ -133,3 +133,32 @@ def test_a_plain_pickle_of_protocol_4_is_named_as_such_not_as_code(tmp_path):
     with pytest.raises(torchplace.CheckpointError, match=r"plain pickle of protocol 4 or later .* FRAME instruction .*"
                                               r"trust_pickle=True.*write it again with torch.save"):
         inspect(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's own "Detected pickle protocol 4" line is not shown beside ours
+        with pytest.raises(torchplace.CheckpointError, match="plain pickle of protocol 4"):
+            torchplace.load(path)
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_a_plain_pickle_of_protocol_2_or_3_is_named_as_such_not_as_corrupt(tmp_path, protocol):
+    """torch.load reads pickles of protocol 2 as its legacy format and said 'Invalid magic number; corrupt
+    file?'; a torch.save file of that format still loads."""
+    import pickle
+
+    path = tmp_path / "weights.pkl"
+    path.write_bytes(pickle.dumps({"lr": 0.1}, protocol=protocol))
+    with pytest.raises(torchplace.CheckpointError, match=rf"plain pickle of protocol {protocol} \(as pickle.dump "
+                                                         r"writes it\), not a torch.save file.*load it with pickle"):
+        inspect(path)
+    legacy = tmp_path / "legacy.pt"
+    torch.save({"w": torch.arange(3.0)}, legacy, _use_new_zipfile_serialization=False)
+    assert torch.equal(torchplace.load(legacy)["model"]["w"], torch.arange(3.0))
+
+
+def test_a_file_shorter_than_any_checkpoint_is_not_called_damaged(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("hello\n")
+    with pytest.raises(torchplace.CheckpointError, match=r"is 6 bytes long: too short to be a checkpoint of any kind") \
+            as info:
+        inspect(path)
+    assert "damaged" not in str(info.value)

@@ -15,6 +15,7 @@ import os
 import pickle
 import pickletools
 import re
+import warnings
 import zipfile
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -113,7 +114,9 @@ def torch_load(path: Path, map_location: Any, trust_pickle: bool, *, mmap: bool 
     if sniff(path) == "torch-zip":  # sniff refuses what is not a regular file (a FIFO, /dev/zero)
         check_zip(path)
     try:
-        return torch.load(path, **kwargs)
+        with warnings.catch_warnings():  # a plain pickle of protocol 4+ is explained below, once
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            return torch.load(path, **kwargs)
     except pickle.UnpicklingError as exc:
         needs = None if trust_pickle else _needs_code(str(exc))
         framing = re.search(r"Unsupported operand (\d+)", str(exc))
@@ -131,9 +134,28 @@ def torch_load(path: Path, map_location: Any, trust_pickle: bool, *, mmap: bool 
         raise CheckpointError(f"{path} is a pickle that needs code from the file to load{why}; torchplace "
                               f"does not run code from checkpoints by default. {PICKLE_FIX}") from None
     except Exception as exc:  # the unpickler parses untrusted bytes: whatever it raises, the file is at fault
+        protocol = _plain_pickle_protocol(path) if "Invalid magic number" in str(exc) else None
+        if protocol is not None:
+            raise CheckpointError(f"{path} is a plain pickle of protocol {protocol} (as pickle.dump writes it), not a "
+                                  "torch.save file, so torch.load cannot read it whatever it trusts. Fix: if you "
+                                  "trust whoever made it, load it with pickle and write it again with torch.save or "
+                                  "torchplace.save.") from None
         lines = str(exc).splitlines()
         raise CheckpointError(f"{path} cannot be read as a torch.save file ({type(exc).__name__}: "
                               f"{(lines[0] if lines else '')[:300]}). {FIX_COMPLETE}") from None
+
+
+def _plain_pickle_protocol(path: Path) -> int | None:
+    """The protocol of PATH when it is a pickle of protocol 2 or 3 that does not start the way torch.save's
+    legacy format does (its first pickle is a magic number, a 10-byte LONG1), else None."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return None
+    if len(head) == 4 and head[0] == 0x80 and head[1] in (2, 3) and head[2:] != b"\x8a\x0a":
+        return head[1]
+    return None
 
 
 # the instructions protocols 4 and 5 added that build no object from code (FRAME, MEMOIZE, ...)

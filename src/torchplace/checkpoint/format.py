@@ -212,8 +212,10 @@ def read_header(path: str | os.PathLike[str], fd: int | None = None) -> Header:
     try:
         size = os.fstat(fd).st_size
         if size < 8:
-            raise _damaged(path, f"the file is {size} bytes long, too short for even the length prefix "
-                                 "(a truncated or empty file)")
+            raise CheckpointError(f"{path} is {size} bytes long: too short to be a checkpoint of any kind (it is "
+                                  "empty, cut short, or another kind of file). Fix: check the path; if it is a "
+                                  "checkpoint cut short, load an older one (torchplace.load(DIRECTORY) picks the "
+                                  "newest complete one).")
         (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
         if n > size - 8:
             raise _damaged(path, f"the header length prefix says {n} bytes but the file holds only "
