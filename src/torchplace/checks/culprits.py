@@ -44,7 +44,8 @@ class Operand:
 
     def describe(self) -> str:
         shape = "[" + ", ".join(map(str, self.shape)) + "]"
-        text = f"{self.label}: {self.device} {self.dtype} {shape}"
+        text = f"{self.label}: {self.device} {self.dtype} {shape}" if self.kind != "inline" else \
+            f"{self.label}: {self.device}"
         if self.source != self.label:
             text += f" ({self.source})"
         if self.made:
@@ -237,6 +238,11 @@ def operands(op_frame: FrameType, expression: str | None, user: tuple[FrameType,
         for path, tensor in pairs:
             if id(tensor) not in found:
                 found[id(tensor)] = _info(path, tensor, origins)
+    present = {t.device for t in found.values() if not t.scalar}
+    for source, device in fr.inline_factories(expression):  # `x * torch.tensor([1., 2.])`: made in the op itself
+        if present and device not in present and len(found) < 64:
+            found[-len(found) - 1] = Operand(label=source, device=device, dtype="?", shape=(), kind="inline",
+                                             origin="made inside the expression")
     if user is not None and user[0] is not op_frame:  # the user's names for the same tensors
         for label, value in fr.named_values(fr.expression_at(*user), user[0]):
             if isinstance(value, torch.Tensor) and id(value) in found:

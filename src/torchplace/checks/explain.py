@@ -101,11 +101,14 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"explain() takes the model (an nn.Module) first, got {type(model).__name__}. "
                         "Fix: explain(model, batch, optimizer=opt).")
+    from ..checkpoint.state_dicts import unwrap
+
     problems: list[dict[str, str]] = []
-    devices = model_devices(model)
-    groups = module_groups(model, "model")
+    inner = unwrap(model)  # through DDP, DataParallel, torch.compile, Fabric: the paths the user's class has
+    devices = model_devices(inner)
+    groups = module_groups(inner, "model")
     result = Explanation(
-        model={"type": type(model).__name__, "devices": devices,
+        model={"type": type(inner).__name__, "devices": devices,
                "parameters": sum(g.elements for g in groups if g.parameters),
                "bytes": sum(g.bytes for g in groups)},
         modules=[g.to_dict() for g in groups],
@@ -116,10 +119,10 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
     )
     companions = [(i, v) for i, v in enumerate(inputs) if _is_companion(v)]
     args = tuple(v for v in inputs if not _is_companion(v))
-    _check_modules(model, groups, devices, problems)
-    result["plain_attributes"] = _check_attributes(model, problems)
+    _check_modules(inner, groups, devices, problems)
+    result["plain_attributes"] = _check_attributes(inner, problems)
     result["inputs"] = _check_inputs(args, devices, problems)
-    _check_unregistered(model, devices, problems)
+    _check_unregistered(inner, devices, problems)
     _check_parallel(model, problems)
     outputs: list[Any] = []
     result["forward"] = _run_forward(model, args, problems, outputs) if args else "not run: no inputs given"

@@ -150,6 +150,30 @@ def _factory_note(value: ast.AST | None) -> str | None:
     return None
 
 
+def inline_factories(expression: str | None) -> list[tuple[str, str]]:
+    """(source, device) of each torch factory call written inside EXPRESSION whose device can be read
+    without running anything (a literal device=, or none: the default device); 0-dim `torch.tensor(2.0)`
+    is left out (a CPU scalar, which elementwise ops take on any device)."""
+    tree = parse_expression(expression) if expression else None
+    out: list[tuple[str, str]] = []
+    for node in ast.walk(tree) if tree is not None else ():
+        func = ast.unparse(node.func) if isinstance(node, ast.Call) else ""
+        if not (func.startswith("torch.") and func.split(".", 1)[1] in _FACTORIES):
+            continue
+        assert isinstance(node, ast.Call)
+        spec = next((k.value for k in node.keywords if k.arg == "device"), None)
+        if spec is None and func == "torch.tensor" and node.args and isinstance(node.args[0], ast.Constant):
+            continue
+        if spec is not None and not (isinstance(spec, ast.Constant) and isinstance(spec.value, str)):
+            continue
+        try:
+            device = str(torch.device(spec.value)) if spec is not None else str(torch.get_default_device())
+        except RuntimeError:
+            continue
+        out.append((" ".join(ast.unparse(node).split()), device))
+    return out
+
+
 def traceback_entries(tb: TracebackType | None) -> list[tuple[FrameType, int, int]]:
     """(frame, line, last instruction) from the outermost to the innermost frame."""
     out = []

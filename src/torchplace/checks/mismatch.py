@@ -17,6 +17,7 @@ from types import FrameType
 import torch
 
 from ..errors import DeviceMismatchError
+from . import compiled
 from . import frames as fr
 from .culprits import (
     ModuleNames,
@@ -127,6 +128,9 @@ class MismatchReport:
                 owner = (t.origin or "").rpartition(".")[0] or "the model"
                 tips.append(f"{owner}'s parameters/buffers are on {t.device}: call model.to({target!r}) after the "
                             "whole model is built (a submodule added or replaced after .to() stays behind)")
+            elif t.kind == "inline":
+                tips.append(f"{t.label} is made on {t.device} inside the op: give it the other operands' device "
+                            f"(device=x.device, here {target}), or make it once as a registered buffer")
             elif t.kind == "local" and t.origin and ".forward" in t.origin:
                 tips.append(f"{t.label} is made inside forward() on {t.device}: create it on the input's device "
                             "(torch.tensor(..., device=x.device)) or register it as a buffer")
@@ -168,13 +172,29 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
         if "[" in (report.module or "") and (root is None or not contains(root, chain[-1])):
             report.unregistered = report.module
     origins = origins_of(root, root_label, chain, user_frames, names)
+    traced = compiled.user_frames_in_message(report.torch_message)  # torch.compile traced the forward
+    call = (op_frame, report.site.expression)  # where the compiled model was called: its arguments count too
+    if traced:
+        report.site, report.user_site, report.calls = traced[-1], report.site, report.calls + traced[:-1]
+        found = compiled.owner(root, traced[-1])
+        if found is not None:
+            report.module = f"{root_label}.{found[0]}" if found[0] else root_label
+            report.module_type = type(found[1]).__name__
+            op_frame, user = compiled.static_frame(found[1], traced[-1]), None
     report.tensors = operands(op_frame, report.site.expression, user, origins)
     report.expected_device = expected_device(report.tensors, root, report.torch_message)
+    if traced:  # the traced locals are not known: the call's arguments, and the devices the message names
+        seen = {t.label for t in report.tensors}
+        report.tensors += [t for t in operands(call[0], call[1], None, origins) if t.label not in seen]
+        report.expected_device = expected_device(report.tensors, root, report.torch_message)
+        report.expected_device = report.expected_device or compiled.other_device(
+            report.torch_message, {t.device for t in report.tensors})
+        report.torch_message = compiled.torch_said(report.torch_message)
     if not report.culprits:  # only 0-dim CPU tensors differ: this op refuses them (torch.stack, torch.cat)
         for t in report.tensors:
             if t.scalar and report.expected_device and t.device != report.expected_device:
                 t.scalar, t.refused_scalar = False, True
-    for t in report.culprits:
+    for t in report.culprits if not traced else ():
         trace_assignment(t, op_frame, user)
     report.optimizer_state = stepping_optimizer_state(entries, root, root_label)
     if root is not None and len(model_devices(root)) > 1:
