@@ -86,19 +86,25 @@ def fabric_or_accelerate(which: str, plant: str) -> None:
         data, backward = fabric.setup_dataloaders(loader()), fabric.backward
     else:
         from accelerate import Accelerator
+        from accelerate.state import AcceleratorState
 
+        AcceleratorState._reset_state(True)  # a singleton: another test may have made it without bf16
         acc = Accelerator(cpu=True, mixed_precision="bf16")
         net = Net(plant == "forward")
         model, opt, data = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), loader())
         backward = acc.backward
     weight = torch.ones(1, device="meta" if plant == "loss" else "cpu")
-    for check in checks(model):
-        with check:
-            for x, y in data:
-                loss = ((model(x) - y) ** 2 * weight).mean()  # the user's loss line
-                backward(loss)
-                opt.step()
-                opt.zero_grad()
+    try:
+        for check in checks(model):
+            with check:
+                for x, y in data:
+                    loss = ((model(x) - y) ** 2 * weight).mean()  # the user's loss line
+                    backward(loss)
+                    opt.step()
+                    opt.zero_grad()
+    finally:
+        if which != "fabric":
+            AcceleratorState._reset_state(True)  # leave no bf16 state to the next test
 
 
 def hf_trainer(plant: str, tmp_path: Any) -> None:
