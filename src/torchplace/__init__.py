@@ -19,6 +19,7 @@ _EXPORTS: dict[str, str] = {
     "DeviceError": "torchplace.errors",
     "DeviceMismatchError": "torchplace.errors",
     "DeviceLeakError": "torchplace.errors",
+    "MetaTensorError": "torchplace.errors",
     "CheckpointError": "torchplace.errors",
     "DistributedError": "torchplace.errors",
     "LeaseError": "torchplace.errors",
@@ -68,8 +69,8 @@ _SUBMODULES = {"dist": "torchplace.distributed.group"}
 # The same names, written out so that static tools read them (tests/test_public_api.py checks that
 # this list, the run-time table above and the TYPE_CHECKING imports at the end agree).
 __all__ = [
-    "CheckpointError", "DeviceError", "DeviceLeakError", "DeviceLoader", "DeviceMismatchError",
-    "DistributedError", "Facts", "LeaseError", "Runtime", "SaveFuture", "SnapshotError", "TorchplaceError",
+    "CheckpointError", "DeviceError", "DeviceLeakError", "DeviceLoader", "DeviceMismatchError", "DistributedError",
+    "Facts", "LeaseError", "MetaTensorError", "Runtime", "SaveFuture", "SnapshotError", "TorchplaceError",
     "TorchplaceWarning", "configure_threads", "deterministic", "device", "diagnose_oom", "dist", "explain",
     "find_batch_size", "guard", "load", "memory_report", "on", "packed_collate", "pick", "place", "precision_for",
     "read_facts", "save", "save_async", "seed_everything", "setup", "strict", "to_device", "track_memory",
@@ -143,6 +144,7 @@ if _typing.TYPE_CHECKING:  # static checkers see the real objects; at run time t
         DeviceMismatchError,
         DistributedError,
         LeaseError,
+        MetaTensorError,
         SnapshotError,
         TorchplaceError,
         TorchplaceWarning,

@@ -6,6 +6,7 @@ modules that raise them re-export theirs (`torchplace.memory.MemoryLeakError`, .
     TorchplaceError
     ├── DeviceError (ValueError)            a device spec that cannot be satisfied here
     ├── DeviceMismatchError (RuntimeError)  an operation mixing devices, with the culprit named
+    ├── MetaTensorError (NotImplementedError) a meta tensor (a shape, no data) used for its data, named
     ├── DeviceLeakError (RuntimeError)      code changed the current device and did not restore it
     ├── CheckpointError (RuntimeError)      a checkpoint that is torn, corrupt or unsafe to open
     ├── DistributedError (RuntimeError)     a launch environment or process group that cannot work
@@ -83,6 +84,32 @@ class DeviceMismatchError(TorchplaceError, RuntimeError):
             with tp.watch(model):
                 model(torch.ones(1, 4, device="meta"))  # weights on cpu, input on meta
         except tp.DeviceMismatchError as err:
+            print(err)
+        ```
+    """
+
+
+class MetaTensorError(TorchplaceError, NotImplementedError):
+    """A tensor on the meta device (a shape and a dtype, no data) was used for its data (also a
+    `NotImplementedError`, as PyTorch's own, and so a `RuntimeError`).
+
+    Raised inside `torchplace.strict()` and `torchplace.watch()` in place of PyTorch's "Cannot copy
+    out of meta tensor; no data!" (`.to()`, `.cpu()`, `.tolist()`) or "Tensor.item() cannot be called
+    on meta tensors": it names the meta tensors (`model.lm_head.weight is on meta`), the line, why they
+    are on meta (a model built under `torch.device("meta")` or `init_empty_weights` whose weights were
+    never loaded) and the fix (`torchplace.load(path, model=model)`).
+
+    Example:
+        ```python
+        import torch
+        import torchplace as tp
+
+        with torch.device("meta"):
+            model = torch.nn.Linear(4, 2)  # shapes only: the weights were never loaded
+        try:
+            with tp.watch(model):
+                model.to("cpu")
+        except tp.MetaTensorError as err:
             print(err)
         ```
     """

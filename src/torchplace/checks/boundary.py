@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from . import meta
 from .mismatch import is_device_mismatch, to_error
 from .strict_config import active
 
@@ -30,9 +31,11 @@ def _wrap_call(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return original(self, *args, **kwargs)
         except RuntimeError as exc:
-            if not is_device_mismatch(exc):
-                raise
             config = active()
-            raise to_error(exc, config.model if config else None, outer=sys._getframe(1)) from exc
+            if is_device_mismatch(exc):
+                raise to_error(exc, config.model if config else None, outer=sys._getframe(1)) from exc
+            if meta.is_meta_error(exc):
+                raise meta.to_error(exc, config.model if config else None, outer=sys._getframe(1)) from exc
+            raise
 
     return __call__

@@ -6,16 +6,18 @@ the user wrote, and optimizer state left on another device. Runs only after an e
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from . import frames as fr
 from .layout import iter_tensors, own_tensors, plain_attributes
 from .mismatch_text import device_named_in
+
+ErrorT = TypeVar("ErrorT", bound=Exception)
 
 
 @dataclass
@@ -55,6 +57,19 @@ class Operand:
         if self.refused_scalar:
             text += " - a 0-dim CPU tensor, which elementwise ops accept on any device but this op does not"
         return text + (" - a CPU scalar, allowed" if self.scalar else "")
+
+
+def reported(error: type[ErrorT], diagnose: Callable[..., Any], fallback: Callable[[str], Any], exc: BaseException,
+             model: torch.nn.Module | None, outer: FrameType | None) -> ErrorT:
+    """ERROR carrying the report DIAGNOSE reads from EXC (as `.report`), to raise `from exc`; FALLBACK(text)
+    makes a bare report when the diagnosis itself fails, which must never hide the original error."""
+    try:
+        report = diagnose(exc, model, outer)
+    except Exception as inner:
+        report = fallback(f"{exc} (torchplace could not read more: {inner!r})")
+    err = error(report.message())
+    err.report = report  # type: ignore[attr-defined]
+    return err
 
 
 def module_path(chain: list[torch.nn.Module], root: torch.nn.Module | None, root_label: str) -> str:

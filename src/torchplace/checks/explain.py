@@ -36,6 +36,7 @@ import torch
 
 from .caller_code import read_callers
 from .layout import _MODULE_INTERNALS, iter_tensors, model_devices, module_groups, own_tensors, plain_attributes
+from .meta import annotate as annotate_meta
 
 _CPU = torch.device("cpu")
 
@@ -143,6 +144,7 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
         elif p["kind"] == "optimizer-state-device" and id(optimizer) in steps:
             p["message"] += f" The optimizer steps at {steps[id(optimizer)]}."
     problems += reading.problems
+    annotate_meta(inner, problems)
     return result
 
 
@@ -165,18 +167,19 @@ def _run_forward(model: torch.nn.Module, args: tuple[Any, ...], problems: list[d
                  outputs: list[Any]) -> str:
     """Run model(*args) once; a device mismatch becomes a problem naming its culprit, and placement that
     only looked odd becomes a note when the forward ran (torch accepted it)."""
-    from ..errors import DeviceMismatchError
+    from ..errors import DeviceMismatchError, MetaTensorError
     from .watch import watch
 
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     try:
         with torch.no_grad(), watch(model):
             outputs.append(model(*args))
-    except DeviceMismatchError as exc:
+    except (DeviceMismatchError, MetaTensorError) as exc:  # a meta tensor used for its data: named as watch() does
         report = getattr(exc, "report", None)
         where = getattr(report, "module", None) or "model"
-        _problem(problems, "mismatch", where, "error", f"the forward fails: {exc}")
-        return "device mismatch"
+        no_data = isinstance(exc, MetaTensorError)
+        _problem(problems, "meta-tensor" if no_data else "mismatch", where, "error", f"the forward fails: {exc}")
+        return "meta tensor used for its data" if no_data else "device mismatch"
     except Exception as exc:  # inputs the forward does not take (a whole batch): the static findings stand
         return f"not run: model(*inputs) raised {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     finally:

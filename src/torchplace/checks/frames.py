@@ -283,8 +283,8 @@ def _evaluate(node: ast.AST, frame: FrameType) -> Any:
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
         base = _evaluate(node.value, frame)
         try:
-            if isinstance(base, (dict, list, tuple)):
-                return base[node.slice.value]
+            if isinstance(base, (dict, list, tuple, torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)):
+                return base[node.slice.value]  # a container of modules indexes without running an op
         except (KeyError, IndexError, TypeError):
             pass
     return _UNKNOWN

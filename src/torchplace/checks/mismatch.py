@@ -17,7 +17,7 @@ from types import FrameType
 import torch
 
 from ..errors import DeviceMismatchError
-from . import compiled
+from . import compiled, meta
 from . import frames as fr
 from .culprits import (
     ModuleNames,
@@ -27,6 +27,7 @@ from .culprits import (
     module_path,
     operands,
     origins_of,
+    reported,
     root_of,
     stepping_optimizer_state,
     trace_assignment,
@@ -53,6 +54,7 @@ class MismatchReport:
     calls: list[fr.Site] = field(default_factory=list)  # the user's frames, outermost first
     unregistered: str | None = None  # "model.heads" when the module was found in a plain list or dict
     optimizer_state: list[str] = field(default_factory=list)  # "model.fc.weight['exp_avg'] on cpu (parameter on ...)"
+    meta: tuple[str, str] | None = None  # (why, fix) when meta tensors (no data) meet real ones
 
     @property
     def culprits(self) -> list[Operand]:
@@ -79,6 +81,8 @@ class MismatchReport:
         if self.model_split:
             lines.append(f"Note: the model itself spans devices ({'; '.join(self.model_split)}); unless that split "
                          "is deliberate, it is the bug: call model.to(device) once the whole model is built.")
+        if self.meta:
+            lines.append(f"Why: {self.meta[0]}")
         lines.append(f"PyTorch said: {self.torch_message.strip().splitlines()[0] if self.torch_message else '?'}")
         lines.append("Fix: " + self._fix())
         return "\n".join(lines)
@@ -96,7 +100,7 @@ class MismatchReport:
     def _fix(self) -> str:
         bad = self.culprits
         target = self.expected_device or "one device"
-        tips: list[str] = []
+        tips: list[str] = [self.meta[1]] if self.meta and self.meta[1] else []
         if self.optimizer_state:
             tips.append("the optimizer was built or stepped before model.to(), and Module.to moves parameters, not "
                         "the optimizer's state: move the model first and build the optimizer after it, or load the "
@@ -118,8 +122,8 @@ class MismatchReport:
             elif t.kind == "attribute":
                 tips.append(f"{t.origin} is a plain tensor attribute, which model.to() does not move: "
                             "register it with self.register_buffer(name, tensor, persistent=False)")
-            elif t.kind in ("parameter", "buffer") and self.unregistered:
-                continue
+            elif t.kind in ("parameter", "buffer") and (self.unregistered or (self.meta and t.device == "meta")):
+                continue  # said above: a meta weight cannot be moved, only loaded
             elif t.kind in ("parameter", "buffer") and t.origin and not t.origin.startswith("model"):
                 owner = t.origin.rpartition(".")[0]
                 tips.append(f"{owner} is not part of the model, so model.to() does not move its {t.kind}s: call "
@@ -197,6 +201,7 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
     for t in report.culprits if not traced else ():
         trace_assignment(t, op_frame, user)
     report.optimizer_state = stepping_optimizer_state(entries, root, root_label)
+    report.meta = meta.mismatch_note(report.tensors, root, root_label)
     if root is not None and len(model_devices(root)) > 1:
         report.model_split = [f"{g.module} on {g.device}" for g in module_groups(root, root_label)][:6]
     if report.op is None:
@@ -207,13 +212,7 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
 def to_error(exc: BaseException, model: torch.nn.Module | None = None,
              outer: FrameType | None = None) -> DeviceMismatchError:
     """A DeviceMismatchError carrying the report (as `.report`), to raise `from exc`."""
-    try:
-        report = diagnose(exc, model, outer)
-    except Exception as inner:  # a diagnosis must never hide the original error
-        report = MismatchReport(torch_message=f"{exc} (torchplace could not read more: {inner!r})")
-    err = DeviceMismatchError(report.message())
-    err.report = report  # type: ignore[attr-defined]
-    return err
+    return reported(DeviceMismatchError, diagnose, lambda text: MismatchReport(torch_message=text), exc, model, outer)
 
 
 _OVERRIDES = os.path.join(fr.TORCH_DIR, "overrides.py")

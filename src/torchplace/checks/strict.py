@@ -34,7 +34,7 @@ import torch
 
 from ..errors import TorchplaceError
 from . import autocast as autocast_check
-from . import boundary, deferred, strict_config
+from . import boundary, deferred, meta, strict_config
 from . import leaks as leak_check
 from . import placement as placement_check
 from .factories import FactoryCheck
@@ -89,6 +89,8 @@ class Strict(ContextDecorator):
                 deferred.cancel_all()  # an autocast block that never reached a module: no one to check now
         if exc is not None and is_device_mismatch(exc):
             raise to_error(exc, self.config.model) from exc
+        if exc is not None and meta.is_meta_error(exc):
+            raise meta.to_error(exc, self.config.model) from exc
         return False
 
 

@@ -13,6 +13,7 @@ from types import TracebackType
 
 import torch
 
+from . import meta
 from .mismatch import is_device_mismatch, to_error
 
 
@@ -29,6 +30,8 @@ class Watch(ContextDecorator):
                  tb: TracebackType | None) -> bool:
         if exc is not None and is_device_mismatch(exc):
             raise to_error(exc, self.model) from exc
+        if exc is not None and meta.is_meta_error(exc):
+            raise meta.to_error(exc, self.model) from exc
         return False
 
 
