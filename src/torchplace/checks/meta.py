@@ -31,6 +31,7 @@ __all__ = ["MetaReport", "diagnose", "is_meta_error", "mismatch_note", "to_error
 _NO_DATA = re.compile(r"Cannot copy out of meta tensor|cannot be called on meta tensors"
                       r"|meta tensors? (?:do|does) not have data|on meta tensors?; no data")
 _SHOWN = 4
+_READS = frozenset({"item", "tolist", "cpu", "cuda", "to", "numpy"})  # methods that read their tensor's data
 
 
 def is_meta_error(exc: BaseException) -> bool:
@@ -130,10 +131,14 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None, outer: Fr
     roots = _roots(model, named, [entries[i][0] for i in reversed(inner)], [e[0] for e in entries[inner[-1]:]])
     weights = _weights(roots)
     found: dict[int, Operand] = {}
-    candidates = [(label, v) for label, v in named if isinstance(v, torch.Tensor)]
-    receiver = _receiver(report.site.expression)  # `logits.argmax()` of `logits.argmax().item()`
-    candidates += [(receiver or name, v) for e in entries[inner[-1] + 1:] for name, v in e[0].f_locals.items()
-                   if isinstance(v, torch.Tensor)]  # torch's own frames: Module._apply's `param`
+    receiver, method = _receiver(report.site.expression)  # `logits.argmax()` of `logits.argmax().item()`
+    below = [(receiver or name, v) for e in entries[inner[-1] + 1:] for name, v in e[0].f_locals.items()
+             if isinstance(v, torch.Tensor)]  # torch's own frames: Module._apply's `param`, a method's `self`
+    candidates = [(label, v) for label, v in named if isinstance(v, torch.Tensor) and label == receiver] + below
+    if not any(v.is_meta for _, v in candidates) and receiver and method in _READS:  # a value torch holds only
+        found[0] = Operand(label=receiver, device="meta", dtype="?", shape=(), kind="inline")
+    elif not any(v.is_meta for _, v in candidates):  # not a read of one tensor: every meta tensor the line names
+        candidates = [(label, v) for label, v in named if isinstance(v, torch.Tensor)] + below
     for label, tensor in candidates:
         if tensor.is_meta and id(tensor) not in found and len(found) < 16:
             found[id(tensor)] = _operand(label, tensor, weights)
@@ -198,13 +203,13 @@ def annotate(model: torch.nn.Module, problems: list[dict[str, str]]) -> None:
                              f"only shapes. If {built_on_meta(None, 'it')}, {load_fix('model')}.")
 
 
-def _receiver(expression: str | None) -> str | None:
-    """The object a method is called on in EXPRESSION (`x.sum()` of `x.sum().item()`), if it is a method call."""
+def _receiver(expression: str | None) -> tuple[str | None, str | None]:
+    """(object, method) of a method call EXPRESSION: (`x.sum()`, `item`) of `x.sum().item()`; else Nones."""
     tree = fr.parse_expression(expression) if expression else None
     body = tree.body if isinstance(tree, ast.Expression) else None
     if isinstance(body, ast.Call) and isinstance(body.func, ast.Attribute):
-        return ast.unparse(body.func.value)
-    return None
+        return ast.unparse(body.func.value), body.func.attr
+    return None, None
 
 
 def _roots(model: torch.nn.Module | None, named: list[tuple[str, Any]], user_frames: list[FrameType],
