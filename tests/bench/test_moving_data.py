@@ -8,6 +8,7 @@ import argparse
 import pytest
 
 from torchplace.bench import loader as bench_loader
+from torchplace.bench import packed as pk
 from torchplace.bench import transfer as bench_transfer
 from torchplace.bench.steps import Env, Variant, measure, paired_ratio
 
@@ -98,4 +99,27 @@ def test_paired_ratio_alternates_which_call_goes_first():
     ratio = paired_ratio(a, b, [0, 1, 2, 3], 2, lambda: None)
     assert calls[:8] == ["a0", "b0", "b1", "a1", "a2", "b2", "b3", "a3"]
     assert len(calls) == 3 * 8  # one untimed round, then two
+    assert ratio > 0
+
+
+def test_paired_cpu_alternates_blocks_and_drains_the_pipeline():
+    """bench transfer's CPU ratio of the packed loader to send_to_device: blocks of batches alternate
+    (which side goes first too), each round takes a fresh iterator and drains what it holds beyond the
+    items, untimed; the value is a ratio of CPU times (its size is the benchmark's business)."""
+    calls: list[str] = []
+    made: list[int] = []
+
+    def ours():
+        made.append(1)
+        for i in range(5):  # one more than the items: a pipeline holding a batch ahead
+            calls.append(f"o{i}")
+            yield sum(range(2000))
+
+    def theirs(item):
+        calls.append(f"t{item}")
+        return sum(range(4000))
+
+    ratio = pk.paired_cpu(ours, theirs, [0, 1, 2, 3], 2, lambda: None, block=2)
+    assert calls[:10] == ["o0", "o1", "t0", "t1", "t2", "t3", "o2", "o3", "o4", "o0"]
+    assert len(made) == 3  # one untimed round, then two
     assert ratio > 0

@@ -109,6 +109,39 @@ def cpu_clock(variant: Variant, steps: int) -> Variant:
     return variant
 
 
+def paired_cpu(ours: Callable[[], Iterator[Any]], theirs: Callable[[Any], Any], items: list, rounds: int,
+               sync: Callable[[], None], block: int = 20) -> float:
+    """Median over ROUNDS (after one untimed) of this process's CPU time for OURS's batches / THEIRS's on
+    ITEMS, in alternating blocks of BLOCK batches (which of the two goes first alternates too).
+
+    Measured one variant after the other, the two CPU times came from different moments of the host:
+    send_to_device's CPU per batch measured 481 and 652 µs in two runs of the same code on one H200
+    VM. In alternating blocks both see the same moments. OURS() is a fresh iterator of len(ITEMS)
+    batches (its pipeline fill untimed); THEIRS(item) moves one batch.
+    """
+    ratios = []
+    for r in range(rounds + 1):
+        it = ours()
+        spent = [0.0, 0.0]
+        for k in range(0, len(items), block):
+            part = items[k:k + block]
+            for who in ((0, 1) if (k // block) % 2 == 0 else (1, 0)):
+                start = time.process_time()
+                if who == 0:
+                    for _ in part:
+                        next(it)
+                else:
+                    for item in part:
+                        theirs(item)
+                spent[who] += time.process_time() - start
+        for _ in it:  # whatever the pipeline holds beyond ITEMS: untimed
+            pass
+        sync()
+        if r and spent[1] > 0:
+            ratios.append(spent[0] / spent[1])
+    return statistics.median(ratios) if ratios else float("nan")
+
+
 def cpu_ms(variant: Variant) -> float | None:
     """Median CPU milliseconds per step over the timed rounds (the first, warm-up, round left out)."""
     samples = variant.extra.get("cpu_ms") or []
