@@ -31,6 +31,8 @@ __all__ = ["MetaReport", "diagnose", "is_meta_error", "mismatch_note", "to_error
 _NO_DATA = re.compile(r"Cannot copy out of meta tensor|cannot be called on meta tensors"
                       r"|meta tensors? (?:do|does) not have data|on meta tensors?; no data")
 _SHOWN = 4
+_SAME_DATA = frozenset({"detach", "clone", "contiguous", "float", "half", "bfloat16", "double", "t", "view",
+                        "reshape", "flatten", "squeeze", "unsqueeze"})  # a view or copy of the same (missing) data
 _READS = frozenset({"item", "tolist", "cpu", "cuda", "to", "numpy"})  # methods that read their tensor's data
 
 
@@ -45,7 +47,7 @@ class MetaReport:
 
     torch_message: str
     site: fr.Site | None = None
-    user_site: fr.Site | None = None
+    library_site: fr.Site | None = None  # where a library (transformers, accelerate) under the user's line ran it
     tensors: list[Operand] = field(default_factory=list)
     owner: str | None = None  # "model (GPT2LMHeadModel)": the model whose tensors are on meta
     summary: str | None = None  # "30 of 30 parameters and buffers on meta (...)"
@@ -54,8 +56,8 @@ class MetaReport:
     def message(self) -> str:
         what = (self.site.expression if self.site else None) or "an operation"
         where = f" at {self.site}" if self.site else ""
-        if self.user_site and self.user_site != self.site:
-            where += f", reached from {self.user_site}"
+        if self.library_site:
+            where += f", inside {self.library_site}"
         named = ", ".join(t.label for t in self.tensors[:_SHOWN]) or "a tensor"
         verb = "is" if len(self.tensors) < 2 else "are"
         lines = [f"Meta tensor used for its data in `{what}`{where}: {named} {verb} on meta, and a meta tensor "
@@ -122,19 +124,20 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None, outer: Fr
     inner = [i for i, e in enumerate(entries) if not fr.is_library(e[0].f_code.co_filename)]
     if not inner:
         return report
-    site_frame, line, lasti = entries[inner[-1]]
-    report.site = fr.site_of(site_frame, line, lasti)
     own = [i for i in inner if not entries[i][0].f_code.co_filename.startswith(fr._SITE_DIRS)]
-    if own:
-        report.user_site = fr.site_of(*entries[own[-1]])
+    site_frame, line, lasti = entries[(own or inner)[-1]]  # the user's line, not transformers' `to()` under it
+    report.site = fr.site_of(site_frame, line, lasti)
+    if own and own[-1] != inner[-1]:
+        report.library_site = fr.site_of(*entries[inner[-1]])
     named = fr.named_values(report.site.expression, site_frame)
     roots = _roots(model, named, [entries[i][0] for i in reversed(inner)], [e[0] for e in entries[inner[-1]:]])
     weights = _weights(roots)
     found: dict[int, Operand] = {}
-    receiver, method = _receiver(report.site.expression)  # `logits.argmax()` of `logits.argmax().item()`
+    receiver, method, base = _receiver(report.site.expression)  # `logits.argmax()` of `logits.argmax().item()`
     below = [(receiver or name, v) for e in entries[inner[-1] + 1:] for name, v in e[0].f_locals.items()
              if isinstance(v, torch.Tensor)]  # torch's own frames: Module._apply's `param`, a method's `self`
-    candidates = [(label, v) for label, v in named if isinstance(v, torch.Tensor) and label == receiver] + below
+    candidates = [(label, v) for label, v in named if isinstance(v, torch.Tensor) and label in (receiver, base)]
+    candidates += below
     if not any(v.is_meta for _, v in candidates) and receiver and method in _READS:  # a value torch holds only
         found[0] = Operand(label=receiver, device="meta", dtype="?", shape=(), kind="inline")
     elif not any(v.is_meta for _, v in candidates):  # not a read of one tensor: every meta tensor the line names
@@ -203,13 +206,17 @@ def annotate(model: torch.nn.Module, problems: list[dict[str, str]]) -> None:
                              f"only shapes. If {built_on_meta(None, 'it')}, {load_fix('model')}.")
 
 
-def _receiver(expression: str | None) -> tuple[str | None, str | None]:
-    """(object, method) of a method call EXPRESSION: (`x.sum()`, `item`) of `x.sum().item()`; else Nones."""
+def _receiver(expression: str | None) -> tuple[str | None, str | None, str | None]:
+    """(object, method, base) of a method call EXPRESSION: (`w.detach()`, `cpu`, `w`) of `w.detach().cpu()`, the
+    base being the object without the data-free calls after it (detach, clone, float, ...); else Nones."""
     tree = fr.parse_expression(expression) if expression else None
     body = tree.body if isinstance(tree, ast.Expression) else None
-    if isinstance(body, ast.Call) and isinstance(body.func, ast.Attribute):
-        return ast.unparse(body.func.value), body.func.attr
-    return None, None
+    if not (isinstance(body, ast.Call) and isinstance(body.func, ast.Attribute)):
+        return None, None, None
+    base = body.func.value
+    while isinstance(base, ast.Call) and isinstance(base.func, ast.Attribute) and base.func.attr in _SAME_DATA:
+        base = base.func.value
+    return ast.unparse(body.func.value), body.func.attr, ast.unparse(base)
 
 
 def _roots(model: torch.nn.Module | None, named: list[tuple[str, Any]], user_frames: list[FrameType],
