@@ -78,7 +78,7 @@ class MismatchReport:
         chain = [c for c in self.calls if c not in shown]
         if chain:
             lines.append("Called from: " + " > ".join(str(c) for c in chain[-4:]))
-        if self.model_split and not (self.meta and any(s.endswith(" on meta") for s in self.model_split)):
+        if self.model_split and not (self.meta and self.meta[1]):  # meta weights: loaded, not moved
             lines.append(f"Note: the model itself spans devices ({'; '.join(self.model_split)}); unless that split "
                          "is deliberate, it is the bug: call model.to(device) once the whole model is built.")
         if self.meta:
