@@ -9,6 +9,7 @@ modules that raise them re-export theirs (`torchplace.memory.MemoryLeakError`, .
     ├── MetaTensorError (NotImplementedError) a meta tensor (a shape, no data) used for its data, named
     ├── DeviceLeakError (RuntimeError)      code changed the current device and did not restore it
     ├── CheckpointError (RuntimeError)      a checkpoint that is torn, corrupt or unsafe to open
+    │   └── CheckpointFormatError           a checkpoint written by a newer torchplace (a format it cannot read)
     ├── DistributedError (RuntimeError)     a launch environment or process group that cannot work
     ├── LeaseError (RuntimeError)           GPUs that could not be picked or leased in time
     ├── SnapshotError (ValueError)          a topology snapshot that cannot be read
@@ -150,6 +151,14 @@ class CheckpointError(TorchplaceError, RuntimeError):
         except tp.CheckpointError as err:
             print(err)  # ... does not exist. Fix: ...
         ```
+    """
+
+
+class CheckpointFormatError(CheckpointError):
+    """A checkpoint whose format version is newer than this torchplace reads (a `CheckpointError`).
+
+    Raised by `torchplace.load` for such a file, and for a directory holding one, since this
+    torchplace cannot tell whether it is the newest checkpoint there. The fix is to upgrade torchplace.
     """
 
 

@@ -145,6 +145,12 @@ def os_error(target: Path, exc: OSError, doing: str) -> CheckpointError:
     elif code == errno.ENOENT and not where.is_dir():
         why = f"the directory {where} does not exist"
         fix = f"create it first (os.makedirs({str(where)!r}, exist_ok=True))"
+    elif code == errno.ENOTDIR:
+        why = f"{where} is not a directory (a file is there, or a path above it is one)"
+        fix = f"move that file away and create the directory (os.makedirs({str(where)!r}, exist_ok=True))"
+    elif code == errno.EFBIG:
+        why = "the file grew past the largest this process may write (ulimit -f, RLIMIT_FSIZE) or the disk holds"
+        fix = "raise the limit (ulimit -f unlimited) or save to another file system"
     elif code == errno.EIO:
         why = "the disk reported an I/O error, so the data may not be on disk"
         fix = "check the disk (dmesg) and save elsewhere"

@@ -20,8 +20,7 @@ kept and reused by the next save of the same tensors.
 
 Writer priority: the writer threads (at most MAX_BACKGROUND_WORKERS, default 4, each pwrite + CRC-32
 of 16 MiB chunks) lower their own CPU priority by WRITER_NICE (default 10, Linux; best effort), so
-training's threads win a contended CPU; on an H200 host the step ran at 1.00x during a 10 GiB write
-with any of 1-4 threads and nice 0 or 19 (docs/checkpoints.md). Both are module constants.
+training's threads win a contended CPU (docs/checkpoints.md). Both are module constants.
 
 Memory: the staging buffer holds the state's tensor bytes, rounded up to 1 MiB (states up to
 256 MiB) or to 256 MiB slabs (larger states); one buffer per save in flight (`max_in_flight`,
@@ -39,7 +38,8 @@ copies and writes, the other ranks' futures are done at once (a sharded model: e
 its shards, and every future ends once rank 0 has published the folder; a failure at the call on
 any one rank is raised at the call on every rank, before any collective of the save), and a
 failure of any rank's write is raised on every rank at the next save_async. Call `result()`
-before destroying the process group: a sharded write needs it.
+before destroying the process group: a sharded write needs it. A forked child (a DataLoader worker)
+neither writes nor waits for its parent's saves; its copies of their futures refuse result().
 """
 
 from __future__ import annotations
@@ -59,29 +59,14 @@ from ..errors import CheckpointError
 from . import distributed as tpdist
 from .background_sharded import stage_sharded
 from .fileio import Planned, plan_file
-from .rotation import rotate
+from .rotation import rotate, series_lock
 from .saving import capture_rng, check_request, collect_state, series_info
 from .staging import HostStaging, check_memory
-from .stream import default_workers
+from .stream import default_workers, lower_priority
 
 MAX_BACKGROUND_WORKERS = 4  # writer threads: enough for a disk, few enough to leave the CPU to training
 WRITER_NICE = 10  # how much the writer threads lower their CPU priority (Linux nice; 0: not at all)
 SHARDED_EXIT_WAIT_S = 60.0  # at exit, how long to wait for a sharded write (its collectives need every peer)
-
-
-def lower_priority(nice: int) -> int | None:
-    """Lower the calling thread's CPU priority by NICE (capped at 19); threads it starts inherit it.
-    Linux only, best effort: returns the thread's nice value now, or None where it cannot be read."""
-    if not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
-        return None
-    tid = threading.get_native_id()  # on Linux, PRIO_PROCESS with a thread id sets that thread's nice alone
-    try:
-        now = os.getpriority(os.PRIO_PROCESS, tid)
-        if nice > 0 and now < 19:
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, now + nice))
-        return os.getpriority(os.PRIO_PROCESS, tid)
-    except OSError:  # not permitted (a seccomp profile): write at the priority we have
-        return None
 
 
 def _writer_threads(workers: int | None) -> Callable[[int], int]:
@@ -127,6 +112,7 @@ class SaveFuture:
         self._event = threading.Event()
         self._error: CheckpointError | None = None
         self._collected = False
+        self._pid = os.getpid()  # a forked child holds a copy that no thread of its own will ever finish
 
     @property
     def stall_s(self) -> float:
@@ -138,6 +124,9 @@ class SaveFuture:
 
     def exception(self, timeout: float | None = None) -> CheckpointError | None:
         """Wait like result(); return the save's error (now collected) or None."""
+        if not self._event.is_set() and os.getpid() != self._pid:
+            raise CheckpointError(f"the background save of {self.path} is written by process {self._pid}, which forked "
+                                  f"this one ({os.getpid()}) meanwhile. Fix: call result() in process {self._pid}.")
         if not self._event.wait(timeout):
             raise TimeoutError(f"the background save of {self.path} was still writing after {timeout} s")
         self._collected = True
@@ -249,6 +238,18 @@ class BackgroundSaver:
 
 _saver: BackgroundSaver | None = None
 _saver_lock = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    """In a forked child (a DataLoader worker): no writer thread is here; never write or wait for the parent's saves."""
+    global _saver, _saver_lock
+    _saver_lock = threading.Lock()  # a thread may have held it at the fork
+    if _saver is not None:
+        _saver.__init__()  # type: ignore[misc]  # nothing pending, nothing failed, no buffers of the parent's
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def default_saver() -> BackgroundSaver:
@@ -391,8 +392,9 @@ def _stage_file(fut: SaveFuture, staging: HostStaging, planned: Planned, meta: d
     n = threads(planned.data_bytes)
 
     def write() -> None:
-        staging.write_file(target, planned, {**meta, **series_info(target, rotate_after)}, n)
-        if rotate_after:
-            rotate(target, keep_last)
+        with series_lock(target.parent, rotate_after):  # another writer of the series waits its turn
+            staging.write_file(target, planned, {**meta, **series_info(target, rotate_after)}, n)
+            if rotate_after:
+                rotate(target, keep_last)
 
     return write

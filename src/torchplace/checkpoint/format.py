@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from .. import safeio
-from ..errors import CheckpointError
+from ..errors import CheckpointError, CheckpointFormatError
 
 FORMAT_VERSION = 1
 META_KEY = "torchplace"
@@ -340,7 +340,7 @@ def _check_meta(path: Path, entries: list[TensorEntry], meta_text: str, meta: di
                              "a shape, key or metadata value was altered")
     version = meta.get("format_version")
     if type(version) is not int or version > FORMAT_VERSION:
-        raise CheckpointError(f"{path} uses torchplace checkpoint format {version!r:.40}; this torchplace "
+        raise CheckpointFormatError(f"{path} uses torchplace checkpoint format {version!r:.40}; this torchplace "
                               f"reads up to {FORMAT_VERSION}. Fix: upgrade torchplace.")
     chunk, crcs = meta.get("chunk_bytes"), meta.get("crc32")
     if type(meta.get("data_bytes")) is not int or meta["data_bytes"] != data_bytes or type(chunk) is not int \

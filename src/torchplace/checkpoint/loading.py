@@ -31,7 +31,7 @@ from .dcp_reader import is_dcp_dir
 from .fileio import read_file
 from .format import read_header
 from .reading import Read, place_optimizer_state, read_any
-from .rotation import POINTER, complete_checkpoints, is_pointer
+from .rotation import POINTER, check_format, complete_checkpoints, is_pointer
 from .state_dicts import module_device, saved_versions, unwrap, versions_of
 
 
@@ -68,6 +68,9 @@ class Checkpoint:
     def extra(self) -> dict[str, Any]:
         """The `extra=` mapping given to save ({} if none)."""
         return self.state.get("extra") or {}
+
+
+MAX_RELISTS = 8  # how often load(DIR) lists the directory again when its newest is deleted under it
 
 
 def _resolve(device: Any) -> torch.device | None:
@@ -307,6 +310,7 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
     if not target.is_dir() or is_dcp_dir(target):
         return one(target)
     candidates = complete_checkpoints(target)
+    check_format(target, candidates)
     if not candidates:
         if foreign.sniff(target) == "accelerate":
             return one(target)
@@ -315,20 +319,33 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
         raise CheckpointError(f"{target} holds no complete torchplace checkpoint (it holds: {held}). Fix: point at a "
                               "checkpoint file, or at the directory you saved into with keep_last.")
     skipped: list[str] = []
-    for candidate in candidates:
-        if is_dcp_dir(candidate):
-            ck = one(candidate)
-            ck.notes[:0] = pointed
+    vanished: list[str] = []
+    for _ in range(MAX_RELISTS + 1):
+        for candidate in candidates:
+            if is_dcp_dir(candidate):
+                ck = one(candidate)
+                ck.notes[:0] = pointed
+                return ck
+            try:
+                read = read_any(candidate, dev=dev, model=model, optimizer=optimizer, trust_pickle=trust_pickle)
+            except CheckpointError as exc:
+                if not os.path.lexists(candidate):  # deleted since the listing: another process rotates here
+                    vanished.append(candidate.name)
+                    skipped.append(f"{candidate.name} was deleted while it was being opened (another process "
+                                   f"rotating {target}?): looked again for the newest")
+                    break
+                if not trust_pickle and _needs_pickle(candidate):
+                    raise
+                warnings.warn(f"skipping {candidate}: {exc}", RuntimeWarning, stacklevel=2)
+                skipped.append(f"skipped {candidate.name}: {exc}")
+                continue
+            ck = one(candidate, read)
+            ck.notes[:0] = pointed + skipped
             return ck
-        try:
-            read = read_any(candidate, dev=dev, model=model, optimizer=optimizer, trust_pickle=trust_pickle)
-        except CheckpointError as exc:
-            if not trust_pickle and _needs_pickle(candidate):
-                raise
-            warnings.warn(f"skipping {candidate}: {exc}", RuntimeWarning, stacklevel=2)
-            skipped.append(f"skipped {candidate.name}: {exc}")
-            continue
-        ck = one(candidate, read)
-        ck.notes[:0] = pointed + skipped
-        return ck
-    raise CheckpointError(f"every checkpoint in {target} is damaged: " + "; ".join(skipped))
+        else:
+            raise CheckpointError(f"every checkpoint in {target} is damaged: " + "; ".join(skipped))
+        candidates = complete_checkpoints(target)
+    raise CheckpointError(f"the newest checkpoint of {target} was deleted while being opened, {len(vanished)} times "
+                          f"in a row ({', '.join(dict.fromkeys(vanished))}). Another process keeps rotating the "
+                          "directory faster than it can be read. Fix: load a checkpoint file by its name, or load "
+                          "once that job has ended.")

@@ -25,7 +25,7 @@ from typing import Literal
 from .. import safeio
 from ..errors import CheckpointError
 from .atomic import write_bytes
-from .rotation import latest
+from .rotation import check_format, complete_checkpoints
 
 #: the file in checkpoint_dir naming the job (torchrun's run id) that started there last
 JOB_FILE = ".torchplace-job"
@@ -46,8 +46,9 @@ def newest_name(checkpoint_dir: str | os.PathLike[str] | None) -> str | None:
     """The file name of the newest complete checkpoint in CHECKPOINT_DIR, or None (none, or no folder)."""
     if checkpoint_dir is None or not Path(checkpoint_dir).is_dir():
         return None
-    found = latest(checkpoint_dir)
-    return found.name if found is not None else None
+    found = complete_checkpoints(checkpoint_dir)
+    check_format(Path(checkpoint_dir), found)  # a newer torchplace's checkpoint may be the newest: refuse
+    return found[0].name if found else None
 
 
 def job_id(run_id: str | None) -> str | None:

@@ -20,8 +20,11 @@ Order is the sequence number, never wall time: a clock stepped back (NTP, a migr
 make rotation delete the newest checkpoints or resuming pick an old one. Checkpoints without a
 sequence (saved by an older torchplace, or without keep_last / latest=True) rank below every one
 that has one, and among themselves follow their recorded creation time, the only order they carry.
-Equal sequences (two writers that read the directory at the same moment; rotation assumes one
-writer per directory, as before) are ordered by name.
+Two writers in one directory (two jobs started by mistake with the same output folder, every rank
+of a job that never made a process group) take turns: a rotation save holds `series_lock` (an
+exclusive flock on the directory itself, no file of its own) from reading the next sequence number
+until its pointer update and deletions are done, so numbers never repeat and rotation never deletes
+a newer file than its own. Equal sequences (only from files made otherwise) are ordered by name.
 
 Resuming does not trust the pointer blindly: `complete_checkpoints` reads every torchplace header
 in the directory and orders the complete ones, so a save killed after its rename but before the
@@ -30,16 +33,21 @@ pointer update, or a file damaged later, still resolves to the newest whole one.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import math
 import os
 import shutil
 import stat
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, CheckpointFormatError
 from .atomic import write_bytes
 from .format import read_header
 
@@ -95,7 +103,7 @@ def _slot_problem(directory: Path) -> str | None:
     slot = directory / POINTER
     try:
         info = os.lstat(slot)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no pointer; a missing directory: the write says so
         return None
     except OSError as exc:
         return f"it cannot be examined ({exc.strerror or exc})"
@@ -126,6 +134,55 @@ def check_pointer_slot(directory: Path) -> None:
             f"{slot} is not a `latest` pointer ({problem}), and saving with keep_last= or latest=True would replace "
             f"it with one. Nothing was written. Fix: move or rename {slot} (the name {POINTER!r} is reserved for "
             "the pointer), or save into another directory.")
+
+
+_held: set[int] = set()  # directory descriptors holding a series lock in this process
+_held_guard = threading.Lock()
+
+
+def _drop_inherited_locks() -> None:
+    """In a forked child: close the descriptors of the parent's series locks. flock belongs to the open file
+    description, which fork shares: a DataLoader worker keeping its copy would hold the directory locked
+    after the parent's save ended, and the parent's next rotation save would wait for the worker to exit."""
+    global _held_guard
+    for fd in _held:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+    _held_guard = threading.Lock()  # another thread may have held it at the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_inherited_locks)
+
+
+@contextlib.contextmanager
+def series_lock(directory: Path, active: bool = True) -> Iterator[None]:
+    """Hold DIRECTORY's rotation series for one save (when ACTIVE): an exclusive flock on the directory,
+    waited for while another process (or thread) holds it. Best effort: a directory that cannot be
+    opened (the write then reports it) or a file system without flock is not locked."""
+    fd = -1
+    if active:
+        try:
+            fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            if fd >= 0:
+                os.close(fd)
+                fd = -1
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ENOLCK, errno.EINVAL,
+                                 errno.EOPNOTSUPP, errno.EBADF):
+                raise
+    if fd >= 0:
+        with _held_guard:
+            _held.add(fd)
+    try:
+        yield
+    finally:
+        if fd >= 0:
+            with _held_guard:
+                _held.discard(fd)
+            os.close(fd)  # releases the lock
 
 
 MAX_SEQUENCE = 2**63 - 1  # a save a microsecond for 290,000 years; beyond it a header is crafted
@@ -182,6 +239,29 @@ def rotate(target: Path, keep_last: int | None) -> list[Path]:
                "updated_unix": time.time()}
     write_bytes(directory / POINTER, (json.dumps(pointer, indent=1) + "\n").encode())
     return [p for p in drop if _remove(p)]
+
+
+def check_format(directory: Path, complete: list[Path]) -> None:
+    """Refuse DIRECTORY when it holds a checkpoint a newer torchplace wrote (besides the COMPLETE ones): this one
+    cannot read its sequence number, so resuming from the newest it can read might silently go back in time."""
+    from .dcp_reader import is_dcp_dir
+    from .distributed import SIDE_FILE
+
+    known = {p.name for p in complete}
+    for entry in os.scandir(directory):
+        if entry.name.startswith(".") or entry.name == POINTER or entry.name in known:
+            continue
+        path = Path(entry.path)
+        try:
+            read_header(path / SIDE_FILE if is_dcp_dir(path) else path)
+        except CheckpointFormatError as exc:
+            newest = f" ({complete[0].name} is the newest it can read)" if complete else ""
+            raise CheckpointFormatError(
+                f"{directory} holds {entry.name}, which a newer torchplace wrote: {exc} This torchplace cannot tell "
+                f"whether it is the newest checkpoint there{newest}, so it resumes from none. Fix: upgrade "
+                f"torchplace (pip install -U torchplace), or load a checkpoint file by its name.") from None
+        except (CheckpointError, OSError):
+            continue
 
 
 def _order(path: Path, rotation_only: bool) -> tuple[bool, int, float] | None:

@@ -23,7 +23,7 @@ from torch import nn
 from . import distributed as tpdist
 from . import rng
 from .fileio import write_file
-from .rotation import check_name, check_pointer_slot, next_sequence, rotate
+from .rotation import check_name, check_pointer_slot, next_sequence, rotate, series_lock
 from .state_dicts import clean_state, module_device, state_of, unwrap, versions_of
 
 RESERVED = ("model", "optimizer", "scheduler", "scaler", "extra", "rng")
@@ -183,9 +183,10 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
 
     def write() -> Path:
         tree, meta = collect_state(model, optimizer, scheduler, scaler, extra, more_state, rng_tree, info)
-        write_file(target, tree, info={**meta, **series_info(target, rotate_after)}, allow_pickle=allow_pickle)
-        if rotate_after:
-            rotate(target, keep_last)
+        with series_lock(target.parent, rotate_after):  # another writer of the series waits its turn
+            write_file(target, tree, info={**meta, **series_info(target, rotate_after)}, allow_pickle=allow_pickle)
+            if rotate_after:
+                rotate(target, keep_last)
         return target
 
     if world_size > 1:

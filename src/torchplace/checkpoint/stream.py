@@ -15,6 +15,7 @@ read into their own memory directly.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +55,21 @@ def _threads(data_bytes: int, most: int) -> int:
 def default_workers(data_bytes: int) -> int:
     """Threads for one save: enough to overlap I/O, checksums and copies, at most SAVE_MAX_WORKERS."""
     return _threads(data_bytes, SAVE_MAX_WORKERS)
+
+
+def lower_priority(nice: int) -> int | None:
+    """Lower the calling thread's CPU priority by NICE (capped at 19); threads it starts inherit it.
+    Linux only, best effort: returns the thread's nice value now, or None where it cannot be read."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "setpriority"):
+        return None
+    tid = threading.get_native_id()  # on Linux, PRIO_PROCESS with a thread id sets that thread's nice alone
+    try:
+        now = os.getpriority(os.PRIO_PROCESS, tid)
+        if nice > 0 and now < 19:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, now + nice))
+        return os.getpriority(os.PRIO_PROCESS, tid)
+    except OSError:  # not permitted (a seccomp profile): write at the priority we have
+        return None
 
 
 def load_workers(data_bytes: int) -> int:
