@@ -43,11 +43,12 @@ import shutil
 import stat
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError, CheckpointFormatError
+from ..errors import CheckpointError, CheckpointFormatError, TorchplaceWarning
 from .atomic import write_bytes
 from .format import read_header
 
@@ -165,7 +166,7 @@ def series_lock(directory: Path, active: bool = True) -> Iterator[None]:
     if active:
         try:
             fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            _wait_for_lock(fd, directory)
         except OSError as exc:
             if fd >= 0:
                 os.close(fd)
@@ -183,6 +184,35 @@ def series_lock(directory: Path, active: bool = True) -> Iterator[None]:
             with _held_guard:
                 _held.discard(fd)
             os.close(fd)  # releases the lock
+
+
+LOCK_WARN_S = 30.0  # one save of another process rarely holds the series longer: say who is waited for
+LOCK_TIMEOUT_S = 1800.0  # a holder frozen (SIGSTOP, a hung file system) must not stop this job for ever
+
+
+def _wait_for_lock(fd: int, directory: Path) -> None:
+    """An exclusive flock on FD (DIRECTORY), polled: a warning once another process has held it for
+    LOCK_WARN_S, a CheckpointError after LOCK_TIMEOUT_S (a blocking flock would wait for ever)."""
+    start, delay, warned = time.monotonic(), 0.001, False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        waited = time.monotonic() - start
+        if waited >= LOCK_TIMEOUT_S:
+            raise CheckpointError(
+                f"{directory}: another process has been saving into this directory for {waited:.0f} s and still "
+                "holds its checkpoint series (two jobs writing into one output directory, or a job that is frozen). "
+                "Nothing was written. Fix: give each job its own directory, or stop the other job.")
+        if not warned and waited >= LOCK_WARN_S:
+            warned = True
+            warnings.warn(f"{directory}: waiting for another process that is saving into this directory (for "
+                          f"{waited:.0f} s so far; two jobs writing into one output directory?). The save goes on "
+                          f"once it is done, or stops after {LOCK_TIMEOUT_S:.0f} s.", TorchplaceWarning, stacklevel=4)
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
 
 
 MAX_SEQUENCE = 2**63 - 1  # a save a microsecond for 290,000 years; beyond it a header is crafted
