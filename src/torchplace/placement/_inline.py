@@ -14,7 +14,36 @@ from . import _slots
 from ._stage import Staged, Stager
 
 
-class InlineIter(Iterator[Any]):
+class Epoch(Iterator[Any]):
+    """One epoch of a DeviceLoader, which a newer epoch over the same one-iterator DataLoader
+    (persistent_workers=True) may end (`supersede`): touched again, it says so."""
+
+    superseded = False
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def running(self) -> bool:
+        raise NotImplementedError
+
+    def supersede(self) -> None:
+        """End this epoch now, if it has not ended, and make its next batch say why."""
+        if self.running():
+            self.superseded = True
+            self.close()
+
+    def ended(self) -> Exception:
+        """What __next__ raises once the epoch is over: StopIteration, or why it was ended early."""
+        return RuntimeError(SUPERSEDED) if self.superseded else StopIteration()
+
+
+SUPERSEDED = ("DeviceLoader: this epoch was ended by a newer epoch over the same DataLoader (persistent_workers=True "
+              "gives a DataLoader one iterator, which each iter() restarts, so two epochs at once would split its "
+              "batches between them). Fix: finish or leave one loop before starting the other, or give each loop "
+              "its own DataLoader.")
+
+
+class InlineIter(Epoch):
     """One epoch of a DeviceLoader staged on the caller's thread, for batches packed in the
     DataLoader's workers: staging one is a copy and a rebuild, and handing it over from a worker
     thread cost more (H200, 64 tensors a batch: 189 µs a batch through the thread, 140-150 µs
@@ -60,7 +89,7 @@ class InlineIter(Iterator[Any]):
 
     def __next__(self) -> Any:
         if self._done:
-            raise StopIteration
+            raise self.ended()
         try:
             self._fill()
         except BaseException:
@@ -72,6 +101,9 @@ class InlineIter(Iterator[Any]):
         item = self._staged.popleft()
         self._taken.append(self._stage.hand_out(item))
         return item.batch
+
+    def running(self) -> bool:
+        return not self._done
 
     def close(self) -> None:
         """Drop the batches staged ahead, let the upstream clean up, and let this epoch's slots go."""

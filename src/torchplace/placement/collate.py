@@ -141,14 +141,15 @@ class PackedCollate:
         self.max_tensor_bytes = max_tensor_bytes
         self.slots = _slots.SLOTS if slots is None else slots
         self.auto_slots = slots is None  # DeviceLoader may raise it to cover a deeper prefetch
+        self.batched: bool | None = None  # samples to collate (True) or one batch (batch_size=None); None: guess
         self.token = _slots.claim(self)  # names this collate's rings in the training process
         self.wait_s = _slots.WAIT_S  # how long a worker waits for a free slot
         self._ring: _slots.WorkerRing | None = None
         self.no_ring: str | None = None  # why this worker packs without slots
 
     def __call__(self, samples: Any) -> Any:
-        if self.collate_fn is None:
-            batch = _default_collate(samples)
+        if self.collate_fn is None:  # batch_size=None hands the dataset's batch over alone, never in a list
+            batch = _default_collate(samples, type(samples) is list if self.batched is None else self.batched)
         else:
             batch = self.collate_fn(samples)
         out = pack(batch, self.max_tensor_bytes, self._worker_ring(), self.wait_s)
@@ -214,8 +215,8 @@ def packed_collate(collate_fn: Callable[[Any], Any] | None = None, *,
     take the copying way, said once.
 
     Args:
-        collate_fn: makes the batch from the samples (default: torch's `default_collate`; give
-            `torch.utils.data.default_convert` with `batch_size=None`, when the dataset returns batches).
+        collate_fn: makes the batch from the samples (default: torch's `default_collate`, or with
+            `batch_size=None`, when the dataset returns batches, `default_convert`, as DataLoader does).
         max_tensor_bytes: the largest tensor to pack, in bytes or as a size such as "256KiB".
         slots: slots per worker (default 6, or the DataLoader's prefetch_factor + DeviceLoader's
             prefetch + 2 when DeviceLoader wraps it, whichever is more); 0 packs each batch into a
@@ -367,16 +368,19 @@ def _say(note: str) -> None:
         warnings.warn(note, PackingWarning, stacklevel=4)
 
 
-def _default_collate(samples: Any) -> Any:
-    """torch's default_collate, made to stack into ordinary memory even in a worker.
+def _default_collate(samples: Any, batched: bool = True) -> Any:
+    """torch's default_collate (default_convert for one batch, as the DataLoader does with
+    batch_size=None), made to stack into ordinary memory even in a worker.
 
     In a worker, default_collate puts each stacked tensor in its own shared-memory block so that
     sending it copies nothing; packed, those tensors are not sent, only copied into the one shared
     buffer, so the blocks would be made (a file, a mapping, page faults) for nothing.
     """
-    from torch.utils.data import default_collate
+    from torch.utils.data import default_collate, default_convert
     from torch.utils.data._utils import worker
 
+    if not batched:
+        return default_convert(samples)
     info = getattr(worker, "_worker_info", None)
     if info is None:
         return default_collate(samples)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
@@ -24,7 +25,7 @@ import torch
 
 from ..hardware.accelerator import device_module, has_streams, say_once
 from . import _slots
-from ._inline import InlineIter, close_upstream
+from ._inline import Epoch, InlineIter, close_upstream
 from ._stage import Staged, Stager
 from .collate import PackedBatch
 from .resolve import DeviceSpec
@@ -34,6 +35,9 @@ from .traverse import map_tensors
 T = TypeVar("T")
 _HOST_LIKE = ("cpu", "meta", "mps")  # nothing to overlap (host memory, no data, unified memory)
 _JOIN_S = 2.0  # how long close() waits for the worker thread
+# DataLoader(persistent_workers=True) -> its DeviceLoader epoch still open: such a DataLoader has one
+# iterator, which iter() resets, so a new epoch first ends the one before (its worker thread included)
+_epochs: weakref.WeakKeyDictionary[Any, weakref.ReferenceType] = weakref.WeakKeyDictionary()
 
 
 class DeviceLoader(Generic[T]):
@@ -109,6 +113,18 @@ class DeviceLoader(Generic[T]):
 
     def __iter__(self) -> Iterator[T]:
         _fit_slots(self.loader, self.prefetch)
+        one_iterator = bool(getattr(self.loader, "persistent_workers", False))
+        if one_iterator:
+            old = _epochs.pop(self.loader, None)
+            old = old() if old is not None else None
+            if old is not None:
+                old.supersede()
+        epoch = self._epoch()
+        if one_iterator and isinstance(epoch, Epoch):
+            _epochs[self.loader] = weakref.ref(epoch)
+        return epoch
+
+    def _epoch(self) -> Iterator[T]:
         it = iter(self.loader)
         owned = it is not self.loader  # a fresh iterator nobody else holds: ours to close early
         kind = self.device.type
@@ -144,7 +160,7 @@ class DeviceLoader(Generic[T]):
         return f"DeviceLoader({type(self.loader).__name__}, device='{self.device}', prefetch={self.prefetch})"
 
 
-class _SyncIter(Iterator[Any]):
+class _SyncIter(Epoch):
     """The loader without a worker: `to_device` then the transform, on the consumer's thread."""
 
     def __init__(self, it: Iterator[Any], owned: bool, device: torch.device,
@@ -156,7 +172,7 @@ class _SyncIter(Iterator[Any]):
 
     def __next__(self) -> Any:
         if self._it is None:
-            raise StopIteration
+            raise self.ended()
         try:
             batch = next(self._it)
         except BaseException:
@@ -164,6 +180,9 @@ class _SyncIter(Iterator[Any]):
             raise
         batch = to_device(batch, self._device)
         return self._transform(batch) if self._transform else batch
+
+    def running(self) -> bool:
+        return self._it is not None
 
     def close(self) -> None:
         it, self._it = self._it, None
@@ -182,7 +201,7 @@ _END = object()
 _NONE = object()  # no batch pulled ahead
 
 
-class _BackgroundIter(Iterator[Any]):
+class _BackgroundIter(Epoch):
     """One epoch of a DeviceLoader whose batches a worker thread prepares (`_produce`)."""
 
     def __init__(self, it: Iterator[Any], owned: bool, stager: Stager, prefetch: int, first: Any = _NONE) -> None:
@@ -199,7 +218,7 @@ class _BackgroundIter(Iterator[Any]):
     def __next__(self) -> Any:
         """Hand out the next batch: the consumer's stream waits for its copy, the worker learns of it."""
         if self._done:
-            raise StopIteration
+            raise self.ended()
         item = self._queue.get()
         if type(item) is not Staged:
             self.close()
@@ -208,6 +227,9 @@ class _BackgroundIter(Iterator[Any]):
             raise item.error
         self._handed.put(self._stage.hand_out(item))
         return item.batch
+
+    def running(self) -> bool:
+        return not self._done
 
     def close(self) -> None:
         """Stop the worker, drop the batches copied ahead, and let the upstream clean up."""
@@ -220,6 +242,11 @@ class _BackgroundIter(Iterator[Any]):
         if self._thread is not threading.current_thread():
             self._thread.join(_JOIN_S)
             self._drain()  # a batch the worker finished while stopping
+
+    def supersede(self) -> None:
+        super().supersede()
+        if self._thread is not threading.current_thread():
+            self._thread.join(_JOIN_S * 5)  # out of the DataLoader's iterator before the new epoch restarts it
 
     def _drain(self) -> None:
         while True:
@@ -293,6 +320,8 @@ def _fit_slots(loader: Any, prefetch: int) -> None:
     collate = getattr(loader, "collate_fn", None)
     if type(collate) is not PackedCollate:
         return
+    if hasattr(loader, "batch_sampler"):  # a DataLoader collates samples only with a batch sampler
+        collate.batched = loader.batch_sampler is not None
     if collate.auto_slots and collate.slots:
         depth = getattr(loader, "prefetch_factor", None) or 2
         collate.slots = max(_slots.SLOTS, depth + prefetch + 2)
