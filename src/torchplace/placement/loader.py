@@ -59,7 +59,8 @@ class DeviceLoader(Generic[T]):
             except for batches packed by `packed_collate`: staging one is a single copy, done on
             your thread (still on the side stream, `prefetch` ahead) as handing it over costs more.
 
-    Iterating yields the loader's batches on DEVICE; `len()` is the wrapped loader's.
+    Iterating yields the loader's batches on DEVICE; `len()` is the wrapped loader's. A DataLoader with
+    persistent_workers has one iterator: a new epoch over it ends the one before, whose next batch says so.
 
     Raises:
         DeviceError: the device does not exist here.
