@@ -45,21 +45,22 @@ def same(a, b, path: str = "batch") -> None:
         assert a == b, path
 
 
-def settled() -> tuple[int, list[str]]:
-    """Worker processes still alive and threads other than the main one, once collected."""
-    gc.collect()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (multiprocessing.active_children() or threading.active_count() > 1):
-        time.sleep(0.05)
-        gc.collect()
-    return len(multiprocessing.active_children()), [t.name for t in threading.enumerate()
-                                                     if t is not threading.main_thread()]
+def alive() -> tuple[set, set]:
+    return set(multiprocessing.active_children()), set(threading.enumerate())
 
 
 @pytest.fixture(autouse=True)
 def nothing_left_behind():
+    """The worker processes and threads a test started are gone once it is over (collected)."""
+    before = alive()
     yield
-    assert settled() == (0, [])
+    deadline = time.monotonic() + 5
+    gc.collect()
+    while time.monotonic() < deadline and any(now - was for now, was in zip(alive(), before)):
+        time.sleep(0.05)
+        gc.collect()
+    children, threads = (now - was for now, was in zip(alive(), before))
+    assert (children, [t.name for t in threads]) == (set(), [])
 
 
 def each(loader: DataLoader, background: bool, ref: list) -> None:
