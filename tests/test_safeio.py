@@ -70,3 +70,14 @@ def test_an_unreadable_file_is_named_as_a_permission_problem(tmp_path):
         if as_root:
             os.seteuid(0)
     assert "check the path" not in str(info.value)
+
+
+def test_a_huge_folder_is_read_only_so_far(tmp_path, monkeypatch):
+    """A missing file in a dataset folder of millions of names is answered without reading them all:
+    at most MISSING_SCAN names are read and compared."""
+    monkeypatch.setattr(safeio, "MISSING_SCAN", 50)
+    for i in range(120):
+        (tmp_path / f"img{i:05d}.png").touch()
+    said = safeio.missing(tmp_path / "zzz.ckpt")
+    assert said.endswith("(more than 50 in all).") and said.count(", ") == 8
+    assert "of the first 50 names read" in safeio.missing(tmp_path / "img00007.pn")

@@ -17,6 +17,7 @@ names the file, says what is wrong and how to fix it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import shlex
@@ -55,17 +56,25 @@ def missing(path: str | os.PathLike[str]) -> str:
                 f"it: {expanded} {there}).")
     folder = os.path.dirname(os.path.abspath(text))
     try:
-        names = sorted(os.listdir(folder))
+        with os.scandir(folder) as entries:  # a dataset folder may hold millions: look at the first MISSING_SCAN
+            names = sorted(e.name for e in itertools.islice(entries, MISSING_SCAN + 1))
     except OSError:
         above = folder
         while not os.path.isdir(above) and os.path.dirname(above) != above:
             above = os.path.dirname(above)
         return f"{said}: its folder {folder} does not exist (the nearest that does is {above})."
+    more = len(names) > MISSING_SCAN
+    names = names[:MISSING_SCAN]
     close = difflib.get_close_matches(os.path.basename(text), names, n=3, cutoff=0.6)
+    some = f" (of the first {MISSING_SCAN} names read)" if more else ""
     if close:
-        return f"{said}. Close names in {folder}: {', '.join(close)}."
-    shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+        return f"{said}. Close names in {folder}{some}: {', '.join(close)}."
+    count = f"more than {MISSING_SCAN}" if more else str(len(names))
+    shown = ", ".join(names[:8]) + (f", ... ({count} in all)" if len(names) > 8 else "")
     return f"{said}. {folder} holds: {shown or 'nothing'}."
+
+
+MISSING_SCAN = 10_000  # names of a folder compared with a missing path: enough for any checkpoint folder
 
 
 def _uid() -> str:
