@@ -20,9 +20,11 @@ from .topology import SNAPSHOT_FIX, Topology, load_snapshot, read_topology
 from .versions import Versions, read_versions
 from .visible import VisibleMap, map_visible
 
-ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "LOCAL_", "SLURM_")
+# OMPI_/MV2_/PMI_/MPI_LOCAL and NODE_RANK: the launchers of launch_others.py (doctor reads the job from these)
+ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "LOCAL_", "SLURM_", "OMPI_COMM_WORLD_",
+                "OMPI_MCA_ess_base_jobid", "MV2_COMM_WORLD_", "PMI_", "MPI_LOCAL")
 ENV_NAMES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "GROUP_WORLD_SIZE",
-             "ACCELERATE_MIXED_PRECISION")
+             "ACCELERATE_MIXED_PRECISION", "NODE_RANK")
 
 
 def relevant_env(environ: dict[str, str] | None = None) -> dict[str, str]:

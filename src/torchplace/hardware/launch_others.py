@@ -38,7 +38,16 @@ LIGHTNING_VARS = ("WORLD_SIZE", "NODE_RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTE
 
 
 def _flavour(e: Mapping[str, str]) -> tuple[str, str, str, str, str] | None:
-    return next((f for f in MPI_FLAVOURS if e.get(f[1]) is not None and e.get(f[2]) is not None), None)
+    # empty counts as unset, as in _int_var: `export PMI_RANK=` left in a script is no MPI launch
+    return next((f for f in MPI_FLAVOURS if (e.get(f[1]) or "").strip() and (e.get(f[2]) or "").strip()), None)
+
+
+def _job_id(e: Mapping[str, str], name: str) -> int | None:
+    """A job id as a number to derive a port from; None when it is not ASCII digits (then no port is derived
+    and check() asks for MASTER_PORT). Its last 9 digits only: 10**9 is a multiple of 20000, so the port is
+    the same as the whole number's, and a 4,000-digit id costs nothing."""
+    text = (e.get(name) or "").strip()
+    return int(text[-9:]) if text.isascii() and text.isdigit() else None
 
 
 def mpi_local_rank(e: Mapping[str, str]) -> int | None:
@@ -68,10 +77,10 @@ def read_mpi(e: Mapping[str, str]) -> LaunchEnv | None:
         addr = "127.0.0.1"
         derived["MASTER_ADDR"] = f"MPI world on this one host ({local_size_var} = {size_var} = {world}): 127.0.0.1"
     port = _int_var(e, "MASTER_PORT")
-    job_var = next((v for v in ("OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID") if _int_var(e, v) is not None), None)
+    job_var = next((v for v in ("OMPI_MCA_ess_base_jobid", "SLURM_JOB_ID") if _job_id(e, v) is not None), None)
     if port is None and job_var is not None:
-        port = 15000 + (_int_var(e, job_var) or 0) % 20000  # the same in every process of the job
-        derived["MASTER_PORT"] = f"15000 + {job_var} % 20000 ({job_var}={e[job_var]})"
+        port = 15000 + (_job_id(e, job_var) or 0) % 20000  # the same in every process of the job
+        derived["MASTER_PORT"] = f"15000 + {job_var} % 20000 ({job_var}={e[job_var]!r:.40})"
     return LaunchEnv(launcher="mpi", rank=_int_var(e, rank_var), world_size=world, local_rank=mpi_local_rank(e),
                      local_world_size=local_world, master_addr=addr, master_port=port,
                      variables=variables, derived=derived)
