@@ -339,7 +339,10 @@ def _check_meta(path: Path, entries: list[TensorEntry], meta_text: str, meta: di
         raise _damaged(path, f"the header checksum does not match (recorded {found}, computed {want}): "
                              "a shape, key or metadata value was altered")
     version = meta.get("format_version")
-    if type(version) is not int or version > FORMAT_VERSION:
+    if type(version) is not int or version < 1:  # no torchplace, older or newer, writes another: not "upgrade"
+        raise _damaged(path, f"its format_version is {version!r:.40}, not a whole number from 1 up as every "
+                             "torchplace writes")
+    if version > FORMAT_VERSION:
         raise CheckpointFormatError(f"{path} uses torchplace checkpoint format {version!r:.40}; this torchplace "
                               f"reads up to {FORMAT_VERSION}. Fix: upgrade torchplace.")
     chunk, crcs = meta.get("chunk_bytes"), meta.get("crc32")
