@@ -33,7 +33,7 @@ import torch
 from ..errors import PackingWarning
 from ..units import parse_size
 from . import _build, _hostcopy, _pack, _slots
-from .traverse import _walk
+from .traverse import _walk, depth_error
 
 _Tensor = torch.Tensor
 _warned: set[str] = set()
@@ -148,11 +148,17 @@ class PackedCollate:
         self.no_ring: str | None = None  # why this worker packs without slots
 
     def __call__(self, samples: Any) -> Any:
-        if self.collate_fn is None:  # batch_size=None hands the dataset's batch over alone, never in a list
-            batch = _default_collate(samples, type(samples) is list if self.batched is None else self.batched)
-        else:
+        if self.collate_fn is not None:  # one that recurses for ever is the user's to see: only ours are wrapped
             batch = self.collate_fn(samples)
-        out = pack(batch, self.max_tensor_bytes, self._worker_ring(), self.wait_s)
+        else:  # batch_size=None hands the dataset's batch over alone, never in a list
+            try:  # torch's default_collate, and our walk below, recurse once a level of nesting
+                batch = _default_collate(samples, type(samples) is list if self.batched is None else self.batched)
+            except RecursionError:
+                raise depth_error(samples, "packed_collate") from None
+        try:
+            out = pack(batch, self.max_tensor_bytes, self._worker_ring(), self.wait_s)
+        except RecursionError:
+            raise depth_error(batch, "packed_collate") from None
         if self.no_ring is not None and type(out) is PackedBatch:  # said once, in the training process
             out.note = self.no_ring if out.note is None else f"{out.note}\n{self.no_ring}"
         return out

@@ -24,7 +24,7 @@ from ..errors import DeviceError
 from ..hardware.accelerator import accelerator_type, device_module, say_once
 from .resolve import DeviceSpec
 from .resolve import device as resolve_device
-from .traverse import _ATOMIC, _Tensor, _unchanged, _walk, cycle_error, map_tensors
+from .traverse import _ATOMIC, _Tensor, _unchanged, _walk, depth_error, map_tensors
 
 T = TypeVar("T")
 
@@ -107,8 +107,8 @@ def to_device(obj: T, device: DeviceSpec, *, non_blocking: bool | None = None) -
     dev = target_device(device)
     try:
         return _to_device(obj, dev, non_blocking)
-    except RecursionError as exc:
-        raise cycle_error(obj, f"to_device(..., {str(dev)!r})") or exc from None
+    except RecursionError:
+        raise depth_error(obj, f"to_device(..., {str(dev)!r})") from None
 
 
 def _to_device(obj: Any, dev: torch.device, non_blocking: bool | None) -> Any:

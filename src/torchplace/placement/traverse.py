@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import sys
 from collections import OrderedDict, UserDict, defaultdict, deque
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -48,8 +49,20 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any],
     """
     try:
         return _walk(obj, fn, other)
-    except RecursionError as exc:
-        raise cycle_error(obj, "map_tensors") or exc from None
+    except RecursionError:
+        raise depth_error(obj, "map_tensors") from None
+
+
+def depth_error(obj: Any, caller: str) -> Exception:
+    """The error for a walk of OBJ that hit Python's recursion limit: the cycle it holds (ValueError), or a
+    RecursionError that says the batch is nested too deep and what to do (never the bare one of the stack)."""
+    cyclic = cycle_error(obj, caller)
+    if cyclic is not None:
+        return cyclic
+    return RecursionError(
+        f"{caller}: the batch is nested deeper than Python's recursion limit ({sys.getrecursionlimit()} levels), "
+        "so its containers cannot be walked. Fix: flatten it in the dataset or collate_fn "
+        "(stack the tensors into one, or keep a list of tensors rather than lists inside lists).")
 
 
 def cycle_error(obj: Any, caller: str) -> ValueError | None:
