@@ -148,6 +148,9 @@ def os_error(target: Path, exc: OSError, doing: str) -> CheckpointError:
     elif code == errno.ENOTDIR:
         why = f"{where} is not a directory (a file is there, or a path above it is one)"
         fix = f"move that file away and create the directory (os.makedirs({str(where)!r}, exist_ok=True))"
+    elif code == errno.ELOOP:
+        why = f"{where} is a symbolic link that leads back to itself (a loop), or a link above it does"
+        fix = f"point the link at a real directory (ls -l {str(where)!r}) or save to another directory"
     elif code == errno.EFBIG:
         why = "the file grew past the largest this process may write (ulimit -f, RLIMIT_FSIZE) or the disk holds"
         fix = "raise the limit (ulimit -f unlimited) or save to another file system"

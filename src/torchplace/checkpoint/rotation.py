@@ -107,6 +107,8 @@ def _slot_problem(directory: Path) -> str | None:
     except (FileNotFoundError, NotADirectoryError):  # no pointer; a missing directory: the write says so
         return None
     except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENAMETOOLONG):  # the directory's path, not the slot: the write says so
+            return None
         return f"it cannot be examined ({exc.strerror or exc})"
     if stat.S_ISLNK(info.st_mode):
         return "it is a symbolic link (a sharded checkpoint is one)"
@@ -164,8 +166,12 @@ def series_lock(directory: Path, active: bool = True) -> Iterator[None]:
     opened (the write then reports it) or a file system without flock is not locked."""
     fd = -1
     if active:
-        try:
+        try:  # not a directory, a symlink loop, a name too long, ...: the write names it (atomic.os_error)
             fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            active = False
+    if active:
+        try:
             _wait_for_lock(fd, directory)
         except OSError as exc:
             if fd >= 0:
