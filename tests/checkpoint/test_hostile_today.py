@@ -100,3 +100,11 @@ def test_a_fifo_named_like_a_checkpoint_blocks_neither_load_nor_rotation(tmp_pat
     torchplace.save(tmp_path / "step-2.safetensors", model={"w": torch.ones(2)}, keep_last=2)
     assert torchplace.load(tmp_path)["model"]["w"].sum() == 2
     assert (tmp_path / "step-9.safetensors").exists()  # not ours: never rotated away
+
+
+def test_ckpt_inspect_of_the_folder_says_load_refuses_it(tmp_path: Path) -> None:
+    """It said "the one torchplace.load(folder) loads" of the older file while load(folder) raised."""
+    folder = _folder(tmp_path, "2")
+    notes = " ".join(torchplace.checkpoint.inspection.inspect(folder).notes)
+    assert "step-1.safetensors, the newest this torchplace can read, but torchplace.load(" in notes
+    assert "holds step-2.safetensors, which a newer torchplace wrote" in notes and "loads;" not in notes

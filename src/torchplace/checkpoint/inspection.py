@@ -16,13 +16,13 @@ from typing import Any
 import torch
 
 from .. import safeio
-from ..errors import CheckpointError
+from ..errors import CheckpointError, CheckpointFormatError
 from ..progress import ProgressFn, begin, reporting
 from . import codec, foreign
 from .dcp_reader import read_dcp_metadata
 from .distributed import SIDE_FILE
 from .format import Header, dtype_name, open_for_read, read_header
-from .rotation import POINTER, complete_checkpoints, is_pointer
+from .rotation import POINTER, check_format, complete_checkpoints, is_pointer
 from .stream import verify_data
 
 _META_SHOWN = ("format_version", "torchplace_version", "torch_version", "created_utc", "hostname", "world_size",
@@ -179,8 +179,13 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
         info = inspect(series[0], verify=verify, trust_pickle=trust_pickle, progress=progress)
         info.series = [p.name for p in series]
         via = f" (through its `{POINTER}` pointer)" if folder is not path else ""
+        try:
+            check_format(folder, series)
+            loads = f"the one torchplace.load({str(folder)!r}) loads"
+        except CheckpointFormatError as exc:  # load(folder) refuses the folder: say so, not "the one it loads"
+            loads = f"the newest this torchplace can read, but torchplace.load({str(folder)!r}) refuses: {exc}"
         info.notes.insert(0, f"{folder} is a run folder{via}: this is its newest complete checkpoint, "
-                             f"{series[0].name}, the one torchplace.load({str(folder)!r}) loads; "
+                             f"{series[0].name}, {loads}; "
                              f"{len(series)} in the series, newest first: {', '.join(info.series)}")
         return info
     kind = foreign.sniff(path)
