@@ -231,7 +231,10 @@ def _roots(model: torch.nn.Module | None, named: list[tuple[str, Any]], user_fra
             if isinstance(value, torch.nn.Module):
                 out.append((type(value).__name__ if name == "self" else name, value))
     out += [(type(m).__name__, m) for f in torch_frames if isinstance(m := f.f_locals.get("self"), torch.nn.Module)]
-    return out
+    first: dict[int, tuple[str, torch.nn.Module]] = {}  # one module under several names (model=, a local, self)
+    for label, m in out:  # is walked once, by its first name: each walk of 100,000 weights costs a second
+        first.setdefault(id(m), (label, m))
+    return list(first.values())
 
 
 def _weights(roots: list[tuple[str, torch.nn.Module]]) -> dict[int, tuple[str, str]]:
