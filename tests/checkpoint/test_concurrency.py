@@ -96,7 +96,7 @@ def test_a_newest_deleted_between_listing_and_opening_is_looked_for_again(tmp_pa
     torchplace.save(tmp_path / "s3.safetensors", model={"w": torch.full((4,), 3.0)}, keep_last=3)
     listings = [stale]
     monkeypatch.setattr(loading, "complete_checkpoints",
-                        lambda d: listings.pop() if listings else rotation.complete_checkpoints(d))
+                        lambda d, **kw: listings.pop() if listings else rotation.complete_checkpoints(d, **kw))
     ck = torchplace.load(tmp_path)  # the real newest now, not the older one that happened to be listed second
     assert ck.path.name == "s3.safetensors" and ck["model"]["w"][0] == 3.0
     assert "s2.safetensors was deleted while it was being opened" in ck.notes[0]
@@ -105,7 +105,7 @@ def test_a_newest_deleted_between_listing_and_opening_is_looked_for_again(tmp_pa
 def test_a_folder_whose_newest_keeps_being_deleted_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     torchplace.save(tmp_path / "s0.safetensors", model={"w": torch.ones(2)}, keep_last=2)
     gone = tmp_path / "gone.safetensors"
-    monkeypatch.setattr(loading, "complete_checkpoints", lambda d: [gone])
+    monkeypatch.setattr(loading, "complete_checkpoints", lambda d, **kw: [gone])
     with pytest.raises(torchplace.CheckpointError, match=r"deleted while being opened, 9 times in a row "
                                                          r"\(gone.safetensors\).*Fix: load a checkpoint file by"):
         torchplace.load(tmp_path)

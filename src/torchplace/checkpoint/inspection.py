@@ -174,13 +174,14 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
     if not path.exists():
         raise CheckpointError(f"{safeio.missing(path)} Fix: check the path.")
     folder = path.parent if is_pointer(path) else path
-    series = complete_checkpoints(folder) if folder.is_dir() and foreign.sniff(folder) == "unknown" else []
+    newer: list = []
+    series = complete_checkpoints(folder, newer=newer) if folder.is_dir() and foreign.sniff(folder) == "unknown" else []
     if series:  # a run folder (save(..., keep_last=N)): what torchplace.load(folder) would load
         info = inspect(series[0], verify=verify, trust_pickle=trust_pickle, progress=progress)
         info.series = [p.name for p in series]
         via = f" (through its `{POINTER}` pointer)" if folder is not path else ""
         try:
-            check_format(folder, series)
+            check_format(folder, series, newer)
             loads = f"the one torchplace.load({str(folder)!r}) loads"
         except CheckpointFormatError as exc:  # load(folder) refuses the folder: say so, not "the one it loads"
             loads = f"the newest this torchplace can read, but torchplace.load({str(folder)!r}) refuses: {exc}"

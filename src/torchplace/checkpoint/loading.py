@@ -309,8 +309,9 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
 
     if not target.is_dir() or is_dcp_dir(target):
         return one(target)
-    candidates = complete_checkpoints(target)
-    check_format(target, candidates)
+    newer: list = []
+    candidates = complete_checkpoints(target, newer=newer)
+    check_format(target, candidates, newer)
     if not candidates:
         if foreign.sniff(target) == "accelerate":
             return one(target)

@@ -46,8 +46,9 @@ def newest_name(checkpoint_dir: str | os.PathLike[str] | None) -> str | None:
     """The file name of the newest complete checkpoint in CHECKPOINT_DIR, or None (none, or no folder)."""
     if checkpoint_dir is None or not Path(checkpoint_dir).is_dir():
         return None
-    found = complete_checkpoints(checkpoint_dir)
-    check_format(Path(checkpoint_dir), found)  # a newer torchplace's checkpoint may be the newest: refuse
+    newer: list = []
+    found = complete_checkpoints(checkpoint_dir, newer=newer)
+    check_format(Path(checkpoint_dir), found, newer)  # a newer torchplace's checkpoint may be the newest: refuse
     return found[0].name if found else None
 
 

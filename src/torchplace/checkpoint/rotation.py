@@ -277,30 +277,22 @@ def rotate(target: Path, keep_last: int | None) -> list[Path]:
     return [p for p in drop if _remove(p)]
 
 
-def check_format(directory: Path, complete: list[Path]) -> None:
-    """Refuse DIRECTORY when it holds a checkpoint a newer torchplace wrote (besides the COMPLETE ones): this one
-    cannot read its sequence number, so resuming from the newest it can read might silently go back in time."""
-    from .dcp_reader import is_dcp_dir
-    from .distributed import SIDE_FILE
-
-    known = {p.name for p in complete}
-    for entry in os.scandir(directory):
-        if entry.name.startswith(".") or entry.name == POINTER or entry.name in known:
-            continue
-        path = Path(entry.path)
-        try:
-            read_header(path / SIDE_FILE if is_dcp_dir(path) else path)
-        except CheckpointFormatError as exc:
-            newest = f" ({complete[0].name} is the newest it can read)" if complete else ""
-            raise CheckpointFormatError(
-                f"{directory} holds {entry.name}, which a newer torchplace wrote: {exc} This torchplace cannot tell "
-                f"whether it is the newest checkpoint there{newest}, so it resumes from none. Fix: upgrade "
-                f"torchplace (pip install -U torchplace), or load a checkpoint file by its name.") from None
-        except (CheckpointError, OSError):
-            continue
+def check_format(directory: Path, complete: list[Path], newer: list[tuple[Path, CheckpointFormatError]]) -> None:
+    """Refuse DIRECTORY when it holds a checkpoint a newer torchplace wrote (NEWER, as `complete_checkpoints`
+    found them beside the COMPLETE ones): this one cannot read its sequence number, so resuming from the
+    newest it can read might silently go back in time."""
+    if not newer:
+        return
+    path, exc = newer[0]
+    newest = f" ({complete[0].name} is the newest it can read)" if complete else ""
+    raise CheckpointFormatError(
+        f"{directory} holds {path.name}, which a newer torchplace wrote: {exc} This torchplace cannot tell "
+        f"whether it is the newest checkpoint there{newest}, so it resumes from none. Fix: upgrade "
+        f"torchplace (pip install -U torchplace), or load a checkpoint file by its name.")
 
 
-def _order(path: Path, rotation_only: bool) -> tuple[bool, int, float] | None:
+def _order(path: Path, rotation_only: bool,
+           newer: list[tuple[Path, CheckpointFormatError]] | None = None) -> tuple[bool, int, float] | None:
     """Where PATH's torchplace header places it (newer sorts higher): (has a sequence, sequence, creation
     time when it has none), or None when PATH is not a complete one (or, with ROTATION_ONLY, not one saved
     with keep_last / latest=True)."""
@@ -310,6 +302,10 @@ def _order(path: Path, rotation_only: bool) -> tuple[bool, int, float] | None:
     probe = path / SIDE_FILE if is_dcp_dir(path) else path
     try:
         meta = read_header(probe).meta
+    except CheckpointFormatError as exc:  # a newer torchplace's: NEWER collects it for `check_format`
+        if newer is not None:
+            newer.append((path, exc))
+        return None
     except (CheckpointError, OSError):
         return None
     if meta is None or (rotation_only and not meta.get("rotation")):
@@ -322,8 +318,10 @@ def _order(path: Path, rotation_only: bool) -> tuple[bool, int, float] | None:
     return False, 0, float(created) if ok else 0.0
 
 
-def complete_checkpoints(directory: str | os.PathLike[str], *, rotation_only: bool = False) -> list[Path]:
-    """Torchplace checkpoints in DIRECTORY whose headers are whole, newest first (by sequence, then name).
+def complete_checkpoints(directory: str | os.PathLike[str], *, rotation_only: bool = False,
+                         newer: list[tuple[Path, CheckpointFormatError]] | None = None) -> list[Path]:
+    """Torchplace checkpoints in DIRECTORY whose headers are whole, newest first (by sequence, then name);
+    those a newer torchplace wrote are appended to NEWER, with the reason (see `check_format`).
 
     Only headers are read (sizes, structure, header checksum); tensor checksums are checked by
     `load`, which moves on to the next one if the newest turns out damaged.
@@ -334,7 +332,7 @@ def complete_checkpoints(directory: str | os.PathLike[str], *, rotation_only: bo
         if entry.name.startswith(".") or entry.name == POINTER:
             continue
         path = Path(entry.path)
-        order = _order(path, rotation_only)
+        order = _order(path, rotation_only, newer)
         if order is not None:
             found.append((order, entry.name, path))
     found.sort(key=lambda item: (item[0], item[1]), reverse=True)
