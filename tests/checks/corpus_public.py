@@ -3,8 +3,8 @@
 
 Device mistakes and legal patterns from public reports (each case names its source: an issue as
 owner/repo#number or a documentation page), none of them in corpus.py. Same shape as corpus.py (see
-corpus_kit.py); scored by `torchplace bench diagnose --corpus tests/checks/corpus_public.py`. A mistake names what a report must contain (culprit), its
-module path and the user's line (the line ending in `# case: NAME`); a legal pattern must raise nothing in any mode.
+corpus_kit.py); scored by `torchplace bench diagnose --corpus tests/checks/FILE`. A mistake names what a report
+must contain (culprit), its module path and the user's line (the line ending in `# case: NAME`); a legal pattern must raise nothing in any mode.
 On the CPU the pair is meta (where the model runs) vs cpu (where a factory without a device lands); cases only a real
 accelerator refuses list the GPU pairs only.
 """
@@ -806,7 +806,8 @@ def optimizer_before_move_step(model: nn.Module, optimizer: torch.optim.Optimize
 
 
 # an optimizer built before model.to() and not stepped yet: Module.to moves parameters in place
-@R.legal("https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.to")
+# on meta, Module.to makes new parameters (the optimizer would train the old ones): a GPU pair only
+@R.legal("https://pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.to", pairs=GPU)
 def optimizer_built_before_move_unstepped(dev: torch.device, other: torch.device) -> Program:
     model = Toy().to(other)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)

@@ -6,7 +6,7 @@ the user wrote, and optimizer state left on another device. Runs only after an e
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any, TypeVar
@@ -178,6 +178,8 @@ def origins_of(root: torch.nn.Module | None, root_label: str, chain: list[torch.
 def trace_assignment(info: Operand, op_frame: FrameType, user: tuple[FrameType, int, int] | None) -> None:
     """Where a local culprit was assigned (`h0 = torch.zeros(...)` at file:line), and whether that is a
     torch factory call without a device. Reads the function's source; runs only after an error."""
+    if info.made:  # already found where the user's code further out made it
+        return
     candidates: list[tuple[str, FrameType]] = []
     if info.origin and " at " in info.origin and user is not None:
         candidates.append((info.origin.split(" at ", 1)[0], user[0]))
@@ -239,7 +241,7 @@ def _flatten(value: Any, path: str, depth: int = 4) -> Iterator[tuple[str, torch
 
 
 def operands(op_frame: FrameType, expression: str | None, user: tuple[FrameType, int, int] | None,
-             origins: dict[int, tuple[str, str]]) -> list[Operand]:
+             origins: dict[int, tuple[str, str]], outer: Sequence[FrameType] = ()) -> list[Operand]:
     found: dict[int, Operand] = {}
     named = fr.named_values(expression, op_frame)
     if not named:  # no expression to read: every tensor the frame holds
@@ -264,7 +266,27 @@ def operands(op_frame: FrameType, expression: str | None, user: tuple[FrameType,
                 info = found[id(value)]
                 if info.origin is None or info.kind == "local":
                     info.origin = f"{label} at {fr.short_path(user[0].f_code.co_filename)}:{user[1]}"
+    tensors = {id(v): v for _, v in named if isinstance(v, torch.Tensor)}
+    for key, info in found.items():
+        if key in tensors and info.kind in ("local", "value"):
+            inner = (op_frame, user[0] if user else None)
+            _made_outside(info, tensors[key], [f for f in outer if not any(f is g for g in inner)])
     return list(found.values())
+
+
+def _made_outside(info: Operand, tensor: torch.Tensor, frames: list[FrameType]) -> None:
+    """A local passed in from the user's code further out: named where that code made it (`probe =
+    torch.rand(...)` in the caller of the model), the variable and call line as the user wrote them."""
+    for frame in frames:  # outermost first
+        for name, value in frame.f_locals.items():
+            if value is not tensor or name == "self" or fr.is_library(frame.f_code.co_filename):
+                continue
+            found = fr.assignment_of(name, frame)
+            if found is not None:
+                where = fr.short_path(frame.f_code.co_filename)
+                info.origin = f"{name} at {where}:{frame.f_lineno}"
+                info.made, info.factory = f"`{found[1]}` at {where}:{found[0]}", found[2]
+                return
 
 
 def _info(label: str, tensor: torch.Tensor, origins: dict[int, tuple[str, str]]) -> Operand:

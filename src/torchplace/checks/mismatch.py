@@ -185,7 +185,7 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
             report.module = f"{root_label}.{found[0]}" if found[0] else root_label
             report.module_type = type(found[1]).__name__
             op_frame, user = compiled.static_frame(found[1], traced[-1]), None
-    report.tensors = operands(op_frame, report.site.expression, user, origins)
+    report.tensors = operands(op_frame, report.site.expression, user, origins, user_frames)
     report.expected_device = expected_device(report.tensors, root, report.torch_message)
     if traced:  # the traced locals are not known: the call's arguments, and the devices the message names
         seen = {t.label for t in report.tensors}
