@@ -1,12 +1,12 @@
 """The held-out corpus: a random third of the public cases, NOT read while changing the diagnosis;
 scored once at the end.
 
-Device mistakes and legal patterns from public reports (each case names its source: an issue as
-owner/repo#number or a documentation page), none of them in corpus.py. Same shape as corpus.py (see
-corpus_kit.py); scored by `torchplace bench diagnose --corpus tests/checks/FILE`. A mistake names what a report
-must contain (culprit), its module path and the user's line (the line ending in `# case: NAME`); a legal pattern must raise nothing in any mode.
-On the CPU the pair is meta (where the model runs) vs cpu (where a factory without a device lands); cases only a real
-accelerator refuses list the GPU pairs only.
+Device mistakes and legal patterns from public reports (each case names its source: an issue as owner/repo#number
+or a documentation page), none of them in corpus.py. Same shape as corpus.py (see corpus_kit.py); scored by
+`torchplace bench diagnose --corpus tests/checks/FILE`. A mistake names what a report must contain (culprit), its
+module path and the user's line (the line ending in `# case: NAME`); a legal pattern must raise nothing in any
+mode. On the CPU the pair is meta (where the model runs) vs cpu (where a factory without a device lands); cases
+only a real accelerator refuses list the GPU pairs only.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ def explained(step: Callable[[], Any]) -> Any:
         pass
     finally:
         _REPORTS.reset(token)
-    return reports[0]
+    return reports[-1]  # the last: explain() run again inside its own dry run of the step appends first
 
 
 def stepped(model: nn.Module, step: Callable[[], Any], inputs: tuple[Any, ...] = (), optimizer: Any = None) -> Program:

@@ -18,9 +18,9 @@ note, not an alarm, when the forward ran. Problems looked for:
   the inputs (a loss, a metric, a scheduler: any module or object holding tensors) that sit on
   another device than the model.
 
-Called inside the user's training step, it also reads that step's code (caller_code.py): a loss,
-metric, labels or a stacked tensor on another device where the step uses them, with the step's
-line; the line that calls the model; the optimizer that steps there.
+Called inside the user's training step, it also runs that step again on fake tensors (dry_run.py):
+what torch itself refuses there (a loss, metric, labels or a tensor made without a device) is named
+as watch() names it, with the step's line; the line that calls the model; the optimizer that steps.
 
 The result is a dict (for code) that renders as rich tables (`print(result)`, `.print()`).
 """
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from .caller_code import read_callers
+from . import dry_run
 from .layout import _MODULE_INTERNALS, iter_tensors, model_devices, module_groups, own_tensors, plain_attributes
 from .meta import annotate as annotate_meta
 
@@ -102,6 +102,8 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"explain() takes the model (an nn.Module) first, got {type(model).__name__}. "
                         "Fix: explain(model, batch, optimizer=opt).")
+    if dry_run.running():  # explain()'s own re-run of the step that called it
+        return Explanation(model={}, modules=[], plain_attributes=[], inputs=[], optimizer=None, problems=[])
     from ..checkpoint.state_dicts import unwrap
 
     problems: list[dict[str, str]] = []
@@ -125,12 +127,12 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
     result["inputs"] = _check_inputs(args, devices, problems)
     _check_unregistered(inner, devices, problems)
     _check_parallel(model, problems)
-    outputs: list[Any] = []
-    result["forward"] = _run_forward(model, args, problems, outputs) if args else "not run: no inputs given"
-    out = outputs[0] if outputs and isinstance(outputs[0], torch.Tensor) else None
-    reading = read_callers(sys._getframe(1), model, str(out.device) if out is not None else
-                           devices[0] if len(devices) == 1 else None, [v for _, v in companions])
+    result["forward"] = _run_forward(model, args, problems) if args else "not run: no inputs given"
+    reading = dry_run.read_callers(sys._getframe(1), model, [v for _, v in companions])
+    result["step"] = reading.ran
     _check_companions(companions, devices, problems, reading.used)
+    if reading.ran == "ran":  # torch ran the step: placement that looked odd is fine
+        _accepted(problems, "The step ran on fake tensors with these devices", (*_LOOKS_ODD, "companion-device"))
     params = {id(p) for p in model.parameters()}
     steps = {id(o): site for o, site in reversed(reading.optimizers)}  # the nearest frame's line
     if optimizer is None:  # the optimizer that steps in the caller's code, when all its parameters are the model's
@@ -143,7 +145,8 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
             p["message"] += f" The model is called at {reading.model_calls[0]}."
         elif p["kind"] == "optimizer-state-device" and id(optimizer) in steps:
             p["message"] += f" The optimizer steps at {steps[id(optimizer)]}."
-    problems += reading.problems
+    forward_failed = result["forward"] in ("device mismatch", "meta tensor used for its data")
+    problems += [p for p in reading.problems if not (forward_failed and reading.in_model)]  # said once
     annotate_meta(inner, problems)
     return result
 
@@ -163,8 +166,7 @@ def _is_companion(value: Any) -> bool:
     return any(isinstance(v, torch.Tensor) for v in vars(value).values())
 
 
-def _run_forward(model: torch.nn.Module, args: tuple[Any, ...], problems: list[dict[str, str]],
-                 outputs: list[Any]) -> str:
+def _run_forward(model: torch.nn.Module, args: tuple[Any, ...], problems: list[dict[str, str]]) -> str:
     """Run model(*args) once; a device mismatch becomes a problem naming its culprit, and placement that
     only looked odd becomes a note when the forward ran (torch accepted it)."""
     from ..errors import DeviceMismatchError, MetaTensorError
@@ -173,7 +175,7 @@ def _run_forward(model: torch.nn.Module, args: tuple[Any, ...], problems: list[d
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     try:
         with torch.no_grad(), watch(model):
-            outputs.append(model(*args))
+            model(*args)
     except (DeviceMismatchError, MetaTensorError) as exc:  # a meta tensor used for its data: named as watch() does
         report = getattr(exc, "report", None)
         where = getattr(report, "module", None) or "model"
@@ -187,11 +189,16 @@ def _run_forward(model: torch.nn.Module, args: tuple[Any, ...], problems: list[d
             for buffer, value in saved:
                 if buffer.device == value.device and buffer.shape == value.shape:
                     buffer.copy_(value)
-    for p in problems:
-        if p["kind"] in _LOOKS_ODD:
-            p["severity"] = "note"
-            p["message"] += " (The forward ran with these inputs, so torch accepts this placement.)"
+    _accepted(problems, "The forward ran with these inputs")
     return "ran"
+
+
+def _accepted(problems: list[dict[str, str]], how: str, kinds: tuple[str, ...] = _LOOKS_ODD) -> None:
+    """Placement that only looked odd becomes a note once torch ran the code with it."""
+    for p in problems:
+        if p["kind"] in kinds and p["severity"] != "note":
+            p["severity"] = "note"
+            p["message"] += f" ({how}, so torch accepts this placement.)"
 
 
 def _companion_names(values: list[Any]) -> dict[int, str]:
