@@ -31,6 +31,7 @@ from types import FrameType
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import DeviceMismatchError
@@ -127,9 +128,27 @@ class _EagerChecks(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+class _Reachable(TorchFunctionMode):
+    """A device this machine lacks (cuda on a CPU-only torch, cuda:1 with one GPU) fails the run as the real step
+    would, before a fake tensor is made there (torch aborts the process for a device it was built without)."""
+
+    def __torch_function__(self, func: Any, types_: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        specs = [*(args[1:] if name in ("to", "cuda") else ()), kwargs.get("device")]
+        if name == "cuda" and not any(isinstance(v, (int, str, torch.device)) for v in specs[:-1]):
+            specs.append("cuda")
+        for spec in specs:
+            if isinstance(spec, (str, torch.device)) and str(spec).startswith("cuda"):
+                index = torch.device(spec).index or 0
+                if index >= (torch.cuda.device_count() if torch.cuda.is_available() else 0):
+                    raise RuntimeError(f"{spec} is not a device of this machine")
+        return func(*args, **kwargs)
+
+
 def _run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Module, companions: list[Any],
          reading: Reading) -> bool:
-    """Run the call on fake tensors; whether it reached the model (then READING holds what it showed)."""
+    """Run the call on fake tensors; whether it is the step (it called the model or failed: READING says how)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
@@ -171,7 +190,7 @@ def _run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modu
     quiet = io.StringIO()
     try:
         with (warnings.catch_warnings(), contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet),
-              FakeTensorMode(allow_non_fake_inputs=True), _EagerChecks(), watch(model)):
+              FakeTensorMode(allow_non_fake_inputs=True), _EagerChecks(), _Reachable(), watch(model)):
             warnings.simplefilter("ignore")
             func(*args, **kwargs)
         reading.ran = "ran"
@@ -188,16 +207,15 @@ def _run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modu
         at = _stopped_at(exc)
         what = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}" if str(exc) else type(exc).__name__
         reading.ran = f"stopped{' at ' + at if at else ''}: {what}"
-        if calls[0]:
-            reading.problems.append({"kind": "step-not-checked", "where": "step", "severity": "note",
-                                     "message": f"the step was checked on fake tensors up to {at or 'an op'}, "
-                                                f"where it stopped ({what}); the rest of it was not checked."})
+        reading.problems.append({"kind": "step-not-checked", "where": "step", "severity": "note",
+                                 "message": f"the step was checked on fake tensors up to {at or 'an op'}, "
+                                            f"where it stopped ({what}); the rest of it was not checked."})
     finally:
         _RUNNING.reset(token)
         for handle in handles:
             handle.remove()
         saved.restore()
-    return calls[0] > 0 or reading.ran == "device mismatch"
+    return calls[0] > 0 or reading.ran != "ran"  # it called the model, or failed: this is the step
 
 
 class _Saved:
