@@ -114,8 +114,10 @@ class ModuleNames:
             found = _find_module(self.root, self.root_label, target)
             if found:
                 return found
-        for frame in reversed(self.user_frames):  # innermost first
-            for name, value in frame.f_locals.items():
+        frames = list(reversed(self.user_frames))  # innermost first, then the globals of the user's modules
+        spaces = [f.f_locals for f in frames] + list({id(f.f_globals): f.f_globals for f in frames}.values())
+        for space in spaces:
+            for name, value in list(space.items()):
                 if name == "self" and value is not self.root:
                     continue
                 if isinstance(value, torch.nn.Module) or value is target:
