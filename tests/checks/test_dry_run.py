@@ -102,8 +102,7 @@ def loop_step(model, x, seen, reports):
 def test_a_loop_is_run_for_one_step_only():
     seen: list = []
     run_step(loop_step, Toy(), torch.randn(2, 8), seen)
-    # the dry run stopped at its second model call; what the step's code did to a plain list before that stays
-    assert seen == ["FakeTensor"] + ["Tensor"] * 5
+    assert seen == ["Tensor"] * 5  # the run got a copy of the list, and stopped at its second model call
 
 
 def far_device_step(model, x, reports):
@@ -130,3 +129,63 @@ def test_what_torch_accepts_is_not_flagged():
     x, y = torch.randn(2, 8, device=M), torch.randint(0, 3, (2,), device=M)
     report = run_step(legal_step, model, x, y, torch.tensor([2, 1]))
     assert [p for p in report.problems if p["severity"] != "note"] == []
+
+
+GLOBAL_SCALE = torch.ones(8)
+
+
+def in_place_step(model, batch, optimizer, reports):
+    reports.append(tp.explain(model, optimizer=optimizer))
+    batch["x"].div_(2)  # an argument's tensor: the run writes into its fake copy
+    model(batch["x"]).sum().backward()
+    optimizer.step()  # the parameters and the state: fake copies too
+    GLOBAL_SCALE.mul_(3)  # a tensor the run could not swap: it stops here rather than write into it
+
+
+def test_the_run_writes_into_no_tensor_of_the_users():
+    model = Toy()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    batch = {"x": torch.ones(2, 8)}
+    model(batch["x"]).sum().backward()
+    optimizer.step()
+    weights = [p.detach().clone() for p in model.parameters()]
+    momentum = [optimizer.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    grads = [p.grad.clone() for p in model.parameters()]
+    report = tp.explain(model, optimizer=optimizer)  # outside a step: the baseline
+    assert report["step"].startswith("not run")
+    reports: list = []
+    _explain_only(in_place_step, model, batch, optimizer, reports)
+    report = reports[-1]
+    assert report["step"].startswith("stopped at tests/checks/test_dry_run.py:")
+    assert "could not copy" in report["step"]
+    assert torch.equal(batch["x"], torch.ones(2, 8)) and torch.equal(GLOBAL_SCALE, torch.ones(8))
+    assert all(torch.equal(p.detach(), w) for p, w in zip(model.parameters(), weights))
+    assert all(torch.equal(optimizer.state[p]["momentum_buffer"], m) for p, m in zip(model.parameters(), momentum))
+    assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))
+
+
+class _RealStepSkipped(Exception):
+    pass
+
+
+def _explain_only(step, *args):
+    """Run STEP only until its explain() call has returned (the real rest would change the tensors under test):
+    the step's next line raises, once its report list (the last argument) holds the report."""
+    import sys
+
+    def tracer(frame, event, arg):
+        if event == "line" and frame.f_code is step.__code__ and args[-1]:
+            raise _RealStepSkipped
+        return tracer
+
+    def outer(frame, event, arg):
+        return tracer if frame.f_code is step.__code__ else None
+
+    old = sys.gettrace()
+    sys.settrace(outer)
+    try:
+        step(*args)
+    except _RealStepSkipped:
+        pass
+    finally:
+        sys.settrace(old)

@@ -39,7 +39,7 @@ from . import frames as fr
 
 _FRAMES = 3  # the function that called explain() and the two that called it
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
-_RUNNING: contextvars.ContextVar[bool] = contextvars.ContextVar("torchplace_dry_run", default=False)
+_RUNNING: contextvars.ContextVar[Any] = contextvars.ContextVar("torchplace_dry_run", default=None)
 
 
 @dataclass
@@ -58,21 +58,25 @@ class _Stop(BaseException):
     """The model was called a second time: one step has been seen."""
 
 
-def running() -> bool:
-    """Whether this is explain()'s own re-run of the step (explain() called there returns at once)."""
+def running() -> Any:
+    """Inside explain()'s own re-run of the step, the report being made (explain() called there returns it)."""
     return _RUNNING.get()
 
 
-def read_callers(start: FrameType | None, model: torch.nn.Module, companions: list[Any]) -> Reading:
-    """Re-run the nearest user function from START outwards whose run calls the model, on fake tensors."""
+def read_callers(start: FrameType | None, model: torch.nn.Module, companions: list[Any], current: Any) -> Reading:
+    """Re-run the nearest user function from START outwards whose run calls the model, on fake tensors
+    (never past a module's top level: what runs around a script is not the step). CURRENT: what explain()
+    called again inside the run returns."""
     frame, seen = start, 0
     while frame is not None and seen < _FRAMES:
         filename = frame.f_code.co_filename
         if fr.is_user(filename) and not filename.startswith((*fr._SITE_DIRS, _STDLIB, "<frozen")):
             seen += 1
+            if frame.f_code.co_name == "<module>":
+                return Reading(ran="not run: explain() was called at the top level of a script")
             call = _call_of(frame)
             reading = Reading()
-            if call is not None and _run(call, model, companions, reading):
+            if call is not None and _run(call, model, companions, reading, current):
                 return reading
         frame = frame.f_back
     return Reading(ran="not run: no calling function of the user's calls the model")
@@ -125,6 +129,15 @@ class _EagerChecks(TorchDispatchMode):
         elif func is torch.ops.aten.index.Tensor and args and args[0].device.type == "cpu":
             if any(isinstance(i, torch.Tensor) and i.device.type != "cpu" for i in args[1]):
                 raise RuntimeError("indices should be either on cpu or on the same device as the indexed tensor (cpu)")
+        if func._schema.is_mutable:  # never write into a tensor of the user's that was not swapped for a fake
+            from torch._subclasses.fake_tensor import FakeTensor
+
+            for i, a in enumerate(func._schema.arguments):
+                if a.alias_info is not None and a.alias_info.is_write:
+                    value = args[i] if i < len(args) else kwargs.get(a.name)
+                    for t in value if isinstance(value, (list, tuple)) else [value]:
+                        if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor):
+                            raise _Unreachable(f"the step writes into a tensor explain() could not copy ({func})")
         return func(*args, **kwargs)
 
 
@@ -142,16 +155,17 @@ class _Reachable(TorchFunctionMode):
             if isinstance(spec, (str, torch.device)) and str(spec).startswith("cuda"):
                 index = torch.device(spec).index or 0
                 if index >= (torch.cuda.device_count() if torch.cuda.is_available() else 0):
-                    raise RuntimeError(f"{spec} is not a device of this machine")
+                    raise _Unreachable(f"{spec} is not a device of this machine")
         return func(*args, **kwargs)
 
 
 def _run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Module, companions: list[Any],
-         reading: Reading) -> bool:
-    """Run the call on fake tensors; whether it is the step (it called the model or failed: READING says how)."""
+         reading: Reading, current: Any) -> bool:
+    """Run the call on fake tensors; whether it is the step (it called the model, or failed on a device)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+    from .mismatch import is_device_mismatch
     from .watch import watch
 
     func, args, kwargs = call
@@ -175,24 +189,28 @@ def _run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modu
         if site:
             reading.used.setdefault(id(module), site)
 
-    saved = _Saved([model, *companions, *args, *kwargs.values()])
-
     def before_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        saved.optimizer(optimizer)
+        swap.value(optimizer)  # one the step reaches otherwise (a global): swapped now, before it steps
         site = _user_site()
         if site:
             reading.optimizers.append((optimizer, site))
 
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    swap = _Swap(mode)
     handles = [model.register_forward_pre_hook(before_model), model.register_forward_hook(after_model)]
     handles += [c.register_forward_pre_hook(before_companion) for c in companions if isinstance(c, torch.nn.Module)]
     handles.append(register_optimizer_step_pre_hook(before_step))
-    token = _RUNNING.set(True)
+    token = _RUNNING.set(current)
     quiet = io.StringIO()
     try:
+        swap.value(model)
+        for companion in companions:
+            swap.value(companion)
+        fake_args, fake_kwargs = swap.value(args), swap.value(kwargs)
         with (warnings.catch_warnings(), contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet),
-              FakeTensorMode(allow_non_fake_inputs=True), _EagerChecks(), _Reachable(), watch(model)):
+              mode, _EagerChecks(), _Reachable(), watch(model)):
             warnings.simplefilter("ignore")
-            func(*args, **kwargs)
+            func(*fake_args, **fake_kwargs)
         reading.ran = "ran"
     except _Stop:
         reading.ran = "ran"
@@ -204,6 +222,8 @@ def _run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modu
         reading.problems.append({"kind": "step-device", "where": where, "severity": "error",
                                  "message": f"the step fails (run on fake tensors, as torch checks devices): {exc}"})
     except Exception as exc:  # an op fake tensors cannot run, or the step's own error: said, not guessed past
+        if not calls[0] and not is_device_mismatch(exc) and not isinstance(exc, _Unreachable):
+            return False  # it failed before reaching the model: not the step (a function around explain())
         at = _stopped_at(exc)
         what = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}" if str(exc) else type(exc).__name__
         reading.ran = f"stopped{' at ' + at if at else ''}: {what}"
@@ -214,72 +234,101 @@ def _run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modu
         _RUNNING.reset(token)
         for handle in handles:
             handle.remove()
-        saved.restore()
-    return calls[0] > 0 or reading.ran != "ran"  # it called the model, or failed: this is the step
+        swap.restore()
+    return calls[0] > 0 or reading.ran != "ran"
 
 
-class _Saved:
-    """What a run of the step could change in the user's objects, to put back: module attributes, parameters,
-    buffers and gradients, plain objects' attributes, optimizer state."""
+class _Unreachable(RuntimeError):
+    """The run met something it must not do: write into a tensor it could not swap, or use a device this
+    machine lacks."""
 
-    def __init__(self, roots: list[Any]) -> None:
-        self.modules: dict[int, tuple[torch.nn.Module, dict[str, Any], dict[str, Any], dict[str, Any]]] = {}
-        self.grads: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
-        self.objects: dict[int, tuple[Any, dict[str, Any]]] = {}
-        self.optimizers: dict[int, tuple[torch.optim.Optimizer, Any, list[dict[str, Any]]]] = {}
-        for root in roots:
-            for value in self._around(root):
-                self._take(value)
 
-    @staticmethod
-    def _around(root: Any) -> list[Any]:
-        values = [root]
-        if isinstance(root, (list, tuple)):
-            values += list(root)[:64]
-        elif isinstance(root, dict):
-            values += list(root.values())[:64]
-        elif hasattr(root, "__dict__") and not isinstance(root, (torch.nn.Module, type, types.FunctionType)):
-            values += [v for v in vars(root).values() if isinstance(v, (torch.nn.Module, torch.optim.Optimizer))]
-        return values
+class _Swap:
+    """The user's tensors the step reaches through its arguments, the model and its companions, swapped for
+    fake ones for the run and put back after: parameters, buffers and tensor attributes of modules (and the
+    lists, tuples and dicts of tensors they keep), attributes of plain objects, optimizers' parameters and
+    state, and tensors in the arguments' containers (which the step gets as copies)."""
 
-    def _take(self, value: Any) -> None:
-        if isinstance(value, torch.nn.Module):
-            for m in value.modules():
-                if id(m) not in self.modules:
-                    self.modules[id(m)] = (m, dict(vars(m)), dict(m._parameters), dict(m._buffers))
-                    for p in m._parameters.values():
-                        if p is not None:
-                            self.grads[id(p)] = (p, p.grad)
-        elif isinstance(value, torch.optim.Optimizer):
-            self.optimizer(value)
-        elif hasattr(value, "__dict__") and not isinstance(value, (torch.Tensor, type, types.FunctionType,
-                                                                    types.ModuleType)):
-            self.objects.setdefault(id(value), (value, dict(vars(value))))
+    def __init__(self, mode: Any) -> None:
+        self.mode = mode
+        self.fakes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(real) -> (real, fake)
+        self.undo: list[Any] = []
+        self.seen: set[int] = set()
 
-    def optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        if id(optimizer) not in self.optimizers:
-            state = {p: dict(s) for p, s in optimizer.state.items()}
-            self.optimizers[id(optimizer)] = (optimizer, state, [dict(g) for g in optimizer.param_groups])
+    def tensor(self, t: torch.Tensor) -> torch.Tensor:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        if isinstance(t, FakeTensor):
+            return t
+        if id(t) not in self.fakes:
+            fake = self.mode.from_tensor(t)
+            if isinstance(t, torch.nn.Parameter):
+                fake = torch.nn.Parameter(fake, requires_grad=t.requires_grad)
+            self.fakes[id(t)] = (t, fake)
+        return self.fakes[id(t)][1]
+
+    def value(self, v: Any, depth: int = 0) -> Any:
+        """V with its tensors fake: containers as copies (depth 4), modules, optimizers and objects in place."""
+        if isinstance(v, torch.Tensor):
+            return self.tensor(v)
+        if depth > 4:
+            return v
+        if type(v) in (list, tuple) or (isinstance(v, tuple) and hasattr(v, "_fields")):
+            items = [self.value(x, depth + 1) for x in v]
+            return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
+        if type(v) is dict:
+            return {k: self.value(x, depth + 1) for k, x in v.items()}
+        if id(v) in self.seen:
+            return v
+        self.seen.add(id(v))
+        if isinstance(v, torch.nn.Module):
+            for m in v.modules():
+                self._module(m, depth)
+        elif isinstance(v, torch.optim.Optimizer):
+            self._optimizer(v)
+        elif hasattr(v, "__dict__") and not isinstance(v, (type, types.FunctionType, types.ModuleType,
+                                                           types.MethodType)):
+            self._attributes(v, vars(v), depth)
+        return v
+
+    def _module(self, m: torch.nn.Module, depth: int) -> None:
+        registries: tuple[dict[str, Any], ...] = (m._parameters, m._buffers)
+        for registry in registries:
+            old = dict(registry)
+            self.undo.append((registry, old))
+            for k, t in old.items():
+                if t is not None:
+                    registry[k] = self.tensor(t)
+        self._attributes(m, {k: v for k, v in vars(m).items() if k not in _MODULE_STATE}, depth)
+
+    def _attributes(self, owner: Any, attributes: dict[str, Any], depth: int) -> None:
+        with contextlib.suppress(Exception):  # an object whose __dict__ cannot be written: left as it is
+            space = vars(owner)
+            self.undo.append((space, dict(space)))
+            for k, v in attributes.items():
+                if isinstance(v, (torch.Tensor, list, tuple, dict, torch.nn.Module, torch.optim.Optimizer)):
+                    space[k] = self.value(v, depth + 1)
+
+    def _optimizer(self, o: torch.optim.Optimizer) -> None:
+        self.undo.append((o, (o.state, [dict(g) for g in o.param_groups])))
+        for group in o.param_groups:
+            group["params"] = [self.tensor(p) for p in group["params"]]
+        o.state = defaultdict(dict, {self.tensor(p): {k: self.value(v) for k, v in s.items()}
+                                     for p, s in o.state.items()})
 
     def restore(self) -> None:
-        for m, attributes, parameters, buffers in self.modules.values():
-            vars(m).clear()
-            vars(m).update(attributes)
-            m._parameters.clear()
-            m._parameters.update(parameters)
-            m._buffers.clear()
-            m._buffers.update(buffers)
-        for p, grad in self.grads.values():
-            p.grad = grad
-        for obj, attributes in self.objects.values():
-            with contextlib.suppress(Exception):
-                vars(obj).clear()
-                vars(obj).update(attributes)
-        for optimizer, state, groups in self.optimizers.values():
-            optimizer.state = defaultdict(dict, state)
-            for group, old in zip(optimizer.param_groups, groups):
-                group.clear()
-                group.update(old)
+        for target, old in reversed(self.undo):
+            if isinstance(target, torch.optim.Optimizer):
+                target.state = old[0]
+                for group, saved in zip(target.param_groups, old[1]):
+                    group.clear()
+                    group.update(saved)
+            else:
+                target.clear()
+                target.update(old)
+
+
+_MODULE_STATE = frozenset({"_parameters", "_buffers", "_modules"})
 
 
 def _user_site() -> str | None:

@@ -102,8 +102,8 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"explain() takes the model (an nn.Module) first, got {type(model).__name__}. "
                         "Fix: explain(model, batch, optimizer=opt).")
-    if dry_run.running():  # explain()'s own re-run of the step that called it
-        return Explanation(model={}, modules=[], plain_attributes=[], inputs=[], optimizer=None, problems=[])
+    if dry_run.running() is not None:  # explain()'s own re-run of the step that called it: the report being made
+        return dry_run.running()  # type: ignore[no-any-return]
     from ..checkpoint.state_dicts import unwrap
 
     problems: list[dict[str, str]] = []
@@ -128,7 +128,7 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
     _check_unregistered(inner, devices, problems)
     _check_parallel(model, problems)
     result["forward"] = _run_forward(model, args, problems) if args else "not run: no inputs given"
-    reading = dry_run.read_callers(sys._getframe(1), model, [v for _, v in companions])
+    reading = dry_run.read_callers(sys._getframe(1), model, [v for _, v in companions], result)
     result["step"] = reading.ran
     _check_companions(companions, devices, problems, reading.used)
     if reading.ran == "ran":  # torch ran the step: placement that looked odd is fine
