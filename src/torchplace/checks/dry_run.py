@@ -67,6 +67,12 @@ def read_callers(start: FrameType | None, model: torch.nn.Module, companions: li
     """Re-run the nearest user function from START outwards whose run calls the model, on fake tensors
     (never past a module's top level: what runs around a script is not the step). CURRENT: what explain()
     called again inside the run returns."""
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    wrapped = [type(m).__name__ for m in model.modules() if isinstance(m, (DataParallel, DistributedDataParallel))
+               or type(m).__name__ == "OptimizedModule"]
+    if wrapped:  # their replication, communication and compilation are not for fake tensors
+        return Reading(ran=f"not run: a {wrapped[0]} is not run on fake tensors")
     frame, seen = start, 0
     while frame is not None and seen < _FRAMES:
         filename = frame.f_code.co_filename
