@@ -73,9 +73,10 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
     Looks without changing anything: each module's devices, plain tensor attributes that `.to()`
     would not move, inputs on another device than the layers that read them, optimizer state on
     another device than its parameters, DataParallel pitfalls; with inputs, one forward is run and
-    its outcome reported. Called at the top of the training step, it also reads the step's source
-    (never running it): the loss, metric, labels and tensors it mixes with the model's output, with
-    their line.
+    its outcome reported. Called at the top of the training step, it also runs that step again on
+    fake tensors (no data, no kernels; the user's tensors and objects are put back): what torch
+    refuses there (a loss, metric, labels or tensors mixed with the model's output) is named with its
+    line; the step's Python side effects beyond its arguments are not undone (see docs/strict-mode.md).
 
     Args:
         model: the model to examine.
@@ -83,7 +84,7 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
         optimizer: its state is checked against the parameters' devices.
 
     Returns:
-        An `Explanation`: a plain dict (`model`, `modules`, `inputs`, `optimizer`, `forward`,
+        An `Explanation`: a plain dict (`model`, `modules`, `inputs`, `optimizer`, `forward`, `step`,
         `problems`) that prints as tables (`print()`) or text (`str()`).
 
     Raises:
