@@ -9,6 +9,7 @@ the files runs unless the caller passed trust_pickle=True.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import importlib
@@ -33,27 +34,124 @@ class _Refused(pickle.UnpicklingError):
     """A class the metadata names that is not one of DCP's records (a truncated pickle is another error)."""
 
 
-class _SafeUnpickler(pickle.Unpickler):
-    """Builds only DCP's metadata records, torch sizes/dtypes and paths; refuses anything else."""
+class _Malformed(pickle.UnpicklingError):
+    """A record built with more than DCP writes (a state with unknown fields, a size of 10,000 dimensions)."""
 
-    _EXACT = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-              ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
-              ("pathlib", "PureWindowsPath"), ("pathlib", "Path")}
+
+_METADATA = "torch.distributed.checkpoint.metadata"
+# exactly the classes DCP's writer puts in .metadata (torch 2.x): its records, one enum, the file records
+_RECORDS = {(_METADATA, name) for name in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
+                                           "ChunkStorageMetadata", "TensorProperties", "MetadataIndex",
+                                           "StorageMeta", "_MEM_FORMAT_ENCODING")} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+MAX_RANK = 64  # dimensions of a tensor record: torch's kernels stop at 25
+
+
+def _checked_record(cls: type) -> type:
+    """CLS as the unpickler builds it: a subclass whose __setstate__ takes only CLS's own fields (the C
+    unpickler copies a state dict into every object built from it, so a state shared through the memo
+    with a million keys would be copied per record) and then turns the object into a plain CLS."""
+    made = _CHECKED.get(cls)
+    if made is not None:
+        return made
+    names = {f.name for f in dataclasses.fields(cls)}
+    base_setstate = vars(cls).get("__setstate__")
+
+    def __setstate__(self: Any, state: Any) -> None:
+        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], (dict, type(None))):
+            state = state[0] if not state[1] else None  # (dict, slot state): DCP's records have no slots
+        if base_setstate is not None and isinstance(state, tuple) and len(state) <= len(names):
+            base_setstate(self, state)  # TensorProperties: a tuple of its fields
+        elif isinstance(state, dict) and len(state) <= len(names) and all(k in names for k in state):
+            self.__dict__.update(state)
+        else:
+            raise _Malformed(f"a {cls.__name__} record with a state that is not its fields ({type(state).__name__} "
+                             f"of {len(state) if hasattr(state, '__len__') else '?'} items)")
+        object.__setattr__(self, "__class__", cls)
+
+    made = type(cls.__name__, (cls,), {"__setstate__": __setstate__, "__slots__": (), "__module__": cls.__module__})
+    _CHECKED[cls] = made
+    return made
+
+
+_CHECKED: dict[type, type] = {}
+
+
+def _settle(root: Any) -> None:
+    """Turn every record still of a `_checked_record` class (one the pickle built without a state, such as
+    BytesStorageMetadata) into its plain DCP class, so it compares and pickles as DCP's own. Each object
+    is visited once, however often the memo shares it."""
+    plain = {made: cls for cls, made in _CHECKED.items()}
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        cls = plain.get(type(obj))
+        if cls is not None:
+            object.__setattr__(obj, "__class__", cls)
+        if isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            stack.extend(vars(obj).values())
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """Builds only DCP's metadata records, torch sizes/dtypes and paths; refuses anything else.
+
+    Work stays in proportion to the file: a size or state shared through the pickle memo is built
+    once (`_size`), not copied per record that refers to it."""
+
+    _EXACT = {("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
+              ("pathlib", "PurePosixPath"), ("pathlib", "PureWindowsPath"), ("pathlib", "Path")}
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file)
+        self._sizes: dict[int, tuple[Any, torch.Size]] = {}
+
+    def _size(self, dims: Any = ()) -> torch.Size:
+        """torch.Size(DIMS), one object per DIMS object (the tuple is kept, so its id stays its own)."""
+        known = self._sizes.get(id(dims))
+        if known is not None:
+            return known[1]
+        if not isinstance(dims, (tuple, list)) or len(dims) > MAX_RANK:
+            raise _Malformed(f"a tensor size of {len(dims) if hasattr(dims, '__len__') else '?'} dimensions "
+                             f"(at most {MAX_RANK})")
+        size = torch.Size(dims)
+        self._sizes[id(dims)] = (dims, size)
+        return size
 
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("torch", "Size"):
+            return self._size
+        if (module, name) == ("collections", "OrderedDict"):
+            return _empty_ordered_dict
         if (module, name) in self._EXACT:
             return super().find_class(module, name)
         value = vars(torch).get(name) if module == "torch" else None  # getattr would import torch._dynamo
         if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
             return value
-        importlib.import_module("torch.distributed.checkpoint")  # the modules that hold DCP's records
-        # only modules DCP itself imported: a name in the file imports nothing (a submodule of
-        # torch.distributed.checkpoint that is not loaded yet may pull in anything)
-        if module.startswith("torch.distributed.checkpoint.") and module in sys.modules:
+        if (module, name) in _RECORDS:
+            importlib.import_module("torch.distributed.checkpoint")  # imports both modules of _RECORDS
             obj = super().find_class(module, name)
-            if isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum)):
+            if isinstance(obj, type) and issubclass(obj, enum.Enum):
                 return obj
+            if isinstance(obj, type) and dataclasses.is_dataclass(obj):
+                return _checked_record(obj)
         raise _Refused(f"{module}.{name} is not a DCP metadata class")
+
+
+def _empty_ordered_dict(*args: Any) -> collections.OrderedDict[Any, Any]:
+    """OrderedDict as pickle builds it (empty, then filled item by item); a copy of a list from the memo
+    per call is refused."""
+    if args:
+        raise _Malformed("an OrderedDict built from an argument")
+    return collections.OrderedDict()
 
 
 def is_dcp_dir(path: Path) -> bool:
@@ -76,6 +174,7 @@ def read_dcp_metadata(path: Path) -> Any:
     data = safeio.read_limited(where, MAX_METADATA_BYTES, CheckpointError, _RECOPY)
     try:
         metadata = _SafeUnpickler(io.BytesIO(data)).load()
+        _settle(metadata)
     except _Refused as exc:
         raise CheckpointError(f"{where} needs more than DCP's own records to load ({exc}); torchplace does not "
                               f"run code from checkpoints. {PICKLE_FIX}") from None
@@ -179,14 +278,17 @@ def check_storage(root: Path, metadata: Any, trusted: bool = False) -> None:
                                   f"(file {rel!r}, offset {offset!r}, length {length!r}). Fix: re-save the checkpoint.")
         if rel not in sizes:
             file = root / rel
-            if Path(rel).is_absolute() or ".." in Path(rel).parts or not file.resolve().is_relative_to(base):
-                raise CheckpointError(f"{where} names {rel!r}, which is outside {root}; torchplace reads only the "
-                                      "checkpoint's own files. Fix: use a checkpoint folder as DCP writes it.")
-            try:
-                st = file.stat()
-            except OSError as exc:
-                raise CheckpointError(f"{where} names {rel!r}, which cannot be opened ({exc.strerror}). Fix: copy "
+            try:  # a NUL byte in the name: ValueError from the system call
+                outside = (Path(rel).is_absolute() or ".." in Path(rel).parts
+                           or not file.resolve().is_relative_to(base))
+                st = None if outside else file.stat()
+            except (OSError, ValueError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) else _first_line(exc)
+                raise CheckpointError(f"{where} names {rel!r:.200}, which cannot be opened ({why}). Fix: copy "
                                       "the whole checkpoint folder.") from None
+            if st is None:
+                raise CheckpointError(f"{where} names {rel!r:.200}, which is outside {root}; torchplace reads only "
+                                      "the checkpoint's own files. Fix: use a checkpoint folder as DCP writes it.")
             if not stat.S_ISREG(st.st_mode):
                 raise CheckpointError(f"{root / rel} is not a regular file. Fix: use a checkpoint folder as DCP "
                                       "writes it.")
