@@ -215,6 +215,12 @@ def records_problem(metadata: Any) -> str | None:
                                 or not all(isinstance(k, MetadataIndex) and isinstance(getattr(k, "fqn", None), str)
                                            for k in storage)):
         return "its storage table (storage_data) is not a map from DCP's MetadataIndex records"
+    # every chunk has a storage record of its own, which costs bytes of the file: a chunk list shared
+    # through the pickle memo by a million entries would otherwise be walked a million times
+    listed = sum(len(c) for c in (getattr(md, "chunks", None) for md in entries.values()) if isinstance(c, list))
+    if listed > len(storage or ()):
+        return (f"its entries list {listed} chunks, but it has {len(storage or ())} storage records (each chunk "
+                "has its own)")
     for fqn, md in entries.items():
         if not isinstance(fqn, str):
             return f"an entry's name is a {type(fqn).__name__} ({fqn!r:.60}), not a string"
@@ -247,15 +253,17 @@ def _nbytes(sizes: Any, dtype: Any) -> int:
 
 
 def compressed_budget(stored: int) -> int:
-    """The most tensor bytes an untrusted DCP folder whose records are compressed may declare for
-    STORED bytes of files: 64 times, or 1 GiB (zeros compress further; trust_pickle lifts the limit)."""
-    return max(64 * stored, 2**30)
+    """The most bytes an untrusted DCP folder whose records are compressed may unpack to (declare, and
+    then really unpack) for STORED bytes of files: twice that, or 256 MiB, the bound of every input
+    (docs/security.md); trust_pickle lifts it."""
+    return max(2 * stored, 2**28)
 
 
-def check_storage(root: Path, metadata: Any, trusted: bool = False) -> None:
+def check_storage(root: Path, metadata: Any, trusted: bool = False) -> int:
     """Refuse DCP metadata whose records point outside ROOT, past the end of a file, or at fewer
     bytes than the tensors they declare; so reading costs no more memory than the files hold (for
-    compressed records, than `compressed_budget` of them, unless TRUSTED)."""
+    compressed records, than `compressed_budget` of them, unless TRUSTED). Returns that budget, which
+    the reader holds the unpacking to (`_BoundedTransforms`)."""
     from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
     where = root / ".metadata"
@@ -329,6 +337,7 @@ def check_storage(root: Path, metadata: Any, trusted: bool = False) -> None:
     if not compressed and total > stored:
         raise CheckpointError(f"{where} declares {total} bytes of tensors, but its files hold {sum(sizes.values())}. "
                               "Fix: the metadata is not this folder's own; copy the folder again.")
+    return compressed_budget(stored)
 
 
 def reader_classes() -> tuple[type, type]:
@@ -347,6 +356,8 @@ def reader_classes() -> tuple[type, type]:
         def __init__(self, root: Path, trust_pickle: bool) -> None:
             super().__init__(str(root))
             self.root, self.trust_pickle = root, trust_pickle
+            if not trust_pickle:
+                self.transforms = _BoundedTransforms(self.transforms, self)
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             if self.trust_pickle:
@@ -356,8 +367,13 @@ def reader_classes() -> tuple[type, type]:
                 if getattr(metadata, "storage_meta", None) is None:
                     metadata.storage_meta = StorageMeta()
                 metadata.storage_meta.load_id = self.load_id
-            check_storage(self.root, metadata, trusted=self.trust_pickle)
+            self.unpack_budget = check_storage(self.root, metadata, trusted=self.trust_pickle)
             return metadata
+
+        def set_up_storage_reader(self, metadata: Any, *args: Any, **kwargs: Any) -> None:
+            super().set_up_storage_reader(metadata, *args, **kwargs)
+            if not hasattr(self, "unpack_budget"):  # a rank that was sent the metadata instead of reading it
+                self.unpack_budget = check_storage(self.root, metadata, trusted=self.trust_pickle)
 
     class SafeLoadPlanner(DefaultLoadPlanner):
         """DCP's load planner, except that non-tensor (BYTE_IO) items never run code.
@@ -413,6 +429,81 @@ def reader_classes() -> tuple[type, type]:
 
 
 _CLASSES: tuple[type, type] | None = None
+
+
+class _BoundedTransforms:
+    """DCP's load-stream transforms, held to what the folder's files can hold: every item a compressed
+    record unpacks to is read up to what is left of the folder's `compressed_budget` (DCP would read it
+    whole), and every tensor item is a torch.save zip whose members unpack to at most the bytes it
+    stores (torch.save never compresses; DCP's reader hands tensor items to torch.load unchecked, and a
+    deflated member of 1 MB unpacks to 1 GiB there)."""
+
+    def __init__(self, inner: Any, reader: Any) -> None:
+        self.inner, self.reader = inner, reader
+
+    def transform_load_stream(self, read_item: Any, descriptors: Any, raw_stream: Any) -> Any:
+        from torch.distributed.checkpoint.planner import LoadItemType
+
+        out = self.inner.transform_load_stream(read_item, descriptors, raw_stream)
+        info = self.reader.storage_data[read_item.storage_index]
+        where = f"{self.reader.root / info.relative_path}: the item {read_item.storage_index.fqn!r}"
+        if descriptors:
+            left = getattr(self.reader, "unpack_budget", 0)
+            data = out.read(left + 1)
+            if len(data) > left:
+                raise CheckpointError(f"{where} is stored compressed and unpacks to more than the {left} bytes left "
+                                      "of what torchplace unpacks from this folder (twice its files, at least 256 "
+                                      "MiB). Fix: if you trust whoever made the folder, load it with "
+                                      "trust_pickle=True.")
+            self.reader.unpack_budget = left - len(data)
+            out = io.BytesIO(data)
+        if read_item.type != LoadItemType.BYTE_IO:
+            if descriptors:
+                _check_tensor_zip(out, len(out.getvalue()), where)
+            else:  # DCP's file view mis-seeks from the end (zipfile does that): a view of our own
+                with open(self.reader.root / info.relative_path, "rb") as fh:
+                    _check_tensor_zip(_Slice(fh, info.offset, info.length), info.length, where)
+        out.seek(0)
+        return out
+
+
+def _check_tensor_zip(fh: Any, size: int, where: str) -> None:
+    """A tensor item must be a torch.save zip whose members unpack to at most its SIZE stored bytes."""
+    if not zipfile.is_zipfile(fh):  # torch.load of torch's legacy format allocates what it declares
+        raise CheckpointError(f"{where} is not a torch.save zip archive, which DCP writes for every tensor. {_RECOPY}")
+    check_zip_stream(fh, size, size, where)
+
+
+class _Slice(io.RawIOBase):
+    """LENGTH bytes of the open file FH from OFFSET, as a file of their own."""
+
+    def __init__(self, fh: Any, offset: int, length: int) -> None:
+        super().__init__()
+        self.fh, self.offset, self.length, self.pos = fh, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence]
+        self.pos = min(max(base + pos, 0), self.length)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, buffer: Any) -> int:
+        want = min(len(buffer), self.length - self.pos)
+        if want <= 0:
+            return 0
+        self.fh.seek(self.offset + self.pos)
+        data = self.fh.read(want)
+        buffer[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
 
 
 def dcp_load(root: Path, dest: dict[str, Any], trust_pickle: bool, single_process: bool) -> None:
