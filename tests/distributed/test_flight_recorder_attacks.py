@@ -68,9 +68,9 @@ def shared_sizes(folder: Path) -> None:
 
 
 def shared_frames(folder: Path) -> None:
-    frames = [FRAME] * 10_000  # torch's own frames only: the walk for a user frame goes to the end
-    write(folder, 0, [entry(i, frames=frames) for i in range(1, 5_001)])
-    write(folder, 1, [entry(i, frames=frames) for i in range(1, 11)])
+    frames = [FRAME] * 20_000  # torch's own frames only: the walk for a user frame goes to the end
+    write(folder, 0, [{"collective_seq_id": i, "frames": frames} for i in range(1, 40_001)])
+    write(folder, 1, [entry(i) for i in range(1, 11)])
 
 
 def deep_name(folder: Path) -> None:
