@@ -78,7 +78,7 @@ def first_line(proc: subprocess.Popen) -> str:
     if line:
         return line
     proc.wait(timeout=120)
-    return "EXIT %d %s" % (proc.returncode, proc.stderr.read().strip())
+    return f"EXIT {proc.returncode} {proc.stderr.read().strip()}"
 
 
 def attacker_owns_the_lock_file(leases: Path, child_env) -> None:

@@ -16,7 +16,6 @@ import importlib
 import io
 import pickle
 import stat
-import sys
 import warnings
 import zipfile
 from pathlib import Path

@@ -1,8 +1,9 @@
 """Who holds a lease: the holder notes written next to the lock files, and the kernel's /proc/locks.
 
 A note, ``<uuid>.holder.<uid>.<random>``, is trusted only when its owner is the uid its name claims,
-and names the holder only when the kernel's /proc/locks shows its pid locking the file it names. A note also records the (device, inode) its writer locked, which
-is how a lock file unlinked under a live holder is still seen as held (`orphan_holder`).
+and names the holder only when the kernel's /proc/locks shows its pid locking the file it names.
+A note also records the (device, inode) its writer locked, which is how a lock file unlinked
+under a live holder is still seen as held (`orphan_holder`).
 """
 
 from __future__ import annotations

@@ -244,8 +244,8 @@ def execute(run: RunPlan) -> NoReturn:
                          "runs it through Python)")
             raise TorchplaceError(f"Command {shown} was not found on PATH{where}. Fix: check its "
                                   "spelling, or give its path (for Python: `-- python3 train.py`).") from None
-        raise TorchplaceError(f"Cannot run {shown}: {exc.strerror}. Fix: make it executable "
-                              f"(chmod +x) or run it through its interpreter, e.g. `-- python3 {shown[1:-1]}`.") from None
+        raise TorchplaceError(f"Cannot run {shown}: {exc.strerror}. Fix: make it executable (chmod +x) or run "
+                              f"it through its interpreter, e.g. `-- python3 {shown[1:-1]}`.") from None
 
 
 def _shown(name: str) -> str:
