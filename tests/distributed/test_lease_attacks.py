@@ -146,3 +146,20 @@ def test_a_full_file_system_refuses_the_lease_with_the_fix(folder, run_job, chil
     (folder / "fill").unlink()  # room again: the GPU is free and leased as usual
     again = run_job(folder)
     assert first_line(again) == f"GPU={UUID}"
+
+
+def test_notes_of_killed_holders_do_not_pile_up(tmp_path: Path, child_env) -> None:
+    """Each note has a name of its own: the next holder of the same lock file removes the ones its user
+    left behind (SIGKILLed jobs), so the folder does not grow with every killed job."""
+    env = child_env(TORCHPLACE_LEASE_DIR=str(tmp_path))
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", LEASE_AND_DIE, UUID], env=env, capture_output=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+    lease = LeaseDir(tmp_path).try_acquire(UUID)
+    assert lease is not None
+    try:
+        assert len([n for n in os.listdir(tmp_path) if ".holder." in n]) == 1
+        assert LeaseDir(tmp_path).status(UUID).holder.pid == os.getpid()
+    finally:
+        lease.release()
+    assert not [n for n in os.listdir(tmp_path) if ".holder." in n]

@@ -62,7 +62,16 @@ from .lease_folder import (
     still_named,
     user_name,
 )
-from .lease_holders import HOLDER_INFIX, Holder, is_locked, now_iso, orphan_holder, read_holder, write_note
+from .lease_holders import (
+    HOLDER_INFIX,
+    Holder,
+    clear_stale,
+    is_locked,
+    now_iso,
+    orphan_holder,
+    read_holder,
+    write_note,
+)
 
 __all__ = ["DEFAULT_LEASE_DIR", "LEASE_DIR_ENV", "Holder", "Lease", "LeaseDir", "LeaseStatus",
            "held_by_this_process", "lease_dir", "release_all"]
@@ -204,6 +213,7 @@ class LeaseDir:
                     os.unlink(holder_file, dir_fd=dirfd)
                 os.close(fd)
                 return None
+            clear_stale(dirfd, uuid, locked, keep=holder_file)
         lease = Lease(uuid, self.path, fd, holder, holder_file)
         with _registry_lock:
             _held[key] = lease

@@ -103,6 +103,18 @@ def write_note(dirfd: int, folder: Path, uuid: str, holder: Holder, locked: tupl
         f"{LEASE_DIR_ENV} to a directory on a file system with room.")
 
 
+def clear_stale(dirfd: int, uuid: str, locked: tuple[int, int], keep: str) -> None:
+    """Remove this user's older notes of the lock file `locked`, which we now hold: their writers
+    are gone (a SIGKILLed holder leaves its note, and each note has a name of its own)."""
+    prefix = f"{uuid}{HOLDER_INFIX}{os.getuid()}."
+    for name in os.listdir(dirfd):
+        if name.startswith(prefix) and name != keep:
+            note = _read_note(dirfd, name, str(os.getuid()))
+            if note is not None and note[2] == locked:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dirfd)
+
+
 def notes(dirfd: int, uuid: str) -> list[Note]:
     """The trusted holder notes of GPU `uuid` in the folder open as `dirfd`."""
     found = []
