@@ -163,3 +163,33 @@ def test_notes_of_killed_holders_do_not_pile_up(tmp_path: Path, child_env) -> No
     finally:
         lease.release()
     assert not [n for n in os.listdir(tmp_path) if ".holder." in n]
+
+
+@needs_users
+def test_a_note_that_fails_on_the_second_gpu_gives_the_first_back(folder, child_env) -> None:
+    """pick(2) on a file system with one inode left: the first GPU's note takes it, the second's
+    cannot be written; the refusal must not keep the first GPU leased."""
+    from torchplace.distributed.lease import held_by_this_process
+    from torchplace.distributed.pick import pick
+    from torchplace.errors import LeaseError
+
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=64,mode=1777", "tmpfs", str(folder)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.strip()}")
+    snapshot = snapshot_path("h200x2")
+    uuids = [g["uuid"] for g in load_snapshot_dict("h200x2")["gpus"]]
+    for uuid in uuids:  # both lock files exist, so only the notes need inodes
+        (folder / f"{uuid}.lock").touch(mode=0o644)
+    filler = 0
+    while True:
+        try:
+            (folder / f"fill{filler}").touch()
+        except OSError:
+            break
+        filler += 1
+    (folder / "fill0").unlink()  # one inode left: one note
+    with pytest.raises(LeaseError, match=r"Cannot write the holder note of GPU .*\(No space left on device\)"):
+        pick(2, snapshot=snapshot, lease_dir=folder)
+    assert held_by_this_process() == []
+    assert not any(LeaseDir(folder).status(u).held for u in uuids)
