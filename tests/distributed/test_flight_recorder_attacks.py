@@ -80,8 +80,15 @@ def deep_name(folder: Path) -> None:
     write(folder, 0, [entry(1, profiling_name=name)])
 
 
-@pytest.mark.parametrize("craft", [shared_sizes, shared_frames, deep_name],
-                         ids=["sizes-shared-by-every-entry", "frames-shared-by-every-entry", "name-40-deep"])
+def a_group_per_entry(folder: Path) -> None:
+    """40,000 process groups that rank 1 never joined: the verdict looked each one up in every entry."""
+    write(folder, 0, [{"collective_seq_id": 1, "pg_id": i, "state": "started"} for i in range(40_000)])
+    write(folder, 1, [entry(1)])
+
+
+@pytest.mark.parametrize("craft", [shared_sizes, shared_frames, deep_name, a_group_per_entry],
+                         ids=["sizes-shared-by-every-entry", "frames-shared-by-every-entry", "name-40-deep",
+                              "a-group-per-entry"])
 def test_a_small_dump_costs_its_size(tmp_path: Path, craft) -> None:
     craft(tmp_path / "fr")
     assert sum(p.stat().st_size for p in (tmp_path / "fr").iterdir()) < 2**20

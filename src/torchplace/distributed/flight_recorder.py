@@ -242,11 +242,13 @@ class HangSummary:
                     "rank is behind (a collective that hangs on every rank points at the network or NCCL: rerun "
                     "with NCCL_DEBUG=INFO).")
         lines = []
-        for s in self.stuck:
+        for s in self.stuck[:_MAX_SHOWN]:
             behind = ", ".join(f"rank {r} (last entered #{seq})" for r, seq in sorted(s["behind"].items()))
             where = f", called at {s['where']}" if s.get("where") else ""
             lines.append(f"{behind} never entered {s['op']} #{s['seq']} of process group {s['group']} "
                          f"(input sizes {s['sizes']}{where}), which rank(s) {s['entered']} entered and waited in.")
+        if len(self.stuck) > _MAX_SHOWN:
+            lines.append(f"({len(self.stuck) - _MAX_SHOWN} more process groups have a rank behind.)")
         return " ".join(lines) + " Fix: look at what those ranks were doing instead (their log; py-spy dump " \
                                  "--pid); every rank must call the same collectives in the same order."
 
@@ -254,6 +256,7 @@ class HangSummary:
 def summarize(traces: list[RankTrace]) -> HangSummary:
     """Compare the ranks' dumps: per group, the first collective some rank entered and another never did."""
     stuck = []
+    index: dict[int, dict[tuple[str, int], Collective]] = {}
     groups = sorted({g for t in traces for g in t.last_enqueued})
     for group in groups:
         seqs = {t.rank: t.last_enqueued.get(group, -1) for t in traces}
@@ -264,7 +267,11 @@ def summarize(traces: list[RankTrace]) -> HangSummary:
         missed = min(behind.values()) + 1  # the first collective a rank behind never entered
         entered = [r for r, s in seqs.items() if s >= missed]
         ahead = next(t for t in traces if t.rank == entered[0])
-        op = next((c for c in ahead.collectives if c.group == group and c.seq == missed), None)
+        if ahead.rank not in index:  # by (group, seq), built once per rank: one scan, not one per group
+            index[ahead.rank] = {}
+            for c in ahead.collectives:
+                index[ahead.rank].setdefault((c.group, c.seq), c)
+        op = index[ahead.rank].get((group, missed))
         stuck.append({"group": group, "seq": missed, "op": op.op if op else "?", "sizes": op.sizes if op else [],
                       "where": op.where if op else "", "behind": behind, "entered": entered})
     return HangSummary(ranks=[t.rank for t in traces], stuck=stuck)
