@@ -47,9 +47,10 @@ MAX_RANK = 64  # dimensions of a tensor record: torch's kernels stop at 25
 
 
 def _checked_record(cls: type) -> type:
-    """CLS as the unpickler builds it: a subclass whose __setstate__ takes only CLS's own fields (the C
-    unpickler copies a state dict into every object built from it, so a state shared through the memo
-    with a million keys would be copied per record) and then turns the object into a plain CLS."""
+    """CLS as the unpickler builds it: a subclass whose __setstate__ takes a state of about CLS's own
+    fields only (the C unpickler copies a state dict into every object built from it, so a state
+    shared through the memo with a million keys would be copied per record) and then turns the object
+    into a plain CLS."""
     made = _CHECKED.get(cls)
     if made is not None:
         return made
@@ -61,7 +62,8 @@ def _checked_record(cls: type) -> type:
             state = state[0] if not state[1] else None  # (dict, slot state): DCP's records have no slots
         if base_setstate is not None and isinstance(state, tuple) and len(state) <= len(names):
             base_setstate(self, state)  # TensorProperties: a tuple of its fields
-        elif isinstance(state, dict) and len(state) <= len(names) and all(k in names for k in state):
+        elif isinstance(state, dict) and len(state) <= len(names) + _SPARE_FIELDS and all(
+                type(k) is str for k in state):
             self.__dict__.update(state)
         else:
             raise _Malformed(f"a {cls.__name__} record with a state that is not its fields ({type(state).__name__} "
@@ -74,6 +76,7 @@ def _checked_record(cls: type) -> type:
 
 
 _CHECKED: dict[type, type] = {}
+_SPARE_FIELDS = 8  # fields a newer torch may have added to a record (set as DCP itself would)
 
 
 def _settle(root: Any) -> None:
