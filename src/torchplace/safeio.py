@@ -190,7 +190,7 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
                 return _convert(value, arg, where)
             except ValueError as exc:
                 errors.append(exc)
-        raise errors[-1]
+        raise next((e for arg, e in zip(args, errors) if arg is not type(None) and value is not None), errors[-1])
     if hint is type(None):
         if value is not None:
             raise ValueError(f"{where} is {value!r:.60}, not null")
@@ -209,4 +209,10 @@ def _convert(value: Any, hint: Any, where: str) -> Any:
           bool: lambda v: type(v) is bool, str: lambda v: type(v) is str}.get(hint)
     if ok is None or not ok(value):
         raise ValueError(f"{where} is {value!r:.60}, not a {getattr(hint, '__name__', hint)}")
+    if type(value) is int and not -MAX_READING <= value <= MAX_READING:
+        raise ValueError(f"{where} is a number of {len(str(abs(value)))} digits, more than any reading holds "
+                         f"(at most {MAX_READING}, 64 bits)")
     return value
+
+
+MAX_READING = 2**64 - 1  # NVML and the kernel report 64-bit counters: a larger number in a snapshot is crafted

@@ -80,3 +80,23 @@ def test_any_launch_variables_read_or_raise_distributed_error(env: dict[str, str
         check(read_launch_env(env))
     except DistributedError:
         pass
+
+
+@pytest.mark.parametrize("nodelist", ["n[0-99999]" + "[0]" * 200, "n" + "[0]" * 20_000, "n[" + "9" * 5000 + "]",
+                                      "n[0-99999],m[0-99999]," * 6])
+def test_a_small_node_list_is_expanded_in_proportion_or_refused(nodelist: str) -> None:
+    """610 bytes hung `torchplace doctor`: the rest of the name was re-expanded for every number of a range.
+    20,000 bracket groups recursed past Python's limit and 5000 digits passed int()'s: not DistributedError."""
+    try:
+        hosts = expand_nodelist(nodelist)
+    except DistributedError as exc:
+        assert "Fix: set MASTER_ADDR" in str(exc)
+        assert len(str(exc)) < 400
+    else:
+        tail = "0" * nodelist.count("[0]")
+        assert hosts[0] == "n0" + tail if "[0-99999]" in nodelist else hosts == ["n" + tail]
+        assert len(hosts) in (1, 100_000)
+
+
+def test_bracket_groups_expand_like_scontrol() -> None:
+    assert expand_nodelist("r[1-2]n[07,9],gpu5,x[0]y") == ["r1n07", "r1n9", "r2n07", "r2n9", "gpu5", "x0y"]

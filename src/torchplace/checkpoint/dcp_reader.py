@@ -9,13 +9,13 @@ the files runs unless the caller passed trust_pickle=True.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import importlib
 import io
 import pickle
 import stat
-import sys
 import warnings
 import zipfile
 from pathlib import Path
@@ -33,27 +33,127 @@ class _Refused(pickle.UnpicklingError):
     """A class the metadata names that is not one of DCP's records (a truncated pickle is another error)."""
 
 
-class _SafeUnpickler(pickle.Unpickler):
-    """Builds only DCP's metadata records, torch sizes/dtypes and paths; refuses anything else."""
+class _Malformed(pickle.UnpicklingError):
+    """A record built with more than DCP writes (a state with unknown fields, a size of 10,000 dimensions)."""
 
-    _EXACT = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-              ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PurePosixPath"),
-              ("pathlib", "PureWindowsPath"), ("pathlib", "Path")}
+
+_METADATA = "torch.distributed.checkpoint.metadata"
+# exactly the classes DCP's writer puts in .metadata (torch 2.x): its records, one enum, the file records
+_RECORDS = {(_METADATA, name) for name in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata",
+                                           "ChunkStorageMetadata", "TensorProperties", "MetadataIndex",
+                                           "StorageMeta", "_MEM_FORMAT_ENCODING")} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+MAX_RANK = 64  # dimensions of a tensor record: torch's kernels stop at 25
+
+
+def _checked_record(cls: type) -> type:
+    """CLS as the unpickler builds it: a subclass whose __setstate__ takes a state of about CLS's own
+    fields only (the C unpickler copies a state dict into every object built from it, so a state
+    shared through the memo with a million keys would be copied per record) and then turns the object
+    into a plain CLS."""
+    made = _CHECKED.get(cls)
+    if made is not None:
+        return made
+    names = {f.name for f in dataclasses.fields(cls)}
+    base_setstate = vars(cls).get("__setstate__")
+
+    def __setstate__(self: Any, state: Any) -> None:
+        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], (dict, type(None))):
+            state = state[0] if not state[1] else None  # (dict, slot state): DCP's records have no slots
+        if base_setstate is not None and isinstance(state, tuple) and len(state) <= len(names):
+            base_setstate(self, state)  # TensorProperties: a tuple of its fields
+        elif isinstance(state, dict) and len(state) <= len(names) + _SPARE_FIELDS and all(
+                type(k) is str for k in state):
+            self.__dict__.update(state)
+        else:
+            raise _Malformed(f"a {cls.__name__} record with a state that is not its fields ({type(state).__name__} "
+                             f"of {len(state) if hasattr(state, '__len__') else '?'} items)")
+        object.__setattr__(self, "__class__", cls)
+
+    made = type(cls.__name__, (cls,), {"__setstate__": __setstate__, "__slots__": (), "__module__": cls.__module__})
+    _CHECKED[cls] = made
+    return made
+
+
+_CHECKED: dict[type, type] = {}
+_SPARE_FIELDS = 8  # fields a newer torch may have added to a record (set as DCP itself would)
+
+
+def _settle(root: Any) -> None:
+    """Turn every record still of a `_checked_record` class (one the pickle built without a state, such as
+    BytesStorageMetadata) into its plain DCP class, so it compares and pickles as DCP's own. Each object
+    is visited once, however often the memo shares it."""
+    plain = {made: cls for cls, made in _CHECKED.items()}
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        cls = plain.get(type(obj))
+        if cls is not None:
+            object.__setattr__(obj, "__class__", cls)
+        if isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            stack.extend(vars(obj).values())
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """Builds only DCP's metadata records, torch sizes/dtypes and paths; refuses anything else.
+
+    Work stays in proportion to the file: a size or state shared through the pickle memo is built
+    once (`_size`), not copied per record that refers to it."""
+
+    _EXACT = {("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
+              ("pathlib", "PurePosixPath"), ("pathlib", "PureWindowsPath"), ("pathlib", "Path")}
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file)
+        self._sizes: dict[int, tuple[Any, torch.Size]] = {}
+
+    def _size(self, dims: Any = ()) -> torch.Size:
+        """torch.Size(DIMS), one object per DIMS object (the tuple is kept, so its id stays its own)."""
+        known = self._sizes.get(id(dims))
+        if known is not None:
+            return known[1]
+        if not isinstance(dims, (tuple, list)) or len(dims) > MAX_RANK:
+            raise _Malformed(f"a tensor size of {len(dims) if hasattr(dims, '__len__') else '?'} dimensions "
+                             f"(at most {MAX_RANK})")
+        size = torch.Size(dims)
+        self._sizes[id(dims)] = (dims, size)
+        return size
 
     def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("torch", "Size"):
+            return self._size
+        if (module, name) == ("collections", "OrderedDict"):
+            return _empty_ordered_dict
         if (module, name) in self._EXACT:
             return super().find_class(module, name)
         value = vars(torch).get(name) if module == "torch" else None  # getattr would import torch._dynamo
         if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
             return value
-        importlib.import_module("torch.distributed.checkpoint")  # the modules that hold DCP's records
-        # only modules DCP itself imported: a name in the file imports nothing (a submodule of
-        # torch.distributed.checkpoint that is not loaded yet may pull in anything)
-        if module.startswith("torch.distributed.checkpoint.") and module in sys.modules:
+        if (module, name) in _RECORDS:
+            importlib.import_module("torch.distributed.checkpoint")  # imports both modules of _RECORDS
             obj = super().find_class(module, name)
-            if isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum)):
+            if isinstance(obj, type) and issubclass(obj, enum.Enum):
                 return obj
+            if isinstance(obj, type) and dataclasses.is_dataclass(obj):
+                return _checked_record(obj)
         raise _Refused(f"{module}.{name} is not a DCP metadata class")
+
+
+def _empty_ordered_dict(*args: Any) -> collections.OrderedDict[Any, Any]:
+    """OrderedDict as pickle builds it (empty, then filled item by item); a copy of a list from the memo
+    per call is refused."""
+    if args:
+        raise _Malformed("an OrderedDict built from an argument")
+    return collections.OrderedDict()
 
 
 def is_dcp_dir(path: Path) -> bool:
@@ -76,6 +176,7 @@ def read_dcp_metadata(path: Path) -> Any:
     data = safeio.read_limited(where, MAX_METADATA_BYTES, CheckpointError, _RECOPY)
     try:
         metadata = _SafeUnpickler(io.BytesIO(data)).load()
+        _settle(metadata)
     except _Refused as exc:
         raise CheckpointError(f"{where} needs more than DCP's own records to load ({exc}); torchplace does not "
                               f"run code from checkpoints. {PICKLE_FIX}") from None
@@ -116,6 +217,12 @@ def records_problem(metadata: Any) -> str | None:
                                 or not all(isinstance(k, MetadataIndex) and isinstance(getattr(k, "fqn", None), str)
                                            for k in storage)):
         return "its storage table (storage_data) is not a map from DCP's MetadataIndex records"
+    # every chunk has a storage record of its own, which costs bytes of the file: a chunk list shared
+    # through the pickle memo by a million entries would otherwise be walked a million times
+    listed = sum(len(c) for c in (getattr(md, "chunks", None) for md in entries.values()) if isinstance(c, list))
+    if listed > len(storage or ()):
+        return (f"its entries list {listed} chunks, but it has {len(storage or ())} storage records (each chunk "
+                "has its own)")
     for fqn, md in entries.items():
         if not isinstance(fqn, str):
             return f"an entry's name is a {type(fqn).__name__} ({fqn!r:.60}), not a string"
@@ -148,15 +255,17 @@ def _nbytes(sizes: Any, dtype: Any) -> int:
 
 
 def compressed_budget(stored: int) -> int:
-    """The most tensor bytes an untrusted DCP folder whose records are compressed may declare for
-    STORED bytes of files: 64 times, or 1 GiB (zeros compress further; trust_pickle lifts the limit)."""
-    return max(64 * stored, 2**30)
+    """The most bytes an untrusted DCP folder whose records are compressed may unpack to (declare, and
+    then really unpack) for STORED bytes of files: twice that, or 256 MiB, the bound of every input
+    (docs/security.md); trust_pickle lifts it."""
+    return max(2 * stored, 2**28)
 
 
-def check_storage(root: Path, metadata: Any, trusted: bool = False) -> None:
+def check_storage(root: Path, metadata: Any, trusted: bool = False) -> int:
     """Refuse DCP metadata whose records point outside ROOT, past the end of a file, or at fewer
     bytes than the tensors they declare; so reading costs no more memory than the files hold (for
-    compressed records, than `compressed_budget` of them, unless TRUSTED)."""
+    compressed records, than `compressed_budget` of them, unless TRUSTED). Returns that budget, which
+    the reader holds the unpacking to (`_BoundedTransforms`)."""
     from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 
     where = root / ".metadata"
@@ -179,14 +288,17 @@ def check_storage(root: Path, metadata: Any, trusted: bool = False) -> None:
                                   f"(file {rel!r}, offset {offset!r}, length {length!r}). Fix: re-save the checkpoint.")
         if rel not in sizes:
             file = root / rel
-            if Path(rel).is_absolute() or ".." in Path(rel).parts or not file.resolve().is_relative_to(base):
-                raise CheckpointError(f"{where} names {rel!r}, which is outside {root}; torchplace reads only the "
-                                      "checkpoint's own files. Fix: use a checkpoint folder as DCP writes it.")
-            try:
-                st = file.stat()
-            except OSError as exc:
-                raise CheckpointError(f"{where} names {rel!r}, which cannot be opened ({exc.strerror}). Fix: copy "
+            try:  # a NUL byte in the name: ValueError from the system call
+                outside = (Path(rel).is_absolute() or ".." in Path(rel).parts
+                           or not file.resolve().is_relative_to(base))
+                st = None if outside else file.stat()
+            except (OSError, ValueError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) else _first_line(exc)
+                raise CheckpointError(f"{where} names {rel!r:.200}, which cannot be opened ({why}). Fix: copy "
                                       "the whole checkpoint folder.") from None
+            if st is None:
+                raise CheckpointError(f"{where} names {rel!r:.200}, which is outside {root}; torchplace reads only "
+                                      "the checkpoint's own files. Fix: use a checkpoint folder as DCP writes it.")
             if not stat.S_ISREG(st.st_mode):
                 raise CheckpointError(f"{root / rel} is not a regular file. Fix: use a checkpoint folder as DCP "
                                       "writes it.")
@@ -227,6 +339,7 @@ def check_storage(root: Path, metadata: Any, trusted: bool = False) -> None:
     if not compressed and total > stored:
         raise CheckpointError(f"{where} declares {total} bytes of tensors, but its files hold {sum(sizes.values())}. "
                               "Fix: the metadata is not this folder's own; copy the folder again.")
+    return compressed_budget(stored)
 
 
 def reader_classes() -> tuple[type, type]:
@@ -245,6 +358,8 @@ def reader_classes() -> tuple[type, type]:
         def __init__(self, root: Path, trust_pickle: bool) -> None:
             super().__init__(str(root))
             self.root, self.trust_pickle = root, trust_pickle
+            if not trust_pickle:
+                self.transforms = _BoundedTransforms(self.transforms, self)
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
             if self.trust_pickle:
@@ -254,8 +369,13 @@ def reader_classes() -> tuple[type, type]:
                 if getattr(metadata, "storage_meta", None) is None:
                     metadata.storage_meta = StorageMeta()
                 metadata.storage_meta.load_id = self.load_id
-            check_storage(self.root, metadata, trusted=self.trust_pickle)
+            self.unpack_budget = check_storage(self.root, metadata, trusted=self.trust_pickle)
             return metadata
+
+        def set_up_storage_reader(self, metadata: Any, *args: Any, **kwargs: Any) -> None:
+            super().set_up_storage_reader(metadata, *args, **kwargs)
+            if not hasattr(self, "unpack_budget"):  # a rank that was sent the metadata instead of reading it
+                self.unpack_budget = check_storage(self.root, metadata, trusted=self.trust_pickle)
 
     class SafeLoadPlanner(DefaultLoadPlanner):
         """DCP's load planner, except that non-tensor (BYTE_IO) items never run code.
@@ -311,6 +431,81 @@ def reader_classes() -> tuple[type, type]:
 
 
 _CLASSES: tuple[type, type] | None = None
+
+
+class _BoundedTransforms:
+    """DCP's load-stream transforms, held to what the folder's files can hold: every item a compressed
+    record unpacks to is read up to what is left of the folder's `compressed_budget` (DCP would read it
+    whole), and every tensor item is a torch.save zip whose members unpack to at most the bytes it
+    stores (torch.save never compresses; DCP's reader hands tensor items to torch.load unchecked, and a
+    deflated member of 1 MB unpacks to 1 GiB there)."""
+
+    def __init__(self, inner: Any, reader: Any) -> None:
+        self.inner, self.reader = inner, reader
+
+    def transform_load_stream(self, read_item: Any, descriptors: Any, raw_stream: Any) -> Any:
+        from torch.distributed.checkpoint.planner import LoadItemType
+
+        out = self.inner.transform_load_stream(read_item, descriptors, raw_stream)
+        info = self.reader.storage_data[read_item.storage_index]
+        where = f"{self.reader.root / info.relative_path}: the item {read_item.storage_index.fqn!r}"
+        if descriptors:
+            left = getattr(self.reader, "unpack_budget", 0)
+            data = out.read(left + 1)
+            if len(data) > left:
+                raise CheckpointError(f"{where} is stored compressed and unpacks to more than the {left} bytes left "
+                                      "of what torchplace unpacks from this folder (twice its files, at least 256 "
+                                      "MiB). Fix: if you trust whoever made the folder, load it with "
+                                      "trust_pickle=True.")
+            self.reader.unpack_budget = left - len(data)
+            out = io.BytesIO(data)
+        if read_item.type != LoadItemType.BYTE_IO:
+            if descriptors:
+                _check_tensor_zip(out, len(out.getvalue()), where)
+            else:  # DCP's file view mis-seeks from the end (zipfile does that): a view of our own
+                with open(self.reader.root / info.relative_path, "rb") as fh:
+                    _check_tensor_zip(_Slice(fh, info.offset, info.length), info.length, where)
+        out.seek(0)
+        return out
+
+
+def _check_tensor_zip(fh: Any, size: int, where: str) -> None:
+    """A tensor item must be a torch.save zip whose members unpack to at most its SIZE stored bytes."""
+    if not zipfile.is_zipfile(fh):  # torch.load of torch's legacy format allocates what it declares
+        raise CheckpointError(f"{where} is not a torch.save zip archive, which DCP writes for every tensor. {_RECOPY}")
+    check_zip_stream(fh, size, size, where)
+
+
+class _Slice(io.RawIOBase):
+    """LENGTH bytes of the open file FH from OFFSET, as a file of their own."""
+
+    def __init__(self, fh: Any, offset: int, length: int) -> None:
+        super().__init__()
+        self.fh, self.offset, self.length, self.pos = fh, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence]
+        self.pos = min(max(base + pos, 0), self.length)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, buffer: Any) -> int:
+        want = min(len(buffer), self.length - self.pos)
+        if want <= 0:
+            return 0
+        self.fh.seek(self.offset + self.pos)
+        data = self.fh.read(want)
+        buffer[:len(data)] = data
+        self.pos += len(data)
+        return len(data)
 
 
 def dcp_load(root: Path, dest: dict[str, Any], trust_pickle: bool, single_process: bool) -> None:

@@ -139,24 +139,49 @@ def check_pointer_slot(directory: Path) -> None:
             "the pointer), or save into another directory.")
 
 
-_held: set[int] = set()  # directory descriptors holding a series lock in this process
-_held_guard = threading.Lock()
+_held: set[int] = set()  # directory descriptors of series locks in this process, held or waited for
+_held_guard = threading.Lock()  # taken around a fork too: no descriptor is opened or closed uncounted
 
 
 def _drop_inherited_locks() -> None:
     """In a forked child: close the descriptors of the parent's series locks. flock belongs to the open file
     description, which fork shares: a DataLoader worker keeping its copy would hold the directory locked
-    after the parent's save ended, and the parent's next rotation save would wait for the worker to exit."""
+    after the parent's save ended, and the parent's next rotation save would wait for the worker to exit.
+    A descriptor counts from its open, before the flock wait: one forked during the wait is the parent's
+    lock as soon as the parent gets it."""
     global _held_guard
     for fd in _held:
         with contextlib.suppress(OSError):
             os.close(fd)
     _held.clear()
-    _held_guard = threading.Lock()  # another thread may have held it at the fork
+    _held_guard = threading.Lock()
+
+
+def _before_fork() -> None:
+    _held_guard.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _held_guard.release()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_drop_inherited_locks)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                        after_in_child=_drop_inherited_locks)
+
+
+def _open_counted(directory: Path) -> int:
+    """DIRECTORY opened for its series lock and counted in _held in one step (a fork waits for both)."""
+    with _held_guard:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+        _held.add(fd)
+    return fd
+
+
+def _close_counted(fd: int) -> None:
+    with _held_guard:
+        _held.discard(fd)
+        os.close(fd)  # releases the lock
 
 
 @contextlib.contextmanager
@@ -167,29 +192,24 @@ def series_lock(directory: Path, active: bool = True) -> Iterator[None]:
     fd = -1
     if active:
         try:  # not a directory, a symlink loop, a name too long, ...: the write names it (atomic.os_error)
-            fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0))
+            fd = _open_counted(directory)
         except OSError:
             active = False
     if active:
         try:
             _wait_for_lock(fd, directory)
-        except OSError as exc:
-            if fd >= 0:
-                os.close(fd)
-                fd = -1
-            if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ENOLCK, errno.EINVAL,
-                                 errno.EOPNOTSUPP, errno.EBADF):
+        except BaseException as exc:
+            _close_counted(fd)
+            fd = -1
+            if not isinstance(exc, OSError) or exc.errno not in (
+                    errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP,
+                    errno.EBADF):
                 raise
-    if fd >= 0:
-        with _held_guard:
-            _held.add(fd)
     try:
         yield
     finally:
         if fd >= 0:
-            with _held_guard:
-                _held.discard(fd)
-            os.close(fd)  # releases the lock
+            _close_counted(fd)
 
 
 LOCK_WARN_S = 30.0  # one save of another process rarely holds the series longer: say who is waited for

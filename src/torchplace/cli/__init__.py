@@ -7,7 +7,8 @@ Each subcommand is a module in this package with `register(subparsers)`; heavy i
 - a TorchplaceError, a usage error or an OSError (a path that cannot be read or written):
   one line, "torchplace: error: ...", with the fix; exit 2;
 - stdout closed by its reader (`torchplace map --json | head -c1`): quiet, exit 1, stdout
-  pointed at /dev/null as Python's documentation advises for SIGPIPE;
+  pointed at /dev/null as Python's documentation advises for SIGPIPE; stdout closed before the
+  start (`>&-`): one line saying so at the first output, exit 1;
 - anything else is a bug in torchplace: one line naming the exception and how to see the
   traceback (TORCHPLACE_DEBUG=1, which prints it); exit 70 (EX_SOFTWARE).
 Arguments are checked when they are parsed (`cli.args`), so most of these never get that far.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import os
 import re
 import sys
@@ -100,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; every failure ends here as one line and an exit code (see the module doc)."""
     from ..errors import TorchplaceError
 
+    if sys.stdout is None:  # started with descriptor 1 closed (`>&-`): Python leaves sys.stdout None
+        sys.stdout = _ClosedStdout()
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _warn  # a library's warning: one line, not two with source
@@ -111,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except BrokenPipeError:
         _stdout_to_devnull()
+        return EXIT_PIPE
+    except _StdoutClosed:
+        _say("torchplace: error: standard output is closed (the shell's >&-), so the output has nowhere to go. "
+             "Fix: redirect it to a file or to /dev/null instead of closing it.")
         return EXIT_PIPE
     except OSError as exc:  # the system's answer about a path the user gave: not a bug
         where = f": {exc.filename!r}" if exc.filename else ""
@@ -128,6 +136,22 @@ def main(argv: Sequence[str] | None = None) -> int:
              + ("The traceback is above; please report it."
                 if _debug() else "Rerun with TORCHPLACE_DEBUG=1 to see the traceback, and please report it."))
         return EXIT_BUG
+
+
+class _StdoutClosed(Exception):
+    """Something was printed while the program runs with stdout closed."""
+
+
+class _ClosedStdout(io.TextIOBase):
+    """sys.stdout of a program started with stdout closed: output raises _StdoutClosed, silence passes."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text:
+            raise _StdoutClosed
+        return 0
 
 
 def _main(argv: list[str]) -> int:
@@ -185,7 +209,8 @@ def _say(message: object) -> None:
     if len(text) > MAX_MESSAGE:
         text = text[:MAX_MESSAGE - 40] + f"... ({len(text)} characters in all)"
     try:
-        print(text, file=sys.stderr)
+        if sys.stderr is not None:  # None when started with stderr closed (print would go to stdout)
+            print(text, file=sys.stderr)
     except (OSError, ValueError):  # stderr closed too: nothing more to say
         pass
 

@@ -90,39 +90,124 @@ class RankTrace:
     last_completed: dict[str, int]
 
 
-def _where(frames: Any) -> str:
-    for frame in frames or []:
-        name = str(frame.get("filename", "")) if isinstance(frame, dict) else ""
+class _Bad(Exception):
+    """A field of a dump that is not what torch writes there."""
+
+
+_FIX = "Fix: point at the files TORCH_FR_DUMP_TEMP_FILE names (one per rank)."
+_MAX_SHOWN = 16  # input sizes kept per collective, dimensions per size: what a message shows
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str):  # str() of a crafted [x, x] tree 40 deep would never end
+        raise _Bad(f"{what} is a {type(value).__name__}, not a string")
+    return value[:300]
+
+
+def _count(value: Any, what: str) -> int:
+    """A sequence number: an int of at most 64 bits, -1 when absent."""
+    if value is None:
+        return -1
+    if type(value) is not int or not -1 <= value < 2**63:
+        raise _Bad(f"{what} is {value!r:.40}, not a sequence number")
+    return value
+
+
+class _Reader:
+    """Reads the fields of one dump, each object once however often the pickle memo shares it: a list
+    of frames or sizes shared by every entry is checked and converted one time, and an entry listed
+    twice counts once (torch writes a new dict per entry)."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.kept: list[Any] = []  # what `seen` names stays alive, so no id is reused
+        self.cache: dict[int, Any] = {}
+
+    def once(self, obj: Any) -> bool:
+        if id(obj) in self.seen:
+            return False
+        self.seen.add(id(obj))
+        self.kept.append(obj)
+        return True
+
+    def shared(self, obj: Any, convert: Any) -> Any:
+        if id(obj) not in self.cache:
+            self.kept.append(obj)
+            self.cache[id(obj)] = convert(obj)
+        return self.cache[id(obj)]
+
+    def sizes(self, value: Any) -> list[list[int]]:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise _Bad(f"input_sizes is a {type(value).__name__}, not a list")
+        return self.shared(value, lambda v: [self.shared(d, _dims) for d in v[:_MAX_SHOWN]])
+
+    def where(self, frames: Any) -> str:
+        """The innermost frame outside torch, "file:line in function"."""
+        if frames is None:
+            return ""
+        if not isinstance(frames, list):
+            raise _Bad(f"frames is a {type(frames).__name__}, not a list")
+        return self.shared(frames, _first_user_frame)
+
+
+def _dims(value: Any) -> list[int]:
+    if not isinstance(value, list) or not all(type(d) is int for d in value[:_MAX_SHOWN]):
+        raise _Bad(f"an input size is {value!r:.60}, not a list of integers")
+    return list(value[:_MAX_SHOWN])
+
+
+def _first_user_frame(frames: list[Any]) -> str:
+    for frame in frames:  # each distinct list once (_Reader.where)
+        if not isinstance(frame, dict):
+            raise _Bad(f"a frame is a {type(frame).__name__}, not a dict")
+        name = _text(frame.get("filename", ""), "a frame's filename")
         if name and "/torch/" not in name:
-            return f"{name}:{frame.get('line')} in {frame.get('name')}"
+            line = frame.get("line")
+            if type(line) is not int:
+                raise _Bad(f"the line of frame {name!r:.80} is {line!r:.40}, not a number")
+            return f"{name}:{line} in {_text(frame.get('name', '?'), 'a frame name')}"
     return ""
 
 
-def _int(value: Any, default: int = -1) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
+def _group_id(entry: dict[str, Any]) -> str:
+    group = entry.get("process_group")
+    first = group[0] if isinstance(group, (list, tuple)) and group else entry.get("pg_id", "0")
+    if type(first) is int:
+        return str(_count(first, "a process group id"))
+    return _text(first, "a process group id")
 
 
 def parse_dump(data: dict[str, Any], rank: int, path: Path) -> RankTrace:
-    """The parts of a dump `summarize` compares."""
+    """The parts of a dump `summarize` compares; DistributedError for a field torch does not write
+    that way. The work is one pass over the dump's distinct objects."""
+    reader = _Reader()
     collectives = []
-    for entry in data.get("entries", []):
-        if not isinstance(entry, dict):
-            continue
-        group = entry.get("process_group")
-        group_id = str(group[0]) if isinstance(group, (list, tuple)) and group else str(entry.get("pg_id", "0"))
-        p2p = bool(entry.get("is_p2p"))
-        op = str(entry.get("profiling_name", "?")).split(":", 1)[-1]
-        collectives.append(Collective(seq=_int(entry.get("p2p_seq_id" if p2p else "collective_seq_id")), op=op,
-                                      group=group_id, state=str(entry.get("state", "?")),
-                                      sizes=list(entry.get("input_sizes") or []), where=_where(entry.get("frames"))))
-    enqueued, completed = {}, {}
-    for group_id, status in (data.get("pg_status") or {}).items():
-        if isinstance(status, dict):
-            enqueued[str(group_id)] = _int(status.get("last_enqueued_collective"))
-            completed[str(group_id)] = _int(status.get("last_completed_collective"))
+    enqueued: dict[str, int] = {}
+    completed: dict[str, int] = {}
+    try:
+        for index, entry in enumerate(data.get("entries", [])):
+            if not isinstance(entry, dict) or not reader.once(entry):
+                continue
+            p2p = entry.get("is_p2p") is True
+            op = _text(entry.get("profiling_name", "?"), f"entries[{index}].profiling_name").split(":", 1)[-1]
+            seq = _count(entry.get("p2p_seq_id" if p2p else "collective_seq_id"), f"entries[{index}]'s sequence id")
+            collectives.append(Collective(seq=seq, op=op, group=_group_id(entry),
+                                          state=_text(entry.get("state", "?"), f"entries[{index}].state"),
+                                          sizes=reader.sizes(entry.get("input_sizes")),
+                                          where=reader.where(entry.get("frames"))))
+        status_table = data.get("pg_status") or {}
+        if not isinstance(status_table, dict):
+            raise _Bad(f"pg_status is a {type(status_table).__name__}, not a dict")
+        for group_id, status in status_table.items():
+            if isinstance(status, dict):
+                key = str(_count(group_id, "a pg_status key")) if type(group_id) is int else \
+                    _text(group_id, "a pg_status key")
+                enqueued[key] = _count(status.get("last_enqueued_collective"), f"pg_status[{key!r}]")
+                completed[key] = _count(status.get("last_completed_collective"), f"pg_status[{key!r}]")
+    except _Bad as exc:
+        raise DistributedError(f"{path} is not a flight recorder dump as torch writes it: {exc}. {_FIX}") from None
     for c in collectives:  # dumps without pg_status: from the entries
         if c.seq >= 0:
             enqueued[c.group] = max(enqueued.get(c.group, -1), c.seq)
@@ -157,11 +242,13 @@ class HangSummary:
                     "rank is behind (a collective that hangs on every rank points at the network or NCCL: rerun "
                     "with NCCL_DEBUG=INFO).")
         lines = []
-        for s in self.stuck:
+        for s in self.stuck[:_MAX_SHOWN]:
             behind = ", ".join(f"rank {r} (last entered #{seq})" for r, seq in sorted(s["behind"].items()))
             where = f", called at {s['where']}" if s.get("where") else ""
             lines.append(f"{behind} never entered {s['op']} #{s['seq']} of process group {s['group']} "
                          f"(input sizes {s['sizes']}{where}), which rank(s) {s['entered']} entered and waited in.")
+        if len(self.stuck) > _MAX_SHOWN:
+            lines.append(f"({len(self.stuck) - _MAX_SHOWN} more process groups have a rank behind.)")
         return " ".join(lines) + " Fix: look at what those ranks were doing instead (their log; py-spy dump " \
                                  "--pid); every rank must call the same collectives in the same order."
 
@@ -169,6 +256,7 @@ class HangSummary:
 def summarize(traces: list[RankTrace]) -> HangSummary:
     """Compare the ranks' dumps: per group, the first collective some rank entered and another never did."""
     stuck = []
+    index: dict[int, dict[tuple[str, int], Collective]] = {}
     groups = sorted({g for t in traces for g in t.last_enqueued})
     for group in groups:
         seqs = {t.rank: t.last_enqueued.get(group, -1) for t in traces}
@@ -179,7 +267,11 @@ def summarize(traces: list[RankTrace]) -> HangSummary:
         missed = min(behind.values()) + 1  # the first collective a rank behind never entered
         entered = [r for r, s in seqs.items() if s >= missed]
         ahead = next(t for t in traces if t.rank == entered[0])
-        op = next((c for c in ahead.collectives if c.group == group and c.seq == missed), None)
+        if ahead.rank not in index:  # by (group, seq), built once per rank: one scan, not one per group
+            index[ahead.rank] = {}
+            for c in ahead.collectives:
+                index[ahead.rank].setdefault((c.group, c.seq), c)
+        op = index[ahead.rank].get((group, missed))
         stuck.append({"group": group, "seq": missed, "op": op.op if op else "?", "sizes": op.sizes if op else [],
                       "where": op.where if op else "", "behind": behind, "entered": entered})
     return HangSummary(ranks=[t.rank for t in traces], stuck=stuck)

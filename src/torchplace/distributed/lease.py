@@ -24,12 +24,14 @@ new file of the same name), so the trust model is:
   longer the lock file's and that the kernel still shows locked (/proc/locks). A new holder writes
   its note and then re-checks that the name still points at the file it locked, so an unlink either
   comes before that check (the new holder backs off) or after the note exists (others see it).
+  No note, no lease: a note that cannot be written (a full file system) refuses the lease, and its
+  name ends in random digits, so nothing planted in the folder can stand in its way.
   `Lease.check()` tells a holder that its file was removed. Lease files are never deleted by
   torchplace.
 
-Who holds a lease is advisory: the holder writes ``<uuid>.holder.<uid>`` next to the lock (or
-``<uuid>.holder.<uid>.<random>`` when another user took that name), readers trust a note only when
-its owner matches the uid in its name, and cross-check the pid with the kernel's /proc/locks.
+Who holds a lease is advisory: the holder writes ``<uuid>.holder.<uid>.<random>`` next to the lock,
+readers trust a note only when its owner matches the uid in its name, and name it as the holder
+only when the kernel's /proc/locks shows its pid (of that user) locking the file the note names.
 
 Here: `Lease`, `LeaseDir` (acquire, status, list) and this process's registry of its leases. The
 folder and lock-file checks are in `lease_folder.py`, the holder notes and /proc/locks in
@@ -60,7 +62,16 @@ from .lease_folder import (
     still_named,
     user_name,
 )
-from .lease_holders import HOLDER_INFIX, Holder, is_locked, now_iso, orphan_holder, read_holder, write_note
+from .lease_holders import (
+    HOLDER_INFIX,
+    Holder,
+    clear_stale,
+    is_locked,
+    now_iso,
+    orphan_holder,
+    read_holder,
+    write_note,
+)
 
 __all__ = ["DEFAULT_LEASE_DIR", "LEASE_DIR_ENV", "Holder", "Lease", "LeaseDir", "LeaseStatus",
            "held_by_this_process", "lease_dir", "release_all"]
@@ -192,13 +203,17 @@ class LeaseDir:
             holder = Holder(pid=os.getpid(), user=user_name(os.getuid()), uid=os.getuid(),
                             hostname=os.uname().nodename, since=now_iso(),
                             command=(command or " ".join(sys.argv))[:300])
-            holder_file = write_note(dirfd, uuid, holder, locked)
+            try:  # no note, no lease: see write_note
+                holder_file = write_note(dirfd, self.path, uuid, holder, locked)
+            except LeaseError:
+                os.close(fd)
+                raise
             if not still_named(dirfd, uuid, locked):  # unlinked while we wrote the note
-                if holder_file:
-                    with contextlib.suppress(OSError):
-                        os.unlink(holder_file, dir_fd=dirfd)
+                with contextlib.suppress(OSError):
+                    os.unlink(holder_file, dir_fd=dirfd)
                 os.close(fd)
                 return None
+            clear_stale(dirfd, uuid, locked, keep=holder_file)
         lease = Lease(uuid, self.path, fd, holder, holder_file)
         with _registry_lock:
             _held[key] = lease
@@ -221,7 +236,7 @@ class LeaseDir:
                     held, kernel_pid = is_locked(fd)
                     st = os.fstat(fd)
                     named = (st.st_dev, st.st_ino)
-                    holder = read_holder(dirfd, uuid, kernel_pid) if held else None
+                    holder = read_holder(dirfd, uuid, kernel_pid, named) if held else None
                 finally:
                     os.close(fd)
             if not held:  # the lock file may have been unlinked under a live holder

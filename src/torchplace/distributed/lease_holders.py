@@ -1,14 +1,15 @@
 """Who holds a lease: the holder notes written next to the lock files, and the kernel's /proc/locks.
 
-A note is advisory: ``<uuid>.holder.<uid>`` (or ``<uuid>.holder.<uid>.<random>`` when another
-user took that name) is trusted only when its owner is the uid its name claims, and its pid is
-cross-checked with /proc/locks. A note also records the (device, inode) its writer locked, which
-is how a lock file unlinked under a live holder is still seen as held (`orphan_holder`).
+A note, ``<uuid>.holder.<uid>.<random>``, is trusted only when its owner is the uid its name claims,
+and names the holder only when the kernel's /proc/locks shows its pid locking the file it names.
+A note also records the (device, inode) its writer locked, which is how a lock file unlinked
+under a live holder is still seen as held (`orphan_holder`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -19,8 +20,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..errors import LeaseError
 from ..hardware.host import pid_exists
-from .lease_folder import LOCK_SUFFIX, user_name
+from .lease_folder import LEASE_DIR_ENV, LOCK_SUFFIX, user_name
 
 HOLDER_INFIX = ".holder."
 _NOTE_TAIL = re.compile(r"^([0-9]{1,10})(?:\.[0-9a-f]{16})?$")  # "<uid>" or "<uid>.<random>"
@@ -60,31 +62,57 @@ def now_iso() -> str:
 # --------------------------------------------------------------------------- notes
 
 
-def write_note(dirfd: int, uuid: str, holder: Holder, locked: tuple[int, int]) -> str | None:
-    """Write the holder note atomically: `<uuid>.holder.<uid>`, or a name with a random tail
-    when another user's file takes that one. None only when the directory refuses both."""
-    final = f"{uuid}{HOLDER_INFIX}{os.getuid()}"
-    tmp = f".{final}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+def write_note(dirfd: int, folder: Path, uuid: str, holder: Holder, locked: tuple[int, int]) -> str:
+    """Write the holder note into a new file of a name no one can guess, ``<uuid>.holder.<uid>.<random>``
+    (O_EXCL, O_NOFOLLOW: nothing planted under a name can take its place), and return that name.
+
+    A lease is granted only with its note: the note is what shows the GPU held once its lock file is
+    unlinked (`orphan_holder`), so a note that cannot be written (a full file system, a quota) raises
+    LeaseError naming the folder and the fix instead."""
     data = json.dumps({**asdict(holder), "since_epoch": time.time(),
                        "lock_dev": locked[0], "lock_ino": locked[1]}).encode()
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o644, dir_fd=dirfd)
+    problem: OSError | None = None
+    for _ in range(8):  # a taken name is someone's file or folder: draw another
+        name = f"{uuid}{HOLDER_INFIX}{os.getuid()}.{secrets.token_hex(8)}"
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o644, dir_fd=dirfd)
+        except OSError as exc:
+            problem = exc
+            if exc.errno in (errno.EEXIST, errno.EISDIR, errno.ELOOP):
+                continue
+            break
         try:
             os.fchmod(fd, 0o644)
-            os.write(fd, data)
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            os.fsync(fd)  # file systems that report a full disk only when the data goes out
+            return name
+        except OSError as exc:
+            problem = exc
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=dirfd)
+            break
         finally:
             os.close(fd)
-        try:
-            os.replace(tmp, final, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-        except PermissionError:  # another user's file has our name (sticky directory)
-            final = f"{final}.{secrets.token_hex(8)}"
-            os.replace(tmp, final, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-        return final
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dirfd)
-        return None
+    why = problem.strerror if problem is not None and problem.strerror else str(problem)
+    raise LeaseError(
+        f"Cannot write the holder note of GPU {uuid} in the lease directory {folder} ({why}), so the GPU "
+        "is not leased: without its note a lease cannot be told apart from a free GPU once someone removes "
+        f"its lock file. Fix: free space in the file system of {folder} (`df {folder}`), or set "
+        f"{LEASE_DIR_ENV} to a directory on a file system with room.")
+
+
+def clear_stale(dirfd: int, uuid: str, locked: tuple[int, int], keep: str) -> None:
+    """Remove this user's older notes of the lock file `locked`, which we now hold: their writers
+    are gone (a SIGKILLed holder leaves its note, and each note has a name of its own)."""
+    prefix = f"{uuid}{HOLDER_INFIX}{os.getuid()}."
+    for name in os.listdir(dirfd):
+        if name.startswith(prefix) and name != keep:
+            note = _read_note(dirfd, name, str(os.getuid()))
+            if note is not None and note[2] == locked:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dirfd)
 
 
 def notes(dirfd: int, uuid: str) -> list[Note]:
@@ -99,16 +127,14 @@ def notes(dirfd: int, uuid: str) -> list[Note]:
     return found
 
 
-def read_holder(dirfd: int, uuid: str, kernel_pid: int | None) -> Holder | None:
-    """The holder of a held lock: the note of the pid the kernel names, else what the OS says
-    about that pid; without a pid from the kernel, the newest note of a live process."""
-    seen = [(t, h) for t, h, _ in notes(dirfd, uuid)]
+def read_holder(dirfd: int, uuid: str, kernel_pid: int | None, named: tuple[int, int]) -> Holder | None:
+    """The holder of the lock file `named` (device, inode), held now: the note that the kernel's pid
+    vouches for, else what the OS says about that pid; without a pid from the kernel (another PID
+    namespace), the newest note of a live process that names this very file."""
+    mine = [(t, h) for t, h, lock in notes(dirfd, uuid) if lock == named]
     if kernel_pid:
-        for _, holder in seen:
-            if holder.pid == kernel_pid:
-                return holder
-        return _holder_from_pid(kernel_pid)
-    alive = [(t, h) for t, h in seen if h.pid and pid_exists(h.pid)]
+        return _vouched([h for _, h in mine], [kernel_pid])
+    alive = [(t, h) for t, h in mine if h.pid and pid_exists(h.pid)]
     return max(alive, key=lambda item: item[0])[1] if alive else None
 
 
@@ -116,8 +142,11 @@ def orphan_holder(dirfd: int, uuid: str, named: tuple[int, int] | None) -> Holde
     """A live holder of `uuid` whose lock file was unlinked under it: a note of it names a
     (device, inode) that is not the lock file `named` (nor any other lease file here) and
     that the kernel shows locked. None when there is none."""
-    others = [(h, lock) for _, h, lock in notes(dirfd, uuid) if lock is not None and lock != named]
-    if not others:
+    by_lock: dict[tuple[int, int], list[Holder]] = {}
+    for _, holder, lock in notes(dirfd, uuid):
+        if lock is not None and lock != named:
+            by_lock.setdefault(lock, []).append(holder)
+    if not by_lock:
         return None
     lease_files = set()
     for name in os.listdir(dirfd):
@@ -125,13 +154,32 @@ def orphan_holder(dirfd: int, uuid: str, named: tuple[int, int] | None) -> Holde
             with contextlib.suppress(OSError):
                 st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
                 lease_files.add((st.st_dev, st.st_ino))
-    for holder, (dev, ino) in others:
+    for (dev, ino), holders in by_lock.items():
         if (dev, ino) in lease_files:  # the inode now belongs to another GPU's lease file
             continue
         pids = proc_locks(dev, ino)
-        if pids or (pids is None and holder.pid and pid_exists(holder.pid)):
-            return holder
+        if pids:
+            return _vouched(holders, pids)
+        alive = [h for h in holders if h.pid and pid_exists(h.pid)]
+        if pids is None and alive:
+            return alive[0]
     return None
+
+
+def _vouched(holders: list[Holder], pids: list[int]) -> Holder:
+    """Of the notes naming one locked file, the one whose pid the kernel shows locking it and whose
+    writer is that process's user (a stale note, or one another user wrote naming our pid, is not);
+    else what the OS says about the kernel's pid."""
+    live = [p for p in pids if p > 0]
+    for pid in live:
+        try:
+            uid: int | None = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            uid = None
+        for holder in holders:
+            if holder.pid == pid and (uid is None or holder.uid == uid):
+                return holder
+    return _holder_from_pid(live[0]) if live else Holder(pid=None, source="/proc/locks")
 
 
 def _read_note(dirfd: int, name: str, uid_text: str) -> Note | None:

@@ -258,7 +258,12 @@ def _try_lease(ordered: list[GpuRecord], need: int | str, leases_at: LeaseDir, l
         if inherited is not None or not lease:
             chosen.append(_picked(gpu, user, inherited=inherited is not None))
             continue
-        taken = leases_at.try_acquire(gpu.uuid, command=command)
+        try:
+            taken = leases_at.try_acquire(gpu.uuid, command=command)
+        except BaseException:  # its note cannot be written (a full disk): give back the GPUs taken so far
+            for item in got:
+                item.release()
+            raise
         if taken is None:  # lost a race since the status read
             holder = leases_at.status(gpu.uuid).holder
             busy.append(Rejection(gpu.physical_index, gpu.uuid,

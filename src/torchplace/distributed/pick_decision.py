@@ -160,16 +160,16 @@ def _resolve_explicit(topology: Topology, requested: Sequence[int | str]) -> lis
     out: list[str] = []
     for item in requested:
         text = str(item).strip()
-        if text.isdigit():
-            gpu = by_index.get(int(text))
+        if text.isascii() and text.isdigit():  # int() also reads '²' and has a limit of digits
+            gpu = by_index.get(int(text)) if len(text) <= 12 else None
             if gpu is None:
-                raise LeaseError(f"GPU {text} was requested, but this machine has {_inventory(topology)} "
+                raise LeaseError(f"GPU {text:.40} was requested, but this machine has {_inventory(topology)} "
                                  "(physical indices, as nvidia-smi numbers them). Fix: name one of those.")
         else:
             hits = [g for g in topology.gpus if g.uuid.startswith(text)] if text.startswith("GPU-") else []
             if len(hits) != 1:
                 what = "matches no GPU" if not hits else f"matches {len(hits)} GPUs"
-                raise LeaseError(f"GPU {text!r} {what}; this machine has {_inventory(topology)}. Fix: "
+                raise LeaseError(f"GPU {text!r:.60} {what}; this machine has {_inventory(topology)}. Fix: "
                                  "pass a physical index or a unique 'GPU-' UUID prefix.")
             gpu = hits[0]
         if gpu.uuid in out:

@@ -234,12 +234,24 @@ def execute(run: RunPlan) -> NoReturn:
     except OSError as exc:  # exec returned: nothing ran, so give the GPUs back and say why
         if run.picked is not None:
             run.picked.release()
+        shown = _shown(program)
         if isinstance(exc, FileNotFoundError) and "/" not in program:
-            where = " (it is in this directory; write ./" + program + ")" if os.path.exists(program) else ""
-            raise TorchplaceError(f"Command {program!r} was not found on PATH{where}. Fix: check its "
+            where = ""
+            if os.path.isfile(program):  # a program here that PATH does not reach (a folder is no program)
+                where = (f" (a file of that name is in this directory; write ./{shown[1:-1]})"
+                         if os.access(program, os.X_OK) else
+                         f" (a file of that name in this directory is not executable; `-- python3 {shown[1:-1]}` "
+                         "runs it through Python)")
+            raise TorchplaceError(f"Command {shown} was not found on PATH{where}. Fix: check its "
                                   "spelling, or give its path (for Python: `-- python3 train.py`).") from None
-        raise TorchplaceError(f"Cannot run {program!r}: {exc.strerror}. Fix: make it executable "
-                              f"(chmod +x) or run it through its interpreter, e.g. `-- python3 {program}`.") from None
+        raise TorchplaceError(f"Cannot run {shown}: {exc.strerror}. Fix: make it executable (chmod +x) or run "
+                              f"it through its interpreter, e.g. `-- python3 {shown[1:-1]}`.") from None
+
+
+def _shown(name: str) -> str:
+    """NAME quoted as the terminal should show it: bytes that are not UTF-8 (which Python keeps as
+    surrogates, '\\udcff') written as the \\xff the user typed."""
+    return repr(os.fsencode(name).decode("utf-8", "backslashreplace")).replace("\\\\x", "\\x")
 
 
 # --------------------------------------------------------------------------- torchrun side

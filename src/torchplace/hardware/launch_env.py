@@ -11,6 +11,7 @@ Nothing here imports torch or starts CUDA. Every function takes the environment 
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Mapping
@@ -273,12 +274,35 @@ def parse_tasks_per_node(value: str) -> list[int]:
 def expand_nodelist(nodelist: str) -> list[str]:
     """Expand SLURM's compressed host list: ``"node[01-03,07],gpu5"`` -> ``["node01", "node02",
     "node03", "node07", "gpu5"]``. Zero padding follows each range's start; several bracket groups
-    in one name (``"r[1-2]n[1-2]"``) expand like scontrol show hostnames does."""
+    in one name (``"r[1-2]n[1-2]"``) expand like scontrol show hostnames does. The work is bounded
+    by what comes out, at most MAX_WORLD_SIZE hosts and _MAX_NODELIST_CHARS characters."""
     hosts: list[str] = []
+    chars = 0
     for item in _split_top(nodelist.strip()):
-        if item:
-            hosts.extend(_expand_name(item, nodelist))
+        if not item:
+            continue
+        literals, groups = _name_parts(item, nodelist)
+        count = 1
+        for numbers in groups:
+            count *= len(numbers)  # bracket groups multiply: 'r[0-99999]n[0-99999]' is 10**10 names
+            if len(hosts) + count > MAX_WORLD_SIZE:
+                raise _too_many_hosts(nodelist)
+        chars += count * (sum(map(len, literals)) + sum(len(g[0]) for g in groups))
+        if chars > _MAX_NODELIST_CHARS:
+            raise DistributedError(f"SLURM node list {nodelist!r:.80} expands to more than {_MAX_NODELIST_CHARS} "
+                                   "characters of host names. Fix: set MASTER_ADDR to the first node's host name.")
+        for combo in itertools.product(*groups):
+            hosts.append("".join(itertools.chain.from_iterable(zip(literals, (*combo, "")))))
     return hosts
+
+
+def _too_many_hosts(nodelist: str) -> DistributedError:
+    return DistributedError(f"SLURM node list {nodelist!r:.80} names more than {MAX_WORLD_SIZE} hosts. Fix: set "
+                            "MASTER_ADDR to the first node's host name.")
+
+
+_MAX_NODELIST_CHARS = 2**26  # a million hosts of 64 characters
+_MAX_NODE_DIGITS = 18  # a node number of SLURM's is an unsigned 32-bit int
 
 
 def _split_top(text: str) -> list[str]:
@@ -295,30 +319,40 @@ def _split_top(text: str) -> list[str]:
     return parts
 
 
-def _expand_name(item: str, whole: str) -> list[str]:
-    m = re.match(r"^([^\[\]]*)\[([^\[\]]*)\](.*)$", item)
-    if not m:
-        if "[" in item or "]" in item:
-            raise DistributedError(f"SLURM node list {whole!r} has an unbalanced bracket in {item!r}. Fix: set "
-                                   "MASTER_ADDR to the first node's host name.")
-        return [item]
-    prefix, ranges, rest = m.groups()
+def _name_parts(item: str, whole: str) -> tuple[list[str], list[list[str]]]:
+    """One name of a node list as its literal pieces and, between them, each bracket group's numbers:
+    ``"r[1-2]n[7]"`` -> ``(["r", "n", ""], [["1", "2"], ["7"]])``."""
+    literals: list[str] = []
+    groups: list[list[str]] = []
+    pos = 0
+    for m in re.finditer(r"\[([^\[\]]*)\]", item):
+        literals.append(item[pos:m.start()])
+        groups.append(_range_numbers(m.group(1), whole))
+        pos = m.end()
+    literals.append(item[pos:])
+    if any("[" in lit or "]" in lit for lit in literals):
+        raise DistributedError(f"SLURM node list {whole!r:.80} has an unbalanced bracket in {item!r:.80}. Fix: set "
+                               "MASTER_ADDR to the first node's host name.")
+    return literals, groups
+
+
+def _range_numbers(ranges: str, whole: str) -> list[str]:
+    """The numbers of one bracket group, ``"01-03,07"`` -> ``["01", "02", "03", "07"]``."""
     out: list[str] = []
     for part in ranges.split(","):
         bounds = part.strip().split("-")
-        if not all(b.isascii() and b.isdigit() for b in bounds) or len(bounds) > 2:
-            raise DistributedError(f"SLURM node list {whole!r} has an unreadable range {part!r}; expected "
+        if (not all(b.isascii() and b.isdigit() and len(b) <= _MAX_NODE_DIGITS for b in bounds)
+                or len(bounds) > 2):
+            raise DistributedError(f"SLURM node list {whole!r:.80} has an unreadable range {part!r:.40}; expected "
                                    "ranges like node[01-03,07]. Fix: set MASTER_ADDR to the first node's host name.")
         low, high = int(bounds[0]), int(bounds[-1])
+        if len(out) + high - low >= MAX_WORLD_SIZE:
+            raise _too_many_hosts(whole)
         if high < low or high - low > 100_000:
-            raise DistributedError(f"SLURM node list {whole!r} has the range {part!r}, which is empty or too "
+            raise DistributedError(f"SLURM node list {whole!r:.80} has the range {part!r:.40}, which is empty or too "
                                    "long. Fix: set MASTER_ADDR to the first node's host name.")
         width = len(bounds[0])
-        for number in range(low, high + 1):
-            out.extend(prefix + str(number).zfill(width) + tail for tail in _expand_name(rest, whole))
-            if len(out) > MAX_WORLD_SIZE:  # bracket groups multiply: 'r[0-99999]n[0-99999]' is 10**10 names
-                raise DistributedError(f"SLURM node list {whole!r:.80} names more than {MAX_WORLD_SIZE} hosts. Fix: "
-                                       "set MASTER_ADDR to the first node's host name.")
+        out.extend(str(number).zfill(width) for number in range(low, high + 1))
     return out
 
 
