@@ -3,10 +3,10 @@ and user line; nothing cries wolf."""
 
 from __future__ import annotations
 
-import corpus
 import pytest
 import torch
 
+from torchplace.bench import _corpus as corpus
 from torchplace.bench import diagnose
 from torchplace.checks.culprits import misplaced_state
 
