@@ -34,8 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pairs", default=None,
                         help="device pairs, comma-separated: cpu-meta,cuda-cpu,cuda1-cuda0 (default: all this "
                              "machine has)")
-    parser.add_argument("--corpus", default=None, help="a corpus module file of your own, written like torchplace/bench/_corpus "
-                                                     "(default: that one, shipped with torchplace)")
+    parser.add_argument("--corpus", default=None,
+                        help="a corpus module file of your own (default: the one shipped with torchplace)")
     parser.add_argument("--cases", default=None, help="only these case names, comma-separated")
 
 

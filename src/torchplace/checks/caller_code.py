@@ -84,7 +84,7 @@ def read_callers(start: FrameType | None, model: torch.nn.Module, output_device:
     frame, seen = start, 0
     while frame is not None and seen < _FRAMES:
         filename = frame.f_code.co_filename
-        if fr.is_user(filename) and not filename.startswith((*fr._SITE_DIRS, _STDLIB, "<")):
+        if fr.is_users_own(filename) and not filename.startswith((_STDLIB, "<")):
             seen += 1
             scope = src.scope_of(frame)
             if scope is not None:
