@@ -280,6 +280,8 @@ def metric_step(model: nn.Module, metric: nn.Module, batch: dict[str, torch.Tens
 class MeanAbsError(nn.Module):
     """A metric that keeps its running sums as buffers, as torchmetrics metrics do."""
 
+    total: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("total", torch.zeros(C))
