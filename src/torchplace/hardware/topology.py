@@ -181,12 +181,37 @@ MAX_SNAPSHOT_BYTES = 16 * 2**20  # a snapshot of 8 GPUs is about 20 KiB
 MAX_SNAPSHOT_GPUS = 256  # GPUs of one host: 8 or 16 on the largest boards (doctor's checks compare pairs)
 
 
+SNAPSHOT_DIR = Path(__file__).parent / "snapshots"  # recorded machines, shipped as package data
+
+
+def snapshot_names() -> list[str]:
+    """The reference snapshots shipped with torchplace, by name: `--snapshot h200x2` reads one."""
+    return sorted(p.stem for p in SNAPSHOT_DIR.glob("*.json"))
+
+
+def snapshot_file(spec: str | os.PathLike[str]) -> Path:
+    """The file a snapshot argument names: a path, or the name of a reference snapshot shipped with torchplace.
+
+    A value that exists as a file, or that looks like a path (a directory part or a suffix), is a path;
+    another one is a name, and an unknown name is refused with the names that exist."""
+    path = Path(spec)
+    if path.exists() or path.suffix or len(path.parts) != 1:
+        return path
+    named = SNAPSHOT_DIR / f"{path.name}.json"
+    if named.is_file():
+        return named
+    raise SnapshotError(f"No snapshot named {str(spec)!r}: it is not a file here, nor one of the reference "
+                        f"snapshots shipped with torchplace ({', '.join(snapshot_names()) or 'none'}). Fix: "
+                        f"--snapshot h200x2 (a recorded 2 x H200 machine), or the path of a file written by "
+                        f"`torchplace doctor --json > snap.json`.")
+
+
 def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a snapshot file as a dict, with an error that names the file on failure.
+    """Read a snapshot (a file, or a shipped one by name: snapshot_file) as a dict; errors name the file.
 
     Only a regular file of at most MAX_SNAPSHOT_BYTES is read (a FIFO or /dev/urandom is refused at
     once), and its JSON may nest at most safeio.MAX_JSON_DEPTH levels."""
-    p = Path(path)
+    p = snapshot_file(path)
     raw = safeio.read_limited(p, MAX_SNAPSHOT_BYTES, SnapshotError, SNAPSHOT_FIX)
     try:
         data = safeio.loads(raw)

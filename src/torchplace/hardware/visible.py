@@ -295,7 +295,8 @@ def visible_devices(value: Any = ENV, snapshot: str | None = None) -> VisibleMap
     Args:
         value: the `CUDA_VISIBLE_DEVICES` value to apply; by default it is read from the
             environment. None means the variable is unset (every GPU visible).
-        snapshot: a JSON file written by `torchplace doctor --json`, instead of this machine.
+        snapshot: a JSON file written by `torchplace doctor --json`, or a shipped one by name
+            ("h200x2"), instead of this machine.
 
     Returns:
         A `VisibleMap`: `visible` lists each logical device with its physical index, UUID and name;
@@ -308,7 +309,7 @@ def visible_devices(value: Any = ENV, snapshot: str | None = None) -> VisibleMap
         ```python
         import torchplace as tp
 
-        vis = tp.visible_devices("1", snapshot="tests/fixtures/snapshots/h200x2.json")
+        vis = tp.visible_devices("1", snapshot="h200x2")
         for d in vis.visible:
             print(f"cuda:{d.logical} = physical {d.physical_index} ({d.name})")
         ```
