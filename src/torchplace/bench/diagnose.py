@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpus", default=None,
                         help="a corpus module file of your own (default: the one shipped with torchplace)")
     parser.add_argument("--cases", default=None, help="only these case names, comma-separated")
+    parser.add_argument("--quick", action="store_true",
+                        help="the cpu-meta pair only, on any machine: a smoke test of the corpus (seconds)")
 
 
 @dataclass
@@ -181,6 +183,8 @@ def table(outcomes: list[Outcome]) -> list[tuple[str, dict[str, str]]]:
 def run(args: argparse.Namespace) -> BenchResult:
     corpus = load_corpus(args.corpus)
     pairs = [p.strip() for p in args.pairs.split(",")] if args.pairs else available_pairs()
+    if args.quick:
+        pairs = [p for p in pairs if p == "cpu-meta"] or ["cpu-meta"]
     names = {n.strip() for n in args.cases.split(",")} if args.cases else None
     outcomes = score_all(pairs, corpus, names)
     rows: list[Row] = []
