@@ -12,7 +12,7 @@ import torchplace
 from torchplace.bench import _corpus as corpus
 from torchplace.bench import diagnose
 from torchplace.checks.culprits import misplaced_state
-from torchplace.checks.frames import is_user, is_users_own, short_path
+from torchplace.checks.frames import is_installed, is_user, is_users_own, short_path
 
 PAIR = "cpu-meta"
 MISTAKES = corpus.for_pair(PAIR, "mistake")
@@ -110,5 +110,17 @@ def test_the_corpus_ships_in_the_package_and_reads_as_user_code():
     package = Path(torchplace.__file__).parent
     assert diagnose.load_corpus() is corpus
     assert all(Path(c.file).is_relative_to(package / "bench" / "_corpus") for c in corpus.CASES)
-    assert all(is_user(c.file) and is_users_own(c.file) for c in corpus.CASES)
+    assert all(is_user(c.file) and is_users_own(c.file) and not is_installed(c.file) for c in corpus.CASES)
     assert not is_user(diagnose.__file__)
+
+
+def test_explain_names_every_mistake_in_full_when_torchplace_is_installed(monkeypatch):
+    """From a wheel the corpus sits in site-packages, where explain() skipped classes as library code:
+    28/30 in full there (the line of criterions_in_list and scheduler_sigmas was missing)."""
+    from torchplace.checks import frames
+
+    installed_at = str(Path(torchplace.__file__).parent.parent) + "/"
+    monkeypatch.setattr(frames, "_SITE_DIRS", (*frames._SITE_DIRS, installed_at))
+    assert frames.is_installed(diagnose.__file__) and not frames.is_installed(BY_NAME["scheduler_sigmas"].file)
+    missed = [c.name for c in MISTAKES if not diagnose.score(c, PAIR, "explain", corpus).full]
+    assert not missed

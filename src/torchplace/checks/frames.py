@@ -104,9 +104,14 @@ def is_user(filename: str) -> bool:
     return not (filename.startswith(TORCH_DIR) or filename.startswith(_PACKAGE_DIR))
 
 
+def is_installed(filename: str) -> bool:
+    """An installed package's code (site-packages), not the user's: the corpus of user programs excepted."""
+    return filename.startswith(_SITE_DIRS) and not filename.startswith(_SPECIMENS)
+
+
 def is_users_own(filename: str) -> bool:
-    """Code the user wrote, not an installed package's: user code outside site-packages (or the corpus)."""
-    return is_user(filename) and (filename.startswith(_SPECIMENS) or not filename.startswith(_SITE_DIRS))
+    """Code the user wrote: user code that no installed package holds."""
+    return is_user(filename) and not is_installed(filename)
 
 
 def assignment_of(name: str, frame: FrameType) -> tuple[int, str, str | None] | None:

@@ -124,7 +124,7 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None, outer: Fr
     inner = [i for i, e in enumerate(entries) if not fr.is_library(e[0].f_code.co_filename)]
     if not inner:
         return report
-    own = [i for i in inner if not entries[i][0].f_code.co_filename.startswith(fr._SITE_DIRS)]
+    own = [i for i in inner if not fr.is_installed(entries[i][0].f_code.co_filename)]
     site_frame, line, lasti = entries[(own or inner)[-1]]  # the user's line, not transformers' `to()` under it
     report.site = fr.site_of(site_frame, line, lasti)
     if own and own[-1] != inner[-1]:
