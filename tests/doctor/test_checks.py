@@ -96,6 +96,18 @@ def test_unknown_fields_are_listed():
     assert any(x.id == "nvml.unknown_fields" and "numa_node" in x.detail for x in run_checks(facts()))
 
 
+def test_an_unknown_field_carries_its_own_cost_and_fix():
+    """numa_node is Not Supported on every H200 VM: it had the fix about container PID namespaces."""
+    found = {x.id: x for x in run_checks(facts())}["nvml.unknown_fields"]
+    assert "single-socket host or a VM" in found.detail and "PID namespace" not in found.fix + found.detail
+    assert found.fix == "Nothing to do."
+    data = load_snapshot_dict("h200x2")
+    data["gpus"][1]["unknown"]["processes"] = "Insufficient Permissions"
+    found = {x.id: x for x in run_checks(Facts.from_dict(data))}["nvml.unknown_fields"]
+    assert "processes: Insufficient Permissions (GPU 1): the processes on the GPU are hidden" in found.detail
+    assert "PID namespaces" in found.fix and "Nothing to do" not in found.fix
+
+
 def test_a_crashing_check_becomes_a_finding():
     @check
     def check_broken(_facts) -> list[Finding]:

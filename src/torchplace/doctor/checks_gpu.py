@@ -121,18 +121,34 @@ def check_mig(facts: Facts) -> list[Finding]:
     return out
 
 
+# what an unknown field costs, and the fix where there is one (fields absent here cost nothing torchplace uses)
+_UNKNOWN_COSTS = {
+    "numa_node": ("normal on a single-socket host or a VM; threads follow the GPU's CPU affinity instead", None),
+    "cpu_affinity": ("no CPU affinity: threads are not placed near the GPU", None),
+    "processes": ("the processes on the GPU are hidden, so pick and doctor cannot say who holds it",
+                  "in a container NVML hides other PID namespaces: run doctor on the host (or with --pid=host)"),
+    "memory": ("free memory is unknown, so pick cannot compare this GPU by it", None),
+    "utilization": ("utilization is unknown, so pick cannot compare this GPU by it", None),
+}
+
+
 @check
 def check_unknown_fields(facts: Facts) -> list[Finding]:
-    """Fields NVML refused to report (common in containers)."""
-    denied: dict[str, list[int]] = {}
+    """Fields NVML refused to report, each with what it costs (and its fix where one exists)."""
+    denied: dict[tuple[str, str], list[int]] = {}
     for gpu in facts.topology.gpus:
         for name, why in gpu.unknown.items():
-            denied.setdefault(f"{name}: {why}", []).append(gpu.physical_index)
+            denied.setdefault((name, why), []).append(gpu.physical_index)
     if not denied:
         return []
-    detail = "; ".join(f"{k} (GPU {', '.join(map(str, v))})" for k, v in sorted(denied.items()))
-    return [Finding("nvml.unknown_fields", "info", "Some GPU fields are unknown", detail,
-                    "Usually harmless; processes and users are hidden across container PID namespaces.")]
+    parts, fixes = [], []
+    for (name, why), gpus in sorted(denied.items()):
+        cost, fix = _UNKNOWN_COSTS.get(name, ("torchplace does without it", None))
+        parts.append(f"{name}: {why} (GPU {', '.join(map(str, gpus))}): {cost}")
+        if fix and fix not in fixes:
+            fixes.append(fix)
+    return [Finding("nvml.unknown_fields", "info", "Some GPU fields are unknown", "; ".join(parts),
+                    "; ".join(fixes) or "Nothing to do.")]
 
 
 @check
