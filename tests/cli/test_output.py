@@ -100,3 +100,13 @@ def test_the_gpu_table_reads_at_each_width(child_env, command, snapshot, columns
         assert all("\n".join(section).count(piece) == len(gpus) for piece in ("NVIDIA H200", " / 140.4 GiB")), run.text
     if snapshot == "h200x8":
         assert table == (columns == 160), f"{columns} columns: {'a table' if table else 'records'}\n{run.text}"
+
+
+def test_a_cpu_build_of_torch_has_no_cudnn_or_nccl_to_call_unknown(run_cli, child_env, tmp_path):
+    snap = tmp_path / "cpu.json"
+    snap.write_text(json.dumps({"gpus": [], "versions": {"python": "3.11.7", "torch": "2.13.0+cpu"}}))
+    out = run_cli(["doctor", "--snapshot", str(snap)], env=child_env())
+    assert "built with CUDA none" in out.stdout and "cuDNN" not in out.stdout and "NCCL" not in out.stdout, out.stdout
+    snap.write_text(json.dumps({"gpus": [], "versions": {"python": "3.11.7", "torch": "2.13.0", "torch_cuda": "13.0"}}))
+    out = run_cli(["doctor", "--snapshot", str(snap)], env=child_env())
+    assert "does not record: cuDNN, NCCL" in out.stdout, out.stdout

@@ -218,9 +218,10 @@ def _machine_lines(facts: Any) -> list[str]:
     def bytes_or_none(n: int | None) -> str | None:
         return None if n is None else format_bytes(n, "GiB")
 
+    # a CPU build of torch has no cuDNN or NCCL: absent, not unknown
+    cuda_libs = [("cuDNN", v.cudnn), ("NCCL", v.nccl)] if v.torch_cuda or not v.torch else []
     first, missing = _known(("python", v.python), ("torch", v.torch or ("not installed" if live else None)),
-                            ("built with CUDA", v.torch_cuda or ("none" if v.torch else None)),
-                            ("cuDNN", v.cudnn), ("NCCL", v.nccl))
+                            ("built with CUDA", v.torch_cuda or ("none" if v.torch else None)), *cuda_libs)
     cuda = f"{topo.driver_version}  (CUDA {topo.cuda_driver_version or '?'})" if topo.driver_version else \
         ("none" if live else None)
     second, missing2 = _known(("driver", cuda), ("CPUs usable", cpus),
