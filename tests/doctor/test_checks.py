@@ -86,6 +86,18 @@ def test_omp_threads_above_usable_cpus():
     assert "host.omp_oversubscribed" not in ids(facts({"OMP_NUM_THREADS": "8"}, usable_cpus=16))
 
 
+@pytest.mark.parametrize(("cvd", "repeats"), [("0,0", ["0"]), ("1, 01,2", [" 01"]), ("GPU-abc,gpu-ABC", ["gpu-ABC"]),
+                                              ("0,abc,0", []), ("0,1", [])])
+def test_a_repeated_device_is_found_without_nvml_as_a_fault_of_the_value(cvd, repeats):
+    """CUDA_VISIBLE_DEVICES=0,0 was reported only where NVML listed GPUs; it is a syntax check."""
+    data = {"gpus": [], "nvml_error": "NVML Shared Library Not Found", "versions": {"torch": "2.13.0+cpu"}}
+    found = {x.id: x for x in run_checks(Facts.from_dict(data, env={"CUDA_VISIBLE_DEVICES": cvd}))}
+    if repeats:
+        assert found["cvd.duplicate"].severity == "error" and repr(repeats[0]) in found["cvd.duplicate"].detail
+    else:
+        assert "cvd.duplicate" not in found
+
+
 def test_nvml_missing_is_reported_not_raised():
     data = {"gpus": [], "nvml_error": "NVML Shared Library Not Found", "versions": {"torch": "2.13.0+cpu"}}
     found = {x.id: x for x in run_checks(Facts.from_dict(data, env={}))}

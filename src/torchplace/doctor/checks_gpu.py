@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from ..hardware.visible import repeated_entries
 from ..units import format_bytes
 from .registry import Finding, check
 
@@ -32,14 +33,18 @@ def check_visible_devices(facts: Facts) -> list[Finding]:
     vis = facts.visible
     value = vis.cuda_visible_devices
     out: list[Finding] = []
-    if value is None or not facts.topology.gpus:
+    if value is None:
         return out
-    if vis.duplicates:
+    # a repeat is a fault of the value itself: said where no GPU (or no NVML) is here too, for the GPU machine
+    twice = vis.duplicates or ([] if facts.topology.gpus else repeated_entries(value))
+    if twice:
         out.append(Finding("cvd.duplicate", "error", "CUDA_VISIBLE_DEVICES names a device twice",
-                           f"CUDA_VISIBLE_DEVICES={value!r} repeats {', '.join(map(repr, vis.duplicates))}; the driver "
+                           f"CUDA_VISIBLE_DEVICES={value!r} repeats {', '.join(map(repr, twice))}; the driver "
                            "then refuses to initialize (cuInit error 101) and no GPU is usable.",
                            "List each GPU once, e.g. CUDA_VISIBLE_DEVICES=" + ",".join(dict.fromkeys(
                                e.strip() for e in value.split(",") if e.strip()))))
+    elif not facts.topology.gpus:
+        return out
     elif vis.stopped_at:
         kept = ",".join(str(d.physical_index) for d in vis.visible) or "nothing"
         out.append(Finding("cvd.truncated", "error", "CUDA_VISIBLE_DEVICES is cut short by an invalid entry",

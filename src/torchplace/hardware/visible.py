@@ -202,6 +202,22 @@ def map_visible(value: Any = ENV, topology: Topology | None = None, order: Any =
     return result
 
 
+def repeated_entries(value: str) -> list[str]:
+    """Entries of a CUDA_VISIBLE_DEVICES value that repeat an earlier one (an ordinal as the driver reads it, or a
+    UUID): a fault of the value itself, which the driver refuses (cuInit error 101) whatever GPUs exist."""
+    seen: set[object] = set()
+    twice: list[str] = []
+    for entry in value.split(","):
+        number, _ = _strtoul_int(entry)
+        key: object = number if number is not None else entry.strip(_C_SPACE).lower()
+        if number is None and not str(key).startswith(("gpu-", "mig-")):
+            break  # the driver stops reading here
+        if key in seen:
+            twice.append(entry)
+        seen.add(key)
+    return twice
+
+
 def _strtoul_int(entry: str) -> tuple[int | None, int]:
     """(C int the driver keeps, strtoul's unsigned value), or (None, 0) without an ASCII digit."""
     match = _STRTOUL.match(entry)
