@@ -130,7 +130,8 @@ def bench_table(result: Any) -> None:
     show_table(f"torchplace bench {result.name}", ["variant", "value", "unit", ratio_label], rows,
                ids=["variant"], right=["value", ratio_label])
     for target in result.targets:
-        mark = ("met", "green") if target.met else ("missed", "red")
+        mark = (f"not judged: {target.not_here}", "yellow") if target.not_here else \
+            ("met", "green") if target.met else ("missed", "red")
         console.print(line(f"target {target.name}: {target.measured:.4g} {target.op} {target.limit:.4g} ", mark))
     for note in result.notes:
         console.print(line(("note:", "yellow"), f" {note}"))
