@@ -35,6 +35,12 @@ class _Console(Console):
     elsewhere, and an ESC in one would otherwise drive the terminal (retitle it, clear it, hide text).
     rich's own styling is added after this, so colours still work."""
 
+    def on_broken_pipe(self) -> None:
+        """The reader closed the pipe (`torchplace doctor | head -1`): end as main() ends it (exit 0), not
+        with rich's own exit 1."""
+        self.quiet = True
+        raise BrokenPipeError
+
     def render(self, renderable: Any, options: Any = None) -> Iterator[Segment]:
         for segment in super().render(renderable, options):
             if segment.control is None and has_controls(segment.text):
