@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -11,10 +12,11 @@ import torchplace as tp
 from torchplace.checks import strict as strict_mod
 
 
-def test_setup_on_cpu_binds_helpers(tmp_path, capsys, restore_threads):
+def test_setup_on_cpu_binds_helpers(tmp_path, caplog, restore_threads):
+    caplog.set_level(logging.INFO, logger="torchplace")
     rt = tp.setup("cpu", seed=3)
     assert rt.device == torch.device("cpu") and rt.world_size == 1 and rt.is_main
-    assert "device cpu" in capsys.readouterr().err
+    assert [r.name for r in caplog.records] == ["torchplace"] and "device cpu" in caplog.records[0].getMessage()
     batch = {"x": torch.ones(2), "y": [torch.zeros(1)]}
     assert rt.to(batch)["x"].device.type == "cpu"
     assert [b["x"].sum().item() for b in rt.loader([batch, batch])] == [2.0, 2.0]
@@ -27,6 +29,18 @@ def test_setup_on_cpu_binds_helpers(tmp_path, capsys, restore_threads):
     assert torch.equal(other.weight, model.weight)
     assert "meta" not in str(rt.explain(model, torch.ones(1, 2)))
     assert torch.initial_seed() == 3
+
+
+def test_setup_reports_on_stderr_where_logging_is_not_configured_and_can_be_silenced(
+        capsys, monkeypatch, restore_threads):
+    """setup() printed to stderr: now the `torchplace` logger, which a user routes or silences; a program that
+    configures no logging still sees the report, as before."""
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # no handler anywhere: pytest's own are set aside
+    tp.setup("cpu")
+    assert "device cpu" in capsys.readouterr().err
+    monkeypatch.setattr(logging.getLogger("torchplace"), "level", logging.WARNING)
+    tp.setup("cpu")
+    assert capsys.readouterr().err == ""
 
 
 def test_setup_resolves_other_devices_and_reports_them(restore_threads):
