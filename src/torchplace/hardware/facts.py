@@ -24,7 +24,7 @@ from .visible import VisibleMap, map_visible
 ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "LOCAL_", "SLURM_", "OMPI_COMM_WORLD_",
                 "OMPI_MCA_ess_base_jobid", "MV2_COMM_WORLD_", "PMI_", "MPI_LOCAL")
 ENV_NAMES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "GROUP_WORLD_SIZE",
-             "ACCELERATE_MIXED_PRECISION", "NODE_RANK")
+             "ACCELERATE_MIXED_PRECISION", "NODE_RANK", "NVIDIA_VISIBLE_DEVICES")
 
 
 def relevant_env(environ: dict[str, str] | None = None) -> dict[str, str]:
