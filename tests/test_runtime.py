@@ -91,3 +91,21 @@ def test_setup_continues_from_the_newest_checkpoint_when_torchrun_restarted_the_
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's default id names no job: never matched
     assert tp.setup("cpu", checkpoint_dir=tmp_path, verbose=False).resume_from is None
     assert tp.setup("cpu", checkpoint_dir=tmp_path, verbose=False).resume_from is None
+
+
+def test_setup_with_ranks_set_by_hand_waits_a_minute_not_five_and_says_no_launcher_started_them(
+        monkeypatch, restore_threads):
+    """RANK=0 WORLD_SIZE=2 left in a shell: `python train.py` waited 300 s for a rank no launcher started."""
+    from ports import free_port
+
+    import torchplace.runtime as runtime
+
+    assert runtime.SETUP_JOIN_BY_HAND_S == 60.0
+    monkeypatch.setattr(runtime, "SETUP_JOIN_BY_HAND_S", 1.0)  # the same path, without the minute
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    with pytest.raises(tp.DistributedError, match=r"did not join within 1 s: rank\(s\) 1 .*No launcher started"):
+        tp.setup("cpu", verbose=False)
+    assert not torch.distributed.is_initialized()

@@ -262,7 +262,9 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
                                and (existing or launch.launched and (launch.world_size or 1) > 1)):
         from .distributed.group import init
 
-        info = init(device=None if device == "auto" else device)
+        # variables set by hand (no launcher started the other ranks): they may never come, so wait 60 s, not 300
+        info = init(device=None if device == "auto" else device,
+                    join_timeout=SETUP_JOIN_BY_HAND_S if launch.launcher == "env" else 300.0)
         dev = info.device
         made = "adopted (made by another library)" if info.adopted else f"launched by {info.launcher or 'hand'}"
         decisions.append(f"process group: {info.backend}, rank {info.rank} of {info.world_size} "
@@ -314,6 +316,7 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
 
 
 LOG = logging.getLogger("torchplace")
+SETUP_JOIN_BY_HAND_S = 60.0  # setup()'s wait for ranks when RANK/WORLD_SIZE were set without a launcher
 
 
 def _report(text: str) -> None:
