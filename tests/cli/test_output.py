@@ -35,7 +35,8 @@ def test_map_into_a_pipe_shows_whole_uuids_at_80_columns(run_cli, child_env):
 def test_doctor_into_a_pipe_keeps_each_value_on_one_line(run_cli, child_env):
     out = run_cli(["doctor", "--snapshot", X2], env=child_env(COLUMNS="80"))
     assert out.returncode == 0, out.stderr
-    assert "fix: Usually harmless; processes and users are hidden across container PID namespaces." in out.stdout
+    assert ("numa_node: Not Supported (GPU 0, 1): normal on a single-socket host or a VM; threads follow the GPU's "
+            "CPU affinity instead") in out.stdout
     for uuid in UUIDS:
         assert len(_lines_with(out.stdout, uuid)) == 1
     assert not [line for line in out.stdout.splitlines() if line != line.rstrip()], "trailing spaces"
