@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .. import safeio
 from ..errors import SnapshotError
 from . import nvml, snapshot_keys
+from .reference import snapshot_file
 
 SCHEMA_VERSION = 1
 
@@ -179,31 +179,6 @@ class _Strings:
 SNAPSHOT_FIX = "Fix: capture it again with `torchplace doctor --json > snap.json` on the machine to describe."
 MAX_SNAPSHOT_BYTES = 16 * 2**20  # a snapshot of 8 GPUs is about 20 KiB
 MAX_SNAPSHOT_GPUS = 256  # GPUs of one host: 8 or 16 on the largest boards (doctor's checks compare pairs)
-
-
-SNAPSHOT_DIR = Path(__file__).parent / "snapshots"  # recorded machines, shipped as package data
-
-
-def snapshot_names() -> list[str]:
-    """The reference snapshots shipped with torchplace, by name: `--snapshot h200x2` reads one."""
-    return sorted(p.stem for p in SNAPSHOT_DIR.glob("*.json"))
-
-
-def snapshot_file(spec: str | os.PathLike[str]) -> Path:
-    """The file a snapshot argument names: a path, or the name of a reference snapshot shipped with torchplace.
-
-    A value that exists as a file, or that looks like a path (a directory part or a suffix), is a path;
-    another one is a name, and an unknown name is refused with the names that exist."""
-    path = Path(spec)
-    if path.exists() or path.suffix or len(path.parts) != 1:
-        return path
-    named = SNAPSHOT_DIR / f"{path.name}.json"
-    if named.is_file():
-        return named
-    raise SnapshotError(f"No snapshot named {str(spec)!r}: it is not a file here, nor one of the reference "
-                        f"snapshots shipped with torchplace ({', '.join(snapshot_names()) or 'none'}). Fix: "
-                        f"--snapshot h200x2 (a recorded 2 x H200 machine), or the path of a file written by "
-                        f"`torchplace doctor --json > snap.json`.")
 
 
 def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
