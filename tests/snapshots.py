@@ -1,11 +1,12 @@
-"""Paths and loaders for the snapshots captured on real H200 machines (tests/fixtures/snapshots/)."""
+"""Paths and loaders for the snapshots captured on real H200 machines: the reference snapshots that ship
+with torchplace (torchplace/hardware/snapshots/, `--snapshot h200x2`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-SNAPSHOTS = Path(__file__).parent / "fixtures" / "snapshots"
+from torchplace.hardware.reference import SNAPSHOT_DIR as SNAPSHOTS
 
 
 def snapshot_path(name: str) -> Path:

@@ -4,7 +4,7 @@ raises and shows an example, and every example runs.
 docs/reference/api.md renders the docstrings (mkdocstrings); these tests keep the source of
 that page complete. Examples run like the docs' runnable blocks (tests/test_docs.py): each in a
 process of its own, forked from a server that has imported torch, in a fresh directory with
-tests/fixtures linked, so an example may name `tests/fixtures/snapshots/h200x2.json` as a
+tests/fixtures linked, so an example may name `h200x2` as a
 reader in the repository would.
 """
 

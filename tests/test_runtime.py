@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -11,10 +12,11 @@ import torchplace as tp
 from torchplace.checks import strict as strict_mod
 
 
-def test_setup_on_cpu_binds_helpers(tmp_path, capsys, restore_threads):
+def test_setup_on_cpu_binds_helpers(tmp_path, caplog, restore_threads):
+    caplog.set_level(logging.INFO, logger="torchplace")
     rt = tp.setup("cpu", seed=3)
     assert rt.device == torch.device("cpu") and rt.world_size == 1 and rt.is_main
-    assert "device cpu" in capsys.readouterr().err
+    assert [r.name for r in caplog.records] == ["torchplace"] and "device cpu" in caplog.records[0].getMessage()
     batch = {"x": torch.ones(2), "y": [torch.zeros(1)]}
     assert rt.to(batch)["x"].device.type == "cpu"
     assert [b["x"].sum().item() for b in rt.loader([batch, batch])] == [2.0, 2.0]
@@ -27,6 +29,18 @@ def test_setup_on_cpu_binds_helpers(tmp_path, capsys, restore_threads):
     assert torch.equal(other.weight, model.weight)
     assert "meta" not in str(rt.explain(model, torch.ones(1, 2)))
     assert torch.initial_seed() == 3
+
+
+def test_setup_reports_on_stderr_where_logging_is_not_configured_and_can_be_silenced(
+        capsys, monkeypatch, restore_threads):
+    """setup() printed to stderr: now the `torchplace` logger, which a user routes or silences; a program that
+    configures no logging still sees the report, as before."""
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # no handler anywhere: pytest's own are set aside
+    tp.setup("cpu")
+    assert "device cpu" in capsys.readouterr().err
+    monkeypatch.setattr(logging.getLogger("torchplace"), "level", logging.WARNING)
+    tp.setup("cpu")
+    assert capsys.readouterr().err == ""
 
 
 def test_setup_resolves_other_devices_and_reports_them(restore_threads):
@@ -77,3 +91,21 @@ def test_setup_continues_from_the_newest_checkpoint_when_torchrun_restarted_the_
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's default id names no job: never matched
     assert tp.setup("cpu", checkpoint_dir=tmp_path, verbose=False).resume_from is None
     assert tp.setup("cpu", checkpoint_dir=tmp_path, verbose=False).resume_from is None
+
+
+def test_setup_with_ranks_set_by_hand_waits_a_minute_not_five_and_says_no_launcher_started_them(
+        monkeypatch, restore_threads):
+    """RANK=0 WORLD_SIZE=2 left in a shell: `python train.py` waited 300 s for a rank no launcher started."""
+    from ports import free_port
+
+    import torchplace.runtime as runtime
+
+    assert runtime.SETUP_JOIN_BY_HAND_S == 60.0
+    monkeypatch.setattr(runtime, "SETUP_JOIN_BY_HAND_S", 1.0)  # the same path, without the minute
+    for key, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    with pytest.raises(tp.DistributedError, match=r"did not join within 1 s: rank\(s\) 1 .*No launcher started"):
+        tp.setup("cpu", verbose=False)
+    assert not torch.distributed.is_initialized()

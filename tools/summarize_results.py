@@ -72,7 +72,7 @@ def _headline(data: dict) -> str:
 
 def _verdicts(data: dict) -> str:
     """'N/N met', or how many of them were missed."""
-    targets = data.get("targets") or []
+    targets = [t for t in data.get("targets") or [] if t.get("met") is not None]  # None: not judged on that run
     missed = sum(1 for t in targets if not t["met"])
     if not targets:
         return "none"

@@ -192,7 +192,7 @@ class LeaseError(TorchplaceError, RuntimeError):
         import torchplace as tp
 
         try:
-            tp.pick(4, snapshot="tests/fixtures/snapshots/h200x2.json", lease=False)  # 2 GPUs there
+            tp.pick(4, snapshot="h200x2", lease=False)  # 2 GPUs there
         except tp.LeaseError as err:
             print(err)
         ```

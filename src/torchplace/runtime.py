@@ -7,6 +7,7 @@ and returns a `Runtime` whose helpers are bound to those choices.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Iterable
@@ -206,7 +207,7 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
     """Decide device, precision, threads, strictness and seeds once; return the Runtime.
 
     One call at the entry of a program. Every decision is recorded with its reason
-    (`Runtime.decisions`) and printed once, on rank 0.
+    (`Runtime.decisions`) and reported once, on rank 0 (the `torchplace` logger).
 
     Args:
         device: any `torchplace.device` spec; under torchrun (or SLURM) "auto" is this rank's GPU
@@ -226,7 +227,8 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
             beginning otherwise; True continues from it now (one must exist); False always starts
             from the beginning. Every rank continues from the file rank 0 found; a rank that sees
             another folder is refused.
-        verbose: print the decisions (rank 0, stderr).
+        verbose: report the decisions (rank 0) through the `torchplace` logger at INFO; where
+            logging is not configured, on stderr.
 
     Returns:
         The `Runtime`.
@@ -260,7 +262,9 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
                                and (existing or launch.launched and (launch.world_size or 1) > 1)):
         from .distributed.group import init
 
-        info = init(device=None if device == "auto" else device)
+        # variables set by hand (no launcher started the other ranks): they may never come, so wait 60 s, not 300
+        info = init(device=None if device == "auto" else device,
+                    join_timeout=SETUP_JOIN_BY_HAND_S if launch.launcher == "env" else 300.0)
         dev = info.device
         made = "adopted (made by another library)" if info.adopted else f"launched by {info.launcher or 'hand'}"
         decisions.append(f"process group: {info.backend}, rank {info.rank} of {info.world_size} "
@@ -307,5 +311,19 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
     runtime = Runtime(dev, policy, plan, info, seed, mode, decisions,
                       Path(checkpoint_dir) if checkpoint_dir is not None else None, resume_from)
     if verbose and runtime.is_main:
-        print(runtime.summary(), file=sys.stderr)
+        _report(runtime.summary())
     return runtime
+
+
+LOG = logging.getLogger("torchplace")
+SETUP_JOIN_BY_HAND_S = 60.0  # setup()'s wait for ranks when RANK/WORLD_SIZE were set without a launcher
+
+
+def _report(text: str) -> None:
+    """setup()'s report, through the `torchplace` logger at INFO, for the user to route or silence
+    (`logging.getLogger("torchplace").setLevel(logging.WARNING)`); where logging is not configured
+    at all (no handler on the way), it goes to stderr, as a program's first lines should."""
+    if LOG.hasHandlers():
+        LOG.info(text)
+    elif LOG.isEnabledFor(logging.INFO) or LOG.level == logging.NOTSET:
+        print(text, file=sys.stderr)

@@ -55,7 +55,7 @@ def test_missing_matplotlib_is_one_line_before_the_run(tmp_path, child_env):
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "p.png")], capture_output=True, text=True,
                          env=child_env(), timeout=120)
     assert out.returncode == 2 and out.stdout == ""
-    assert out.stderr.strip().splitlines() == [f"torchplace bench doctor: error: {MISSING}."]
+    assert out.stderr.strip().splitlines() == [f"torchplace: error: {MISSING}."]
     assert "pip install 'torchplace[bench]'" in out.stderr
     assert not (tmp_path / "p.png").exists()
 

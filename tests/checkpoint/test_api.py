@@ -182,3 +182,17 @@ def test_a_shape_mismatch_names_the_tensors_and_does_not_suggest_strict_false(tm
 def test_save_into_a_missing_directory_says_so(tmp_path: Path) -> None:
     with pytest.raises(torchplace.CheckpointError, match=r"directory .*nope does not exist.*os.makedirs"):
         torchplace.save(tmp_path / "nope" / "c", extra={"a": 1})
+
+
+def test_printing_a_load_result_is_one_short_line(tmp_path):
+    """print(ck) dumped every tensor of the model and optimizer state."""
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(20)])
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 64)).sum().backward()
+    opt.step()
+    torchplace.save(tmp_path / "c.tpck", model=model, optimizer=opt, extra={"epoch": 3})
+    ck = torchplace.load(tmp_path / "c.tpck", model=model)
+    text = repr(ck)
+    assert "\n" not in text and len(text) < 300 and "tensor(" not in text, text
+    assert "model (40 tensors, 325.0 KiB)" in text and "optimizer (120 tensors" in text and "extra (epoch)" in text
+    assert str(ck) == text

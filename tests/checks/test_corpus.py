@@ -3,16 +3,30 @@ and user line; nothing cries wolf."""
 
 from __future__ import annotations
 
-import corpus
+from pathlib import Path
+
 import pytest
 import torch
 
+import torchplace
+from torchplace.bench import _corpus as corpus
 from torchplace.bench import diagnose
 from torchplace.checks.culprits import misplaced_state
+from torchplace.checks.frames import is_installed, is_user, is_users_own, short_path
 
 PAIR = "cpu-meta"
 MISTAKES = corpus.for_pair(PAIR, "mistake")
 LEGAL = corpus.for_pair(PAIR, "legal")
+BY_NAME = {c.name: c for c in corpus.CASES}
+
+
+def _file(name: str) -> str:
+    """The case's file as reports show it (relative to here or to site-packages)."""
+    return short_path(BY_NAME[name].file)
+
+
+def _at(name: str) -> str:
+    return f"{_file(name)}:{BY_NAME[name].line}"
 def test_the_corpus_is_big_enough_and_cites_its_sources():
     assert len([c for c in corpus.CASES if c.kind == "mistake"]) >= 30 and len(MISTAKES) >= 30
     assert len([c for c in corpus.CASES if c.kind == "legal"]) >= 15
@@ -45,7 +59,7 @@ def test_legal_patterns_raise_no_alarm(case, tool):
 
 def test_the_factory_that_made_a_culprit_is_named_with_its_line():
     out = diagnose.score(next(c for c in MISTAKES if c.name == "lstm_h0_zeros"), PAIR, "strict", corpus)
-    assert "`h0 = torch.zeros(1, x.shape[1], W)` at tests/checks/corpus.py:" in out.text
+    assert f"`h0 = torch.zeros(1, x.shape[1], W)` at {_file('lstm_h0_zeros')}:" in out.text
     assert "torch.zeros(...) without a device, so on the CPU" in out.text and "pass device=" in out.text
 
 
@@ -61,11 +75,11 @@ def test_explain_reads_the_line_from_the_class_that_uses_the_culprit():
     its own step(): the line comes from the class's source; a torch loss has no user line to give."""
     by_name = {c.name: c for c in MISTAKES}
     out = diagnose.score(by_name["criterions_in_list"], PAIR, "explain", corpus)
-    assert f"used at tests/checks/{by_name['criterions_in_list'].at} in validation_step()" in out.text
+    assert f"used at {_at('criterions_in_list')} in validation_step()" in out.text
     out = diagnose.score(by_name["scheduler_sigmas"], PAIR, "explain", corpus)
-    assert f"its own code uses scheduler.sigmas at tests/checks/{by_name['scheduler_sigmas'].at} in step()" in out.text
+    assert f"its own code uses scheduler.sigmas at {_at('scheduler_sigmas')} in step()" in out.text
     out = diagnose.score(by_name["metric_not_moved"], PAIR, "explain", corpus)
-    assert "its own code uses metric.total at tests/checks/corpus.py:" in out.text and "in forward()" in out.text
+    assert f"its own code uses metric.total at {_file('metric_not_moved')}:" in out.text and "in forward()" in out.text
     out = diagnose.score(by_name["loss_weight_not_moved"], PAIR, "explain", corpus)
     assert "its own code uses" not in out.text  # CrossEntropyLoss is torch's: no user line in it
 
@@ -88,3 +102,25 @@ def test_optimizer_state_is_named_by_parameter_and_key():
     found = misplaced_state(optimizer, model)
     assert found[0] == "model.layers.0.proj.weight['exp_avg'] on meta (parameter on cpu)" and len(found) == 10
     assert not any("'step'" in f for f in found)  # Adam keeps its step counters on the CPU by design
+
+
+def test_the_corpus_ships_in_the_package_and_reads_as_user_code():
+    """bench diagnose runs from a wheel: its corpus is a module of the package (it was read from tests/ by
+    path), and its programs count as the user's code there, inside site-packages too."""
+    package = Path(torchplace.__file__).parent
+    assert diagnose.load_corpus() is corpus
+    assert all(Path(c.file).is_relative_to(package / "bench" / "_corpus") for c in corpus.CASES)
+    assert all(is_user(c.file) and is_users_own(c.file) and not is_installed(c.file) for c in corpus.CASES)
+    assert not is_user(diagnose.__file__)
+
+
+def test_explain_names_every_mistake_in_full_when_torchplace_is_installed(monkeypatch):
+    """From a wheel the corpus sits in site-packages, where explain() skipped classes as library code:
+    28/30 in full there (the line of criterions_in_list and scheduler_sigmas was missing)."""
+    from torchplace.checks import frames
+
+    installed_at = str(Path(torchplace.__file__).parent.parent) + "/"
+    monkeypatch.setattr(frames, "_SITE_DIRS", (*frames._SITE_DIRS, installed_at))
+    assert frames.is_installed(diagnose.__file__) and not frames.is_installed(BY_NAME["scheduler_sigmas"].file)
+    missed = [c.name for c in MISTAKES if not diagnose.score(c, PAIR, "explain", corpus).full]
+    assert not missed

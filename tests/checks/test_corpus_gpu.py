@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import corpus
 import pytest
 import torch
 
+from torchplace.bench import _corpus as corpus
 from torchplace.bench import diagnose
 
 pytestmark = pytest.mark.gpu

@@ -46,3 +46,21 @@ def test_a_gpu_count_below_one_says_why(capsys, value, said):
 
 def test_a_utilization_that_is_no_number_asks_for_a_percentage(capsys):
     assert "write a percentage, e.g. 80" in error_of(capsys, "pick", "--snapshot", X2, "--max-utilization", "most")
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["dcotor"], "invalid choice: 'dcotor' (choose from 'doctor', "),
+    (["doctor", "--jsn"], "unrecognized arguments: --jsn; did you mean '--json'? See `torchplace doctor --help`."),
+    (["bench", "diagnse"], "did you mean 'diagnose'? See `torchplace bench --help`."),
+    (["ckpt", "convert", "a", "b", "--weight-only"], "did you mean '--weights-only'? See `torchplace ckpt convert"),
+])
+def test_a_misspelt_command_or_option_gets_a_did_you_mean(capsys, argv, said):
+    message = error_of(capsys, *argv)
+    assert said in message and message.startswith("torchplace: error: ")
+    assert "did you mean" in message
+
+
+def test_every_usage_error_has_one_prefix(capsys):
+    """`torchplace ckpt convert: error:` beside `torchplace: error:`: one prefix, the command in the help hint."""
+    for argv in (["ckpt"], ["bench"], ["map", "--snapshot"], ["ckpt", "convert", "--nope", "a", "b"]):
+        assert error_of(capsys, *argv).startswith("torchplace: error: "), argv

@@ -86,6 +86,18 @@ def test_omp_threads_above_usable_cpus():
     assert "host.omp_oversubscribed" not in ids(facts({"OMP_NUM_THREADS": "8"}, usable_cpus=16))
 
 
+@pytest.mark.parametrize(("cvd", "repeats"), [("0,0", ["0"]), ("1, 01,2", [" 01"]), ("GPU-abc,gpu-ABC", ["gpu-ABC"]),
+                                              ("0,abc,0", []), ("0,1", [])])
+def test_a_repeated_device_is_found_without_nvml_as_a_fault_of_the_value(cvd, repeats):
+    """CUDA_VISIBLE_DEVICES=0,0 was reported only where NVML listed GPUs; it is a syntax check."""
+    data = {"gpus": [], "nvml_error": "NVML Shared Library Not Found", "versions": {"torch": "2.13.0+cpu"}}
+    found = {x.id: x for x in run_checks(Facts.from_dict(data, env={"CUDA_VISIBLE_DEVICES": cvd}))}
+    if repeats:
+        assert found["cvd.duplicate"].severity == "error" and repr(repeats[0]) in found["cvd.duplicate"].detail
+    else:
+        assert "cvd.duplicate" not in found
+
+
 def test_nvml_missing_is_reported_not_raised():
     data = {"gpus": [], "nvml_error": "NVML Shared Library Not Found", "versions": {"torch": "2.13.0+cpu"}}
     found = {x.id: x for x in run_checks(Facts.from_dict(data, env={}))}
@@ -94,6 +106,18 @@ def test_nvml_missing_is_reported_not_raised():
 
 def test_unknown_fields_are_listed():
     assert any(x.id == "nvml.unknown_fields" and "numa_node" in x.detail for x in run_checks(facts()))
+
+
+def test_an_unknown_field_carries_its_own_cost_and_fix():
+    """numa_node is Not Supported on every H200 VM: it had the fix about container PID namespaces."""
+    found = {x.id: x for x in run_checks(facts())}["nvml.unknown_fields"]
+    assert "single-socket host or a VM" in found.detail and "PID namespace" not in found.fix + found.detail
+    assert found.fix == "Nothing to do."
+    data = load_snapshot_dict("h200x2")
+    data["gpus"][1]["unknown"]["processes"] = "Insufficient Permissions"
+    found = {x.id: x for x in run_checks(Facts.from_dict(data))}["nvml.unknown_fields"]
+    assert "processes: Insufficient Permissions (GPU 1): the processes on the GPU are hidden" in found.detail
+    assert "PID namespaces" in found.fix and "Nothing to do" not in found.fix
 
 
 def test_a_crashing_check_becomes_a_finding():

@@ -10,6 +10,7 @@ from snapshots import load_snapshot_dict, snapshot_path
 from torchplace.errors import SnapshotError
 from torchplace.hardware.facts import Facts, read_facts
 from torchplace.hardware.host import cgroup_cpu_limit, parse_cfs, parse_cpu_max, usable_cpus
+from torchplace.hardware.reference import snapshot_names
 from torchplace.hardware.topology import Topology
 from torchplace.hardware.versions import read_versions
 
@@ -101,3 +102,26 @@ def test_snapshots_with_the_keys_before_units_still_load_and_are_written_with_bo
     assert written["gpus"][0]["processes"][0]["used_memory_bytes"] == 2
     assert written["host"]["shm_total_bytes"] == written["host"]["shm_total"] == 8
     assert Facts.from_dict(written, env={}).to_dict() == written
+
+
+def test_the_reference_snapshots_are_read_by_name_from_any_folder(tmp_path, monkeypatch):
+    """A pip user has no tests/fixtures: `--snapshot h200x2` reads the copy shipped in the package."""
+    monkeypatch.chdir(tmp_path)
+    assert snapshot_names() == ["h200x1", "h200x2", "h200x2-nvlink"]
+    facts = read_facts("h200x2")
+    assert [g.name for g in facts.topology.gpus] == ["NVIDIA H200"] * 2 and facts.topology.source == "h200x2"
+    assert len(read_facts("h200x2-nvlink").topology.gpus) == 2
+
+
+def test_a_file_of_that_name_wins_and_a_path_stays_a_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "h200x2").write_text(json.dumps({"gpus": []}))
+    assert read_facts("h200x2").topology.gpus == []
+    with pytest.raises(SnapshotError, match="does not exist"):
+        read_facts("sub/h200x1")
+
+
+def test_an_unknown_name_lists_the_names_that_exist(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SnapshotError, match=r"No snapshot named 'h200x9'.*\(h200x1, h200x2, h200x2-nvlink\)"):
+        read_facts("h200x9")

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from snapshots import snapshot_path
 
 from torchplace.hardware.topology import Topology
 from torchplace.hardware.visible import map_visible
@@ -15,13 +16,13 @@ from torchplace.hardware.visible import map_visible
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 CAPTURES = sorted(FIXTURES.glob("driver_visible_devices_h200x2*.json"))
 DRIVER = json.loads((FIXTURES / "driver_visible_devices_h200x2.json").read_text())
-X2 = Topology.from_dict(json.loads((FIXTURES / "snapshots" / "h200x2.json").read_text()))
+X2 = Topology.from_dict(json.loads(snapshot_path("h200x2").read_text()))
 U0, U1 = (g.uuid for g in X2.gpus)
 
 
 def _machine_of(capture: dict) -> Topology:
     """The 2 x H200 snapshot with the UUIDs of the machine the capture was made on."""
-    data = json.loads((FIXTURES / "snapshots" / "h200x2.json").read_text())
+    data = json.loads(snapshot_path("h200x2").read_text())
     for gpu, uuid in zip(data["gpus"], capture["nvml_uuids"]):
         gpu["uuid"] = uuid
     return Topology.from_dict(data)
@@ -165,7 +166,7 @@ def test_any_value_yields_a_mapping(value, order):
 
 def _derived(n: int) -> Topology:
     """An n-GPU topology derived from the real 2 x H200 snapshot (uuids and bus ids rewritten)."""
-    data = json.loads((FIXTURES / "snapshots" / "h200x2.json").read_text())
+    data = json.loads(snapshot_path("h200x2").read_text())
     base = data["gpus"][0]
     data["gpus"] = [dict(base, index=i, uuid=f"GPU-{i:08x}-0000-0000-0000-000000000000",
                          pci_bus_id=f"00000000:{i + 6:02X}:00.0") for i in range(n)]

@@ -159,3 +159,28 @@ def test_values_torch_cannot_parse_leave_cpu_and_count_alone(cvd, monkeypatch):
     torch_count = lambda: len(torch.cuda._parse_visible_devices())  # noqa: E731  torch's real parser
     assert cuda_device_count(visible, notes, torch_count) == visible.count
     assert "using the driver's reading" in notes[0] and len(notes[0]) < 400
+
+
+def test_device_takes_the_facts_that_read_facts_returns(monkeypatch):
+    """The documented `machine=` took only the private Machine: read_facts()'s record raised AttributeError."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    facts = tp.read_facts(snapshot="h200x2")
+    assert tp.device("physical:1", machine=facts) == torch.device("cuda", 0)
+    with pytest.raises(DeviceError, match="physical GPU 0 is not visible to this process"):
+        tp.device("physical:0", machine=facts)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert tp.device("cuda:1", machine=tp.read_facts(snapshot="h200x2")) == torch.device("cuda", 1)
+
+
+def test_a_physical_gpu_no_visible_devices_value_can_reach_is_not_sent_to_cuda_visible_devices():
+    """physical:3 where every GPU is visible, on a machine without GPUs, or with a CPU-only torch: setting
+    CUDA_VISIBLE_DEVICES cannot help, so the fix says what can."""
+    with pytest.raises(DeviceError, match="this machine has no physical GPU 3; CUDA_VISIBLE_DEVICES=unset") as err:
+        resolve("physical:3", machine())
+    assert "include it in CUDA_VISIBLE_DEVICES" not in str(err.value)
+    nothing = Machine.from_topology(Topology.from_dict({"gpus": []}))
+    with pytest.raises(DeviceError, match="no CUDA GPU is visible.*run where a GPU is visible"):
+        resolve("physical:3", nothing)
+    cpu_build = Machine(0, machine().visible, torch_has_cuda=False)
+    with pytest.raises(DeviceError, match="this torch is a CPU-only build although 2 GPU"):
+        resolve("physical:1", cpu_build)

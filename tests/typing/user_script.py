@@ -21,7 +21,7 @@ import torchplace as tp
 if TYPE_CHECKING:
     from typing_extensions import reveal_type
 
-SNAPSHOT = Path(__file__).resolve().parents[1] / "fixtures" / "snapshots" / "h200x2.json"
+SNAPSHOT = "h200x2"  # a reference snapshot shipped with torchplace, by name
 
 
 def main() -> int:

@@ -32,6 +32,7 @@ class Target:
     measured: float
     limit: float
     op: str = "<="  # measured op limit
+    not_here: str | None = None  # why this run cannot judge it ("set for a GPU"): shown, never counted as missed
 
     @property
     def met(self) -> bool:
@@ -63,7 +64,7 @@ class BenchResult:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         for target, raw in zip(self.targets, data["targets"]):
-            raw["met"] = target.met
+            raw["met"] = target.met if target.not_here is None else None
         return data
 
 

@@ -1,6 +1,6 @@
 """`torchplace bench diagnose`: how many device mistakes strict(), watch() and explain() name.
 
-Runs the corpus of tests/checks/corpus.py (device mistakes from public issues, and legal
+Runs the corpus of torchplace/bench/_corpus (device mistakes from public issues, and legal
 patterns) on one device pair and scores each tool per case:
 
 - named: the report names the culprit (every culprit string of the case appears in it);
@@ -26,7 +26,6 @@ from ..progress import advance, begin
 from .common import BenchResult, Row, Target
 
 TOOLS = ("strict", "watch", "explain")
-_CORPUS = Path(__file__).resolve().parents[3] / "tests" / "checks" / "corpus.py"
 # issue 16: on the GPU machine, strict names >= 95% with path, tensor and line, explain >= 90%, watch >= 80%
 _TARGETS = {"strict": 0.95, "explain": 0.90, "watch": 0.80}
 
@@ -35,8 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pairs", default=None,
                         help="device pairs, comma-separated: cpu-meta,cuda-cpu,cuda1-cuda0 (default: all this "
                              "machine has)")
-    parser.add_argument("--corpus", default=None, help=f"the corpus module (default {_CORPUS})")
+    parser.add_argument("--corpus", default=None,
+                        help="a corpus module file of your own (default: the one shipped with torchplace)")
     parser.add_argument("--cases", default=None, help="only these case names, comma-separated")
+    parser.add_argument("--quick", action="store_true",
+                        help="the cpu-meta pair only, on any machine: a smoke test of the corpus (seconds)")
 
 
 @dataclass
@@ -59,13 +61,17 @@ class Outcome:
 
 
 def load_corpus(path: str | Path | None = None) -> Any:
-    """Import the corpus module from its file (it lives with the tests, not in the package)."""
+    """The corpus module: the one shipped in the package, or one imported from the file PATH."""
     from ..errors import TorchplaceError
 
-    file = Path(path) if path else _CORPUS
+    if path is None:
+        from . import _corpus
+
+        return _corpus
+    file = Path(path)
     if not file.is_file():
-        raise TorchplaceError(f"bench diagnose needs the case corpus at {file}, which does not exist. Fix: run it "
-                              f"from a checkout of torchplace, or pass --corpus PATH/corpus.py.")
+        raise TorchplaceError(f"bench diagnose --corpus {file}: no such file. Fix: leave --corpus out to run the "
+                              f"corpus shipped with torchplace, or name a corpus module file.")
     name = "torchplace_diagnose_corpus"
     if name in sys.modules and getattr(sys.modules[name], "__file__", None) == str(file):
         return sys.modules[name]
@@ -177,6 +183,8 @@ def table(outcomes: list[Outcome]) -> list[tuple[str, dict[str, str]]]:
 def run(args: argparse.Namespace) -> BenchResult:
     corpus = load_corpus(args.corpus)
     pairs = [p.strip() for p in args.pairs.split(",")] if args.pairs else available_pairs()
+    if args.quick:
+        pairs = [p for p in pairs if p == "cpu-meta"] or ["cpu-meta"]
     names = {n.strip() for n in args.cases.split(",")} if args.cases else None
     outcomes = score_all(pairs, corpus, names)
     rows: list[Row] = []

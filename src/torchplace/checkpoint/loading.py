@@ -69,6 +69,37 @@ class Checkpoint:
         """The `extra=` mapping given to save ({} if none)."""
         return self.state.get("extra") or {}
 
+    def __repr__(self) -> str:
+        """One line: the file, what it holds (tensor counts and sizes, not the tensors) and what load did."""
+        held = ", ".join(f"{name} ({_held(value)})" for name, value in self.state.items()) or "nothing"
+        did = ([f"stripped {self.stripped_prefix!r}"] if self.stripped_prefix else []) + [
+            f"{len(keys)} {what} keys" for keys, what in ((self.missing_keys, "missing"),
+                                                         (self.unexpected_keys, "unexpected")) if keys]
+        did += [f"{len(self.notes)} note(s)"] if self.notes else []
+        return f"Checkpoint({str(self.path)!r}, {self.tool}: {held}{'; ' + ', '.join(did) if did else ''})"
+
+
+def _held(value: Any) -> str:
+    """'4 tensors, 1.2 KiB' for a state dict (walked, not printed); a short word for anything else."""
+    from ..units import format_bytes
+
+    count, size, todo, seen = 0, 0, [value], 0
+    while todo and seen < 100_000:  # a repr stays quick whatever the checkpoint holds
+        item, seen = todo.pop(), seen + 1
+        if isinstance(item, torch.Tensor):
+            count, size = count + 1, size + item.numel() * item.element_size()
+        elif isinstance(item, Mapping):
+            todo.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            todo.extend(item)
+    if count:
+        more = "+" if todo else ""
+        return f"{count}{more} tensor{'s' if count != 1 else ''}, {format_bytes(size)}{more}"
+    if isinstance(value, Mapping):
+        keys = list(value)
+        return ", ".join(map(str, keys[:4])) + (f", ... ({len(keys)} keys)" if len(keys) > 4 else "") or "empty"
+    return type(value).__name__
+
 
 MAX_RELISTS = 8  # how often load(DIR) lists the directory again when its newest is deleted under it
 

@@ -76,7 +76,7 @@ def read_callers(start: FrameType | None, model: torch.nn.Module, companions: li
     frame, seen = start, 0
     while frame is not None and seen < _FRAMES:
         filename = frame.f_code.co_filename
-        if fr.is_user(filename) and not filename.startswith((*fr._SITE_DIRS, _STDLIB, "<frozen")):
+        if fr.is_users_own(filename) and not filename.startswith((_STDLIB, "<frozen")):
             seen += 1
             if frame.f_code.co_name == "<module>":
                 return Reading(ran="not run: explain() was called at the top level of a script")

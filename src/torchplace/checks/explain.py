@@ -271,7 +271,7 @@ def _used_at(cls: type, attr: str) -> str | None:
     import ast
     import inspect
 
-    from .frames import _SITE_DIRS, TORCH_DIR, short_path
+    from .frames import TORCH_DIR, is_installed, short_path
 
     for klass in cls.__mro__:
         try:
@@ -279,7 +279,7 @@ def _used_at(cls: type, attr: str) -> str | None:
             lines, first = inspect.getsourcelines(klass)
         except (OSError, TypeError):
             continue
-        if not filename or filename.startswith((TORCH_DIR, *_SITE_DIRS)):
+        if not filename or filename.startswith(TORCH_DIR) or is_installed(filename):
             continue
         try:
             tree = ast.parse(inspect.cleandoc("\n" + "".join(lines)) if lines[0][:1].isspace() else "".join(lines))

@@ -93,9 +93,25 @@ _FACTORIES = frozenset({"tensor", "as_tensor", "asarray", "empty", "zeros", "one
                         "randperm", "arange", "linspace", "logspace", "eye", "from_numpy", "scalar_tensor"})
 
 
+# bench diagnose's corpus: programs written as users write them, shipped in the package to be read as theirs
+_SPECIMENS = os.path.join(_PACKAGE_DIR, "bench", "_corpus") + os.sep
+
+
 def is_user(filename: str) -> bool:
-    """The user's code: neither torch nor any part of torchplace."""
+    """The user's code: neither torch nor any part of torchplace (but its corpus of user programs)."""
+    if filename.startswith(_SPECIMENS):
+        return True
     return not (filename.startswith(TORCH_DIR) or filename.startswith(_PACKAGE_DIR))
+
+
+def is_installed(filename: str) -> bool:
+    """An installed package's code (site-packages), not the user's: the corpus of user programs excepted."""
+    return filename.startswith(_SITE_DIRS) and not filename.startswith(_SPECIMENS)
+
+
+def is_users_own(filename: str) -> bool:
+    """Code the user wrote: user code that no installed package holds."""
+    return is_user(filename) and not is_installed(filename)
 
 
 def assignment_of(name: str, frame: FrameType) -> tuple[int, str, str | None] | None:

@@ -110,11 +110,10 @@ def built_on_meta(summary: str | None, subject: str = "the model") -> str:
 
 
 def load_fix(model: str) -> str:
-    """The ways to give a meta model's tensors data."""
-    return (f"load the weights into it: torchplace.load(path, model={model}) fills a meta model's tensors from a "
-            f"checkpoint; or {model}.to_empty(device='cpu') then initialise them (reset_parameters(), or a "
-            f"transformers model's init_weights()); or accelerate's load_checkpoint_and_dispatch({model}, path, "
-            f"device_map='auto'); {model}.to() cannot move a meta tensor: it has nothing to copy")
+    """The way to give a meta model's tensors data first, then the alternatives (one short line each)."""
+    return (f"load the weights into it: torchplace.load(path, model={model}). Without a checkpoint: "
+            f"{model}.to_empty(device='cpu'), then reset_parameters(); with accelerate: "
+            f"load_checkpoint_and_dispatch. ({model}.to() cannot move a meta tensor: it has no data)")
 
 
 def diagnose(exc: BaseException, model: torch.nn.Module | None = None, outer: FrameType | None = None) -> MetaReport:
@@ -124,7 +123,7 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None, outer: Fr
     inner = [i for i, e in enumerate(entries) if not fr.is_library(e[0].f_code.co_filename)]
     if not inner:
         return report
-    own = [i for i in inner if not entries[i][0].f_code.co_filename.startswith(fr._SITE_DIRS)]
+    own = [i for i in inner if not fr.is_installed(entries[i][0].f_code.co_filename)]
     site_frame, line, lasti = entries[(own or inner)[-1]]  # the user's line, not transformers' `to()` under it
     report.site = fr.site_of(site_frame, line, lasti)
     if own and own[-1] != inner[-1]:

@@ -5,10 +5,11 @@ Each subcommand is a module in this package with `register(subparsers)`; heavy i
 
 `main` is the one place where failures end (issue 14, item 7):
 - a TorchplaceError, a usage error or an OSError (a path that cannot be read or written):
-  one line, "torchplace: error: ...", with the fix; exit 2;
-- stdout closed by its reader (`torchplace map --json | head -c1`): quiet, exit 1, stdout
-  pointed at /dev/null as Python's documentation advises for SIGPIPE; stdout closed before the
-  start (`>&-`): one line saying so at the first output, exit 1;
+  one line, "torchplace: error: ...", with the fix (and "did you mean" for a misspelt command
+  or option); exit 2;
+- stdout closed by its reader (`torchplace doctor | head -1`): quiet, exit 0 (the reader had
+  what it wanted; not an error), stdout pointed at /dev/null as Python's documentation advises
+  for SIGPIPE; stdout closed before the start (`>&-`): one line saying so at the first output, exit 1;
 - anything else is a bug in torchplace: one line naming the exception and how to see the
   traceback (TORCHPLACE_DEBUG=1, which prints it); exit 70 (EX_SOFTWARE).
 Arguments are checked when they are parsed (`cli.args`), so most of these never get that far.
@@ -38,7 +39,7 @@ COMMANDS: dict[str, str] = {
     "ckpt": "torchplace.cli.ckpt",
     "bench": "torchplace.cli.bench",
 }
-EXIT_USAGE, EXIT_PIPE, EXIT_BUG = 2, 1, 70
+EXIT_USAGE, EXIT_PIPE, EXIT_BUG = 2, 0, 70
 MAX_MESSAGE = 1200  # characters of one error line
 
 #: An error found while `import torchplace` ran for this command (a bad TORCHPLACE_STRICT).
@@ -49,7 +50,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors that name the help to read."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: error: {message.rstrip('.')}. See `{self.prog} --help`.")
+        raise UsageError(f"torchplace: error: {message.rstrip('.')}{_suggestion(message) or '.'} "
+                         f"See `{self.prog} --help`.")
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -163,7 +165,7 @@ def _main(argv: list[str]) -> int:
     except SystemExit as exc:  # --help and --version end here, after printing
         return exc.code if isinstance(exc.code, int) else 0
     except UsageError as exc:
-        raise _dash_value(exc, argv) from None
+        raise _unknown_option(_dash_value(exc, argv), argv, parser) from None
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
@@ -185,6 +187,38 @@ def _dash_value(exc: UsageError, argv: list[str]) -> UsageError:
                               f"as the value. Fix: write {word}={value} to pass it as the value (no option takes a "
                               f"negative number). See `{tail}")
     return exc
+
+
+def _suggestion(message: str) -> str:
+    """'; did you mean 'doctor'?' for argparse's "invalid choice: 'dcotor' (choose from ...)"."""
+    import difflib
+
+    found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if not found:
+        return ""
+    close = difflib.get_close_matches(found.group(1), re.findall(r"'([^']*)'", found.group(2)), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _unknown_option(exc: UsageError, argv: list[str], parser: argparse.ArgumentParser) -> UsageError:
+    """Add "did you mean '--json'?" to argparse's "unrecognized arguments: --jsn", from the options of the
+    (sub)commands named in ARGV (the top parser reports it, without knowing the subcommand's options)."""
+    import difflib
+
+    found = re.search(r"unrecognized arguments: (\S+)", str(exc))
+    if not found or not found.group(1).startswith("-"):
+        return exc
+    options: list[str] = []
+    current: argparse.ArgumentParser | None = parser
+    words = iter(argv)
+    while current is not None:
+        options += [o for action in current._actions for o in action.option_strings]
+        deepest = current
+        subs = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
+        current = next((subs[0].choices[w] for w in words if subs and w in subs[0].choices), None)
+    close = difflib.get_close_matches(found.group(1).split("=")[0], options, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else "."
+    return UsageError(f"{str(exc).partition('. See `')[0]}{hint} See `{deepest.prog} --help`.")
 
 
 # C0 and C1 control characters but newline and tab, and the bidirectional overrides and isolates

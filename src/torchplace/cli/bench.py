@@ -43,7 +43,7 @@ def _no_name(parser: argparse.ArgumentParser) -> int:
     from .args import UsageError
 
     parser.print_help()
-    raise UsageError(f"torchplace bench: error: name a benchmark: {', '.join(BENCHES)}. "
+    raise UsageError(f"torchplace: error: name a benchmark: {', '.join(BENCHES)}. "
                      "See `torchplace bench --help`.")
 
 
@@ -56,7 +56,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.plot and not plot.available():  # said before the run, not after minutes of it
         from .args import UsageError
 
-        raise UsageError(f"torchplace bench {args.bench}: error: {plot.MISSING}.")
+        raise UsageError(f"torchplace: error: {plot.MISSING}.")
     with progress_bar() as bar, reporting(bar):
         result = importlib.import_module(args.bench_module).run(args)
     result.machine = result.machine or machine_info()

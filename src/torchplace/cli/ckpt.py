@@ -47,7 +47,7 @@ def _no_command(parser: argparse.ArgumentParser) -> int:
     from .args import UsageError
 
     parser.print_help()
-    raise UsageError("torchplace ckpt: error: name a command: inspect FILE, or convert IN OUT. "
+    raise UsageError("torchplace: error: name a command: inspect FILE, or convert IN OUT. "
                      "See `torchplace ckpt --help`.")
 
 
@@ -95,7 +95,7 @@ def _convert(args: argparse.Namespace) -> int:
     from .args import UsageError
 
     if os.path.lexists(args.dst) and not args.force:
-        raise UsageError(f"torchplace ckpt convert: error: {args.dst} exists, and convert would replace it. "
+        raise UsageError(f"torchplace: error: {args.dst} exists, and convert would replace it. "
                          "Fix: pass --force to replace it, or name another OUT.")
     from .progress import progress_bar
 

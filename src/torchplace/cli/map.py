@@ -22,6 +22,9 @@ def run(args: argparse.Namespace) -> int:
     facts = read_facts(args.snapshot)
     vis = facts.visible
     notes = list(vis.notes)
+    if facts.host.container:
+        notes.append(f"in a {facts.host.container} container: physical numbers are the container's; UUID and "
+                     "bus id mean the same on the host (`torchplace doctor` says which host GPUs it was given)")
     if facts.topology.nvml_error:
         notes.append(f"GPU facts unavailable: {facts.topology.nvml_error}")
     checks = driver_check(facts) if args.check_driver and not args.snapshot else []

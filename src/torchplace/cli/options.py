@@ -18,8 +18,11 @@ def add_json(parser: argparse.ArgumentParser, text: str = "print JSON") -> None:
 
 
 def add_snapshot(parser: argparse.ArgumentParser, text: str) -> None:
-    """--snapshot FILE: a captured snapshot (`torchplace doctor --json`) instead of this machine."""
-    parser.add_argument("--snapshot", metavar="FILE", help=text)
+    """--snapshot FILE|NAME: a captured snapshot (`torchplace doctor --json`), or a reference one shipped
+    with torchplace by name (h200x1, h200x2, h200x2-nvlink), instead of this machine."""
+    parser.add_argument("--snapshot", metavar="FILE|NAME",
+                        help=f"{text}: a file from `torchplace doctor --json`, or a reference machine shipped with "
+                             f"torchplace by name (h200x2; an unknown name lists them)")
 
 
 def print_json(data: Any, *, default: Callable[[Any], Any] | None = None) -> None:

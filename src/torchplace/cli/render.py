@@ -4,11 +4,11 @@ Two rules hold for everything printed here (issue 18):
 - Markup is off. Notes, GPU names, commands and paths can hold brackets (`pip install
   'torchplace[bench]'`), so text is never parsed for `[style]` tags; colour is given with
   `Text.assemble` and `style=` instead.
-- Ids are never cut. On a terminal a table wraps its other columns first and, when even that
-  cannot keep every id whole, prints its rows as plain `header value` lines that wrap between
-  fields. Into a pipe or a file nothing wraps: the width is unlimited, so `torchplace map | cat`
-  and `torchplace doctor > report.txt` keep each UUID and each value on one line whatever
-  COLUMNS says.
+- Ids are never cut. On a terminal a table wraps its other columns first, each cell to at most
+  two lines, and when even that cannot keep every id whole, prints its rows as plain
+  `header value` lines that wrap between fields. Into a pipe or a file nothing wraps: the width
+  is unlimited, so `torchplace map | cat` and `torchplace doctor > report.txt` keep each UUID
+  and each value on one line whatever COLUMNS says.
 """
 
 from __future__ import annotations
@@ -35,6 +35,12 @@ class _Console(Console):
     elsewhere, and an ESC in one would otherwise drive the terminal (retitle it, clear it, hide text).
     rich's own styling is added after this, so colours still work."""
 
+    def on_broken_pipe(self) -> None:
+        """The reader closed the pipe (`torchplace doctor | head -1`): end as main() ends it (exit 0), not
+        with rich's own exit 1."""
+        self.quiet = True
+        raise BrokenPipeError
+
     def render(self, renderable: Any, options: Any = None) -> Iterator[Segment]:
         for segment in super().render(renderable, options):
             if segment.control is None and has_controls(segment.text):
@@ -59,16 +65,20 @@ def line(*parts: str | tuple[str, str]) -> Text:
     return Text.assemble(*parts)
 
 
+#: A table is printed only where no cell needs more lines than this; a row of fragments reads worse than fields.
+MAX_CELL_LINES = 2
+
+
 def show_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str | Text]], *,
                ids: Sequence[str] = (), right: Sequence[str] = (), out: Console | None = None) -> None:
     """Print a table whose id columns (IDS, by header) are never cut or wrapped.
 
-    Other columns wrap first, between words; if the terminal is too narrow for that, each row is
-    printed as `header value` fields packed into lines, a field never split across two."""
+    The layout is chosen by what fits: a table where each other cell wraps to at most MAX_CELL_LINES
+    lines between words; else each row as `header value` fields packed into lines, a field never split."""
     out = out or console
     cells = [[str(header), *(str(row[i]) for row in rows)] for i, header in enumerate(headers)]
     natural = [max(cell_len(text) for text in column) for column in cells]
-    least = [width if header in ids else max((cell_len(w) for text in column for w in text.split()), default=1)
+    least = [width if header in ids else _narrowest(column, width, out)
              for header, width, column in zip(headers, natural, cells)]
     room = out.width - (3 * len(headers) + 1)  # a border before each column and after the last, padding 1+1
     if sum(least) > room:
@@ -86,6 +96,15 @@ def show_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str |
     for row in rows:
         table.add_row(*row)
     out.print(table)
+
+
+def _narrowest(column: list[str], natural: int, out: Console) -> int:
+    """The narrowest width at which every text of COLUMN wraps, between words, to at most MAX_CELL_LINES lines."""
+    longest_word = max((cell_len(w) for text in column for w in text.split()), default=1)
+    for width in range(longest_word, natural):
+        if all(len(Text(text).wrap(out, width)) <= MAX_CELL_LINES for text in column):
+            return width
+    return natural
 
 
 def _rows_as_fields(title: str, headers: Sequence[str], rows: Sequence[Sequence[str | Text]], out: Console) -> None:
@@ -117,7 +136,8 @@ def bench_table(result: Any) -> None:
     show_table(f"torchplace bench {result.name}", ["variant", "value", "unit", ratio_label], rows,
                ids=["variant"], right=["value", ratio_label])
     for target in result.targets:
-        mark = ("met", "green") if target.met else ("missed", "red")
+        mark = (f"not judged: {target.not_here}", "yellow") if target.not_here else \
+            ("met", "green") if target.met else ("missed", "red")
         console.print(line(f"target {target.name}: {target.measured:.4g} {target.op} {target.limit:.4g} ", mark))
     for note in result.notes:
         console.print(line(("note:", "yellow"), f" {note}"))
@@ -205,9 +225,10 @@ def _machine_lines(facts: Any) -> list[str]:
     def bytes_or_none(n: int | None) -> str | None:
         return None if n is None else format_bytes(n, "GiB")
 
+    # a CPU build of torch has no cuDNN or NCCL: absent, not unknown
+    cuda_libs = [("cuDNN", v.cudnn), ("NCCL", v.nccl)] if v.torch_cuda or not v.torch else []
     first, missing = _known(("python", v.python), ("torch", v.torch or ("not installed" if live else None)),
-                            ("built with CUDA", v.torch_cuda or ("none" if v.torch else None)),
-                            ("cuDNN", v.cudnn), ("NCCL", v.nccl))
+                            ("built with CUDA", v.torch_cuda or ("none" if v.torch else None)), *cuda_libs)
     cuda = f"{topo.driver_version}  (CUDA {topo.cuda_driver_version or '?'})" if topo.driver_version else \
         ("none" if live else None)
     second, missing2 = _known(("driver", cuda), ("CPUs usable", cpus),

@@ -58,9 +58,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         cmd = command(args.cmd)
     except _argparse.ArgumentTypeError as exc:
-        raise UsageError(f"torchplace run: error: {exc} See `torchplace run --help`.") from None
+        raise UsageError(f"torchplace: error: {exc} See `torchplace run --help`.") from None
     if args.json and not args.dry_run:  # the command's own output goes to stdout: no JSON can follow it
-        raise UsageError("torchplace run: error: --json prints the plan, which only --dry-run reports; a "
+        raise UsageError("torchplace: error: --json prints the plan, which only --dry-run reports; a "
                          "run prints the command's own output. Fix: `torchplace run --dry-run --json ... -- CMD`, "
                          "or drop --json.")
     torchrun = {k[3:]: v for k, v in vars(args).items() if k.startswith("tr_") and v is not None}

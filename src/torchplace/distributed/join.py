@@ -187,6 +187,9 @@ def _missing_message(store: Any, launch: LaunchEnv, world: int, timeout_s: float
                f"rank(s) {named} ({where}). They did not start, crashed before init(), or were launched "
                "with another MASTER_ADDR/MASTER_PORT or WORLD_SIZE. Fix: read their logs; start every rank "
                "with the same launcher command.")
+    if launch.launcher == "env":  # RANK/WORLD_SIZE from the environment, no launcher known to have started others
+        message += (" No launcher started this process (RANK and WORLD_SIZE were set by hand, not by torchrun or "
+                    "srun): if they are left over in the shell, unset them to run alone.")
     if rank == 0:
         store.set("missing", json.dumps(missing))
         store.set("error", message)

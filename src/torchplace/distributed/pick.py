@@ -160,7 +160,8 @@ def pick(count: int | str = 1, *, gpus: Sequence[int | str] | None = None,
             fails at once. While waiting, `on_wait` (default: a line on stderr) is told why.
         lease: hold a lease on each GPU (default). False only consults other processes' leases.
         topology: decide on these facts instead of reading NVML.
-        snapshot: decide on a snapshot file (`torchplace doctor --json`) instead of reading NVML.
+        snapshot: decide on a snapshot file (`torchplace doctor --json`), or a shipped one by name
+            ("h200x2"), instead of reading NVML.
         lease_dir: the shared lease directory (default $TORCHPLACE_LEASE_DIR or /tmp/torchplace-leases).
         command: what to record as the holder's command (default: this process's argv).
         seed: fixes the random tie-break (tests).
@@ -180,7 +181,7 @@ def pick(count: int | str = 1, *, gpus: Sequence[int | str] | None = None,
         ```python
         import torchplace as tp
 
-        picked = tp.pick(1, snapshot="tests/fixtures/snapshots/h200x2.json", lease=False)
+        picked = tp.pick(1, snapshot="h200x2", lease=False)
         print(picked.physical_indices, picked.uuids)
         # on a shared server: tp.pick(2, min_free_memory="20GiB", wait="10m")
         ```

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from ..hardware.visible import repeated_entries
 from ..units import format_bytes
 from .registry import Finding, check
 
@@ -32,14 +33,18 @@ def check_visible_devices(facts: Facts) -> list[Finding]:
     vis = facts.visible
     value = vis.cuda_visible_devices
     out: list[Finding] = []
-    if value is None or not facts.topology.gpus:
+    if value is None:
         return out
-    if vis.duplicates:
+    # a repeat is a fault of the value itself: said where no GPU (or no NVML) is here too, for the GPU machine
+    twice = vis.duplicates or ([] if facts.topology.gpus else repeated_entries(value))
+    if twice:
         out.append(Finding("cvd.duplicate", "error", "CUDA_VISIBLE_DEVICES names a device twice",
-                           f"CUDA_VISIBLE_DEVICES={value!r} repeats {', '.join(map(repr, vis.duplicates))}; the driver "
+                           f"CUDA_VISIBLE_DEVICES={value!r} repeats {', '.join(map(repr, twice))}; the driver "
                            "then refuses to initialize (cuInit error 101) and no GPU is usable.",
                            "List each GPU once, e.g. CUDA_VISIBLE_DEVICES=" + ",".join(dict.fromkeys(
                                e.strip() for e in value.split(",") if e.strip()))))
+    elif not facts.topology.gpus:
+        return out
     elif vis.stopped_at:
         kept = ",".join(str(d.physical_index) for d in vis.visible) or "nothing"
         out.append(Finding("cvd.truncated", "error", "CUDA_VISIBLE_DEVICES is cut short by an invalid entry",
@@ -121,18 +126,34 @@ def check_mig(facts: Facts) -> list[Finding]:
     return out
 
 
+# what an unknown field costs, and the fix where there is one (fields absent here cost nothing torchplace uses)
+_UNKNOWN_COSTS = {
+    "numa_node": ("normal on a single-socket host or a VM; threads follow the GPU's CPU affinity instead", None),
+    "cpu_affinity": ("no CPU affinity: threads are not placed near the GPU", None),
+    "processes": ("the processes on the GPU are hidden, so pick and doctor cannot say who holds it",
+                  "in a container NVML hides other PID namespaces: run doctor on the host (or with --pid=host)"),
+    "memory": ("free memory is unknown, so pick cannot compare this GPU by it", None),
+    "utilization": ("utilization is unknown, so pick cannot compare this GPU by it", None),
+}
+
+
 @check
 def check_unknown_fields(facts: Facts) -> list[Finding]:
-    """Fields NVML refused to report (common in containers)."""
-    denied: dict[str, list[int]] = {}
+    """Fields NVML refused to report, each with what it costs (and its fix where one exists)."""
+    denied: dict[tuple[str, str], list[int]] = {}
     for gpu in facts.topology.gpus:
         for name, why in gpu.unknown.items():
-            denied.setdefault(f"{name}: {why}", []).append(gpu.physical_index)
+            denied.setdefault((name, why), []).append(gpu.physical_index)
     if not denied:
         return []
-    detail = "; ".join(f"{k} (GPU {', '.join(map(str, v))})" for k, v in sorted(denied.items()))
-    return [Finding("nvml.unknown_fields", "info", "Some GPU fields are unknown", detail,
-                    "Usually harmless; processes and users are hidden across container PID namespaces.")]
+    parts, fixes = [], []
+    for (name, why), gpus in sorted(denied.items()):
+        cost, fix = _UNKNOWN_COSTS.get(name, ("torchplace does without it", None))
+        parts.append(f"{name}: {why} (GPU {', '.join(map(str, gpus))}): {cost}")
+        if fix and fix not in fixes:
+            fixes.append(fix)
+    return [Finding("nvml.unknown_fields", "info", "Some GPU fields are unknown", "; ".join(parts),
+                    "; ".join(fixes) or "Nothing to do.")]
 
 
 @check

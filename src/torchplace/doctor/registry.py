@@ -17,6 +17,7 @@ SEVERITIES = ("error", "warning", "info")
 CHECK_MODULES = (
     "torchplace.doctor.checks_gpu",
     "torchplace.doctor.checks_host",
+    "torchplace.doctor.checks_container",
     "torchplace.doctor.checks_launch",
     "torchplace.doctor.checks_policy",
 )

@@ -24,7 +24,7 @@ from .visible import VisibleMap, map_visible
 ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "LOCAL_", "SLURM_", "OMPI_COMM_WORLD_",
                 "OMPI_MCA_ess_base_jobid", "MV2_COMM_WORLD_", "PMI_", "MPI_LOCAL")
 ENV_NAMES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "GROUP_WORLD_SIZE",
-             "ACCELERATE_MIXED_PRECISION", "NODE_RANK")
+             "ACCELERATE_MIXED_PRECISION", "NODE_RANK", "NVIDIA_VISIBLE_DEVICES")
 
 
 def relevant_env(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -53,7 +53,7 @@ class Facts:
         ```python
         import torchplace as tp
 
-        facts = tp.read_facts(snapshot="tests/fixtures/snapshots/h200x2.json")
+        facts = tp.read_facts(snapshot="h200x2")
         print(facts.source, len(facts.topology.gpus), "GPUs")
         data = facts.to_dict()  # what `torchplace doctor --json` prints; a valid snapshot
         ```
@@ -97,7 +97,8 @@ def read_facts(snapshot: str | os.PathLike[str] | None = None) -> Facts:
     `CUDA_VISIBLE_DEVICES` is fixed and before a fork.
 
     Args:
-        snapshot: a JSON file written by `torchplace doctor --json`; its hardware is read with this
+        snapshot: a JSON file written by `torchplace doctor --json`, or the name of a reference
+            snapshot shipped with torchplace ("h200x2"; an unknown name lists them); its hardware is read with this
             process's environment (so `CUDA_VISIBLE_DEVICES` can be tried against another
             machine). None reads this machine.
 

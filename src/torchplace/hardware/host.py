@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import snapshot_keys
+from .container import container_kind
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -125,6 +126,7 @@ class HostFacts:
     shm_free_bytes: int | None = None
     memlock_soft_bytes: int | None = None  # None: unlimited
     memlock_hard_bytes: int | None = None
+    container: str | None = None  # "docker", "podman", "kubernetes", ... (hardware/container.py)
     extra: dict[str, Any] = field(default_factory=dict)
 
     # the names before the unit-bearing ones, for code written against them
@@ -151,7 +153,7 @@ def read_host() -> HostFacts:
     return HostFacts(cpu_count=cpus, affinity=aff, cgroup_cpu_limit=quota,
                      usable_cpus=usable_cpus(cpus, aff, quota), memory_total_bytes=memory_total(),
                      shm_total_bytes=shm_total, shm_free_bytes=shm_free, memlock_soft_bytes=soft,
-                     memlock_hard_bytes=hard)
+                     memlock_hard_bytes=hard, container=container_kind())
 
 
 # --------------------------------------------------------------------------- NUMA and cores

@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .. import safeio
 from ..errors import SnapshotError
 from . import nvml, snapshot_keys
+from .reference import snapshot_file
 
 SCHEMA_VERSION = 1
 
@@ -182,11 +182,11 @@ MAX_SNAPSHOT_GPUS = 256  # GPUs of one host: 8 or 16 on the largest boards (doct
 
 
 def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a snapshot file as a dict, with an error that names the file on failure.
+    """Read a snapshot (a file, or a shipped one by name: snapshot_file) as a dict; errors name the file.
 
     Only a regular file of at most MAX_SNAPSHOT_BYTES is read (a FIFO or /dev/urandom is refused at
     once), and its JSON may nest at most safeio.MAX_JSON_DEPTH levels."""
-    p = Path(path)
+    p = snapshot_file(path)
     raw = safeio.read_limited(p, MAX_SNAPSHOT_BYTES, SnapshotError, SNAPSHOT_FIX)
     try:
         data = safeio.loads(raw)

@@ -202,6 +202,22 @@ def map_visible(value: Any = ENV, topology: Topology | None = None, order: Any =
     return result
 
 
+def repeated_entries(value: str) -> list[str]:
+    """Entries of a CUDA_VISIBLE_DEVICES value that repeat an earlier one (an ordinal as the driver reads it, or a
+    UUID): a fault of the value itself, which the driver refuses (cuInit error 101) whatever GPUs exist."""
+    seen: set[object] = set()
+    twice: list[str] = []
+    for entry in value.split(","):
+        number, _ = _strtoul_int(entry)
+        key: object = number if number is not None else entry.strip(_C_SPACE).lower()
+        if number is None and not str(key).startswith(("gpu-", "mig-")):
+            break  # the driver stops reading here
+        if key in seen:
+            twice.append(entry)
+        seen.add(key)
+    return twice
+
+
 def _strtoul_int(entry: str) -> tuple[int | None, int]:
     """(C int the driver keeps, strtoul's unsigned value), or (None, 0) without an ASCII digit."""
     match = _STRTOUL.match(entry)
@@ -295,7 +311,8 @@ def visible_devices(value: Any = ENV, snapshot: str | None = None) -> VisibleMap
     Args:
         value: the `CUDA_VISIBLE_DEVICES` value to apply; by default it is read from the
             environment. None means the variable is unset (every GPU visible).
-        snapshot: a JSON file written by `torchplace doctor --json`, instead of this machine.
+        snapshot: a JSON file written by `torchplace doctor --json`, or a shipped one by name
+            ("h200x2"), instead of this machine.
 
     Returns:
         A `VisibleMap`: `visible` lists each logical device with its physical index, UUID and name;
@@ -308,7 +325,7 @@ def visible_devices(value: Any = ENV, snapshot: str | None = None) -> VisibleMap
         ```python
         import torchplace as tp
 
-        vis = tp.visible_devices("1", snapshot="tests/fixtures/snapshots/h200x2.json")
+        vis = tp.visible_devices("1", snapshot="h200x2")
         for d in vis.visible:
             print(f"cuda:{d.logical} = physical {d.physical_index} ({d.name})")
         ```

@@ -19,6 +19,7 @@ import torch
 from ..errors import DeviceError
 from ..hardware import launch_env
 from ..hardware.accelerator import accelerator
+from ..hardware.facts import Facts
 from ..hardware.topology import Topology
 from ..hardware.visible import VisibleMap, map_visible
 
@@ -62,6 +63,14 @@ class Machine:
         visible = map_visible(cuda_visible_devices, topology, cuda_device_order)
         return cls(visible.count, visible, True, local_rank)
 
+    @classmethod
+    def from_facts(cls, facts: Facts) -> Machine:
+        """A machine as `read_facts()` describes it (this one or a snapshot), under the environment it holds."""
+        has_cuda = facts.versions.torch_cuda is not None or facts.versions.torch is None  # unrecorded: assume CUDA
+        local = facts.env.get("LOCAL_RANK", "")
+        return cls(facts.visible.count if has_cuda else 0, facts.visible, has_cuda,
+                   int(local) if local.isascii() and local.isdigit() else None)
+
 
 def cuda_device_count(visible: VisibleMap, notes: list[str], count: Any = None) -> int:
     """torch.cuda.device_count(), or the driver's count where torch's own parser fails.
@@ -84,7 +93,7 @@ def _short(value: str | None) -> str:
     return text if len(text) <= 60 else f"{text[:40]}... ({len(value or '')} characters)"
 
 
-def device(spec: DeviceSpec = "auto", *, machine: Machine | None = None) -> torch.device:
+def device(spec: DeviceSpec = "auto", *, machine: Machine | Facts | None = None) -> torch.device:
     """Resolve a device spec to an indexed `torch.device` that exists here.
 
     Accepted specs: "auto" (`LOCAL_RANK`'s GPU under torchrun, else `cuda:0`, else another
@@ -95,7 +104,8 @@ def device(spec: DeviceSpec = "auto", *, machine: Machine | None = None) -> torc
 
     Args:
         spec: the device to resolve (default "auto").
-        machine: resolve against these facts instead of this machine's (tests, planning).
+        machine: resolve against these facts instead of this machine's (tests, planning): a
+            `tp.read_facts()` record, e.g. of a snapshot.
 
     Returns:
         An indexed `torch.device` ("cuda:0", never a bare "cuda").
@@ -114,6 +124,8 @@ def device(spec: DeviceSpec = "auto", *, machine: Machine | None = None) -> torc
         print(dev, cpu)
         ```
     """
+    if isinstance(machine, Facts):
+        machine = Machine.from_facts(machine)
     return resolve(spec, machine or Machine.live())
 
 
@@ -246,6 +258,12 @@ def _physical(text: str, m: Machine, asked: str) -> torch.device:
     physical = _index(text, asked)
     logical = m.visible.logical_of(physical)
     if logical is None:
+        unset = m.visible.cuda_visible_devices is None
+        if not m.torch_has_cuda or (unset and not m.visible.visible):  # a CPU-only torch, or no GPU here at all
+            raise DeviceError(_cuda_message(asked, m))
+        if unset:  # every GPU is visible already
+            raise DeviceError(f"{asked} requested, but this machine has no physical GPU {physical}; "
+                              f"{m.visible.summary()}. Fix: pick one of those (`torchplace map` lists them).")
         raise DeviceError(f"{asked} requested, but physical GPU {physical} is not visible to this process; "
                           f"{m.visible.summary()}. Fix: include it in CUDA_VISIBLE_DEVICES, or pick a visible one.")
     return _cuda(logical, m, asked)
