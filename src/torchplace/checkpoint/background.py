@@ -49,6 +49,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -135,9 +136,12 @@ class SaveFuture:
     def result(self, timeout: float | None = None) -> Path:
         """Wait (at most TIMEOUT seconds: then TimeoutError) for the file; return its path or raise its error."""
         error = self.exception(timeout)
-        if error is not None:
+        if error is None:
+            return self.path
+        try:
             raise error
-        return self.path
+        finally:  # this frame joins the error's traceback: it must not hold the error (or this future, holding it)
+            del error, self
 
     def _finish(self, error: CheckpointError | None) -> None:
         self._error = error
@@ -191,17 +195,7 @@ class BackgroundSaver:
             self._pending.append(fut)
 
         def run() -> None:
-            error: CheckpointError | None = None
-            try:
-                fut.writer_nice = lower_priority(WRITER_NICE)
-                if before is not None:  # saves reach the disk (and the rotation series) in call order
-                    before.wait()
-                write()
-            except CheckpointError as exc:
-                error = exc
-            except BaseException as exc:  # reported through the future, never lost in a thread
-                error = CheckpointError(f"the background save of {fut.path} failed: {type(exc).__name__}: {exc}")
-                error.__cause__ = exc
+            error = _written(fut, before, write)
             with self._cond:
                 self._pending.remove(fut)
                 if error is not None:
@@ -236,15 +230,58 @@ class BackgroundSaver:
                   f"{failed._error}", file=sys.stderr, flush=True)
 
 
+def _written(fut: SaveFuture, before: threading.Event | None, write: Callable[[], None]) -> CheckpointError | None:
+    """Run WRITE (after BEFORE is set) at the writer's priority; its CheckpointError (without frames) or None."""
+    try:
+        fut.writer_nice = lower_priority(WRITER_NICE)
+        if before is not None:  # saves reach the disk (and the rotation series) in call order
+            before.wait()
+        write()
+    except CheckpointError as exc:
+        return _without_frames(exc)
+    except BaseException as exc:  # reported through the future, never lost in a thread
+        error = CheckpointError(f"the background save of {fut.path} failed: {type(exc).__name__}: {exc}")
+        error.__cause__ = exc
+        return _without_frames(error)
+    return None
+
+
+def _without_frames(error: CheckpointError) -> CheckpointError:
+    """ERROR with its chain's tracebacks kept as text (a note, Python 3.11+) instead of frames.
+
+    The future keeps its error; frames would keep what they reach (the write's closures, the staging
+    buffers, the frame that caught the error and so the error again): a reference cycle that only a
+    garbage collection frees, and one in a forked DataLoader worker frees the parent's pinned memory.
+    """
+    told = traceback.TracebackException.from_exception(error)
+    lines = list(told.format())
+    text = "".join(lines[:len(lines) - len(list(told.format_exception_only()))])  # the message is said already
+    seen: set[int] = set()
+    link: BaseException | None = error
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    if hasattr(error, "add_note"):
+        error.add_note(f"torchplace: raised in the background writer thread:\n{text.rstrip()}")
+    return error
+
+
 _saver: BackgroundSaver | None = None
 _saver_lock = threading.Lock()
+_inherited: list[Any] = []  # in a forked child: the parent's staging buffers, never freed here
 
 
 def _forget_after_fork() -> None:
-    """In a forked child (a DataLoader worker): no writer thread is here; never write or wait for the parent's saves."""
+    """In a forked child (a DataLoader worker): no writer thread is here; never write or wait for the parent's saves.
+
+    The parent's staging buffers stay referenced: they are pinned through the parent's CUDA context, and
+    freeing one here calls CUDA, which a forked child cannot (the worker aborts with 'initialization error').
+    """
     global _saver, _saver_lock
     _saver_lock = threading.Lock()  # a thread may have held it at the fork
     if _saver is not None:
+        _inherited.append(vars(_saver).copy())
         _saver.__init__()  # type: ignore[misc]  # nothing pending, nothing failed, no buffers of the parent's
 
 
