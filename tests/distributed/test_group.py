@@ -208,8 +208,8 @@ def test_two_launchers_join_by_c10d_rendezvous(scripts, child_env):
 
 def start_rank(scripts, child_env, join_s: float = 120, **env: str) -> subprocess.Popen:
     """One rank of a job started by hand; it gives up on ranks that have not joined after JOIN_S."""
-    return subprocess.Popen([sys.executable, str(scripts / "dist_worker.py"), "init", str(join_s)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
+    return subprocess.Popen([sys.executable, str(scripts / "dist_worker.py"), "init", str(join_s)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=child_env(MASTER_ADDR="127.0.0.1", CUDA_VISIBLE_DEVICES="", **env))
 
 
