@@ -277,3 +277,27 @@ def test_a_torch_without_the_shard_stager_is_named_with_the_fix(monkeypatch) -> 
     monkeypatch.setitem(sys.modules, "torch.distributed.checkpoint._state_dict_stager", None)
     with pytest.raises(torchplace.CheckpointError, match="StateDictStager.*Fix: upgrade torch"):
         HostStaging().dcp_stage({"w": torch.ones(2)}, pinned=False)
+
+
+def test_the_sharded_writer_group_dies_with_its_process_group(monkeypatch) -> None:
+    """Kept weakly: after destroy_process_group nothing of ours holds the groups (and their threads) into exit."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+    from ports import free_port
+
+    from torchplace.checkpoint.background_sharded import writer_group
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        first = writer_group()
+        assert writer_group() is first  # made once per group
+        held = weakref.ref(first)
+        del first
+    finally:
+        dist.destroy_process_group()
+    gc.collect()
+    assert held() is None

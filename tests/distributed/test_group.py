@@ -7,11 +7,15 @@ localhost, and ranks started by hand with broken environments.
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import socket
 import subprocess
 import sys
 import threading
+import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -238,3 +242,27 @@ def test_busy_port_and_missing_ranks(scripts, child_env):
     lonely = start_rank(scripts, child_env, join_s=3, RANK="0", WORLD_SIZE="3", MASTER_PORT=str(free_port()))
     [rec] = jsonl(lonely.communicate(timeout=120)[0])
     assert "2 of WORLD_SIZE=3 ranks did not join within 3 s: rank(s) 1, 2" in rec["error"]
+
+
+def _gloo_threads() -> list[str]:
+    """This process's threads that gloo's process groups run (workers, transport loop)."""
+    names = [Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task")]
+    return [n for n in names if n.startswith(("pt_gloo", "gloo_"))]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads thread names from /proc (Linux)")
+def test_teardown_destroys_groups_that_only_garbage_still_holds(group):
+    """destroy_process_group unregisters a group but its threads live while anything holds it (issue 28:
+    alive into interpreter shutdown, where a gloo worker freeing a Python tensor aborts the process)."""
+    tdist.init(env={}, device="cpu")
+    held = weakref.ref(torch.distributed.group.WORLD)
+    gc.disable()  # the cycle must still be there at teardown
+    try:
+        cycle: list = [torch.distributed.group.WORLD]
+        cycle.append(cycle)
+        del cycle
+        assert _gloo_threads()
+        tdist.teardown()
+        assert held() is None and _gloo_threads() == []
+    finally:
+        gc.enable()
