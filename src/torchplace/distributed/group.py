@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import gc
 import datetime as _dt
+import gc
 import os
 import socket
 import sys
