@@ -41,8 +41,6 @@ _JOIN_S = 2.0  # how long close() waits for the worker thread
 # iterator, which iter() resets, so a new epoch first ends the one before (its worker thread included)
 _epochs: weakref.WeakKeyDictionary[Any, weakref.ReferenceType] = weakref.WeakKeyDictionary()
 
-
-
 # Fork-based DataLoader workers of a process whose accelerator is started: torch's CUDA cannot run in
 # them, and freeing a CUDA tensor (or CUDA-pinned memory) calls it, so a worker whose garbage collector
 # frees inherited garbage holding one aborts ("CUDA error: initialization error" from ~TensorImpl).
@@ -80,6 +78,7 @@ def _after_fork_in_child() -> None:
 if hasattr(os, "register_at_fork"):  # POSIX
     os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
                         after_in_child=_after_fork_in_child)
+
 
 class DeviceLoader(Generic[T]):
     """Wrap a DataLoader (or any iterable of batches) so that its batches arrive on DEVICE.
