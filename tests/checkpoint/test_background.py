@@ -231,7 +231,7 @@ def test_runtime_save_async(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
 def test_writer_threads_lower_their_own_priority_and_pass_it_on() -> None:
-    from torchplace.checkpoint.background import lower_priority
+    from torchplace.checkpoint.stream import lower_priority
 
     main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     seen: dict[str, int | None] = {}

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import torchplace as tp
 from torchplace.checkpoint import background
 from torchplace.checkpoint.staging import HostStaging
-from torchplace.placement import loader as loader_module
+from torchplace.placement import _fork
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
 
@@ -135,8 +135,8 @@ def test_forked_children_collect_nothing_inherited_once_the_accelerator_is_start
         return gc.get_freeze_count() > 0 and gc.isenabled()
 
     gc.unfreeze()
-    monkeypatch.setattr(loader_module, "_accelerator_started", lambda: True)
+    monkeypatch.setattr(_fork, "_accelerator_started", lambda: True)
     assert _in_child(frozen_in_child)
     assert gc.get_freeze_count() == 0 and gc.isenabled()  # the parent collects as before
-    monkeypatch.setattr(loader_module, "_accelerator_started", lambda: False)
+    monkeypatch.setattr(_fork, "_accelerator_started", lambda: False)
     assert not _in_child(frozen_in_child)  # nothing started, nothing to protect: the child collects as ever

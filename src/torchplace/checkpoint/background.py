@@ -49,7 +49,6 @@ import os
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -59,11 +58,12 @@ from torch import nn
 from ..errors import CheckpointError
 from . import distributed as tpdist
 from .background_sharded import stage_sharded
+from .background_write import written
 from .fileio import Planned, plan_file
 from .rotation import rotate, series_lock
 from .saving import capture_rng, check_request, collect_state, series_info
 from .staging import HostStaging, check_memory
-from .stream import default_workers, lower_priority
+from .stream import default_workers
 
 MAX_BACKGROUND_WORKERS = 4  # writer threads: enough for a disk, few enough to leave the CPU to training
 WRITER_NICE = 10  # how much the writer threads lower their CPU priority (Linux nice; 0: not at all)
@@ -195,7 +195,7 @@ class BackgroundSaver:
             self._pending.append(fut)
 
         def run() -> None:
-            error = _written(fut, before, write)
+            error = written(fut, before, write, WRITER_NICE)
             with self._cond:
                 self._pending.remove(fut)
                 if error is not None:
@@ -228,43 +228,6 @@ class BackgroundSaver:
         while (failed := self.uncollected()) is not None:
             print(f"torchplace: a background checkpoint save failed and its error was never collected: "
                   f"{failed._error}", file=sys.stderr, flush=True)
-
-
-def _written(fut: SaveFuture, before: threading.Event | None, write: Callable[[], None]) -> CheckpointError | None:
-    """Run WRITE (after BEFORE is set) at the writer's priority; its CheckpointError (without frames) or None."""
-    try:
-        fut.writer_nice = lower_priority(WRITER_NICE)
-        if before is not None:  # saves reach the disk (and the rotation series) in call order
-            before.wait()
-        write()
-    except CheckpointError as exc:
-        return _without_frames(exc)
-    except BaseException as exc:  # reported through the future, never lost in a thread
-        error = CheckpointError(f"the background save of {fut.path} failed: {type(exc).__name__}: {exc}")
-        error.__cause__ = exc
-        return _without_frames(error)
-    return None
-
-
-def _without_frames(error: CheckpointError) -> CheckpointError:
-    """ERROR with its chain's tracebacks kept as text (a note, Python 3.11+) instead of frames.
-
-    The future keeps its error; frames would keep what they reach (the write's closures, the staging
-    buffers, the frame that caught the error and so the error again): a reference cycle that only a
-    garbage collection frees, and one in a forked DataLoader worker frees the parent's pinned memory.
-    """
-    told = traceback.TracebackException.from_exception(error)
-    lines = list(told.format())
-    text = "".join(lines[:len(lines) - len(list(told.format_exception_only()))])  # the message is said already
-    seen: set[int] = set()
-    link: BaseException | None = error
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        link.__traceback__ = None
-        link = link.__cause__ or link.__context__
-    if hasattr(error, "add_note"):
-        error.add_note(f"torchplace: raised in the background writer thread:\n{text.rstrip()}")
-    return error
 
 
 _saver: BackgroundSaver | None = None

@@ -15,8 +15,6 @@ plain pass-through through `to_device`, unless asked to run the same worker in t
 
 from __future__ import annotations
 
-import gc
-import os
 import queue
 import threading
 import weakref
@@ -25,8 +23,8 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 import torch
 
-from ..hardware.accelerator import accelerator_type, device_module, has_streams, say_once
-from . import _slots
+from ..hardware.accelerator import device_module, has_streams, say_once
+from . import _fork, _slots  # noqa: F401  (_fork: its at-fork hooks)
 from ._inline import Epoch, InlineIter, close_upstream
 from ._stage import Staged, Stager
 from .collate import PackedBatch
@@ -40,45 +38,6 @@ _JOIN_S = 2.0  # how long close() waits for the worker thread
 # DataLoader(persistent_workers=True) -> its DeviceLoader epoch still open: such a DataLoader has one
 # iterator, which iter() resets, so a new epoch first ends the one before (its worker thread included)
 _epochs: weakref.WeakKeyDictionary[Any, weakref.ReferenceType] = weakref.WeakKeyDictionary()
-
-# Fork-based DataLoader workers of a process whose accelerator is started: torch's CUDA cannot run in
-# them, and freeing a CUDA tensor (or CUDA-pinned memory) calls it, so a worker whose garbage collector
-# frees inherited garbage holding one aborts ("CUDA error: initialization error" from ~TensorImpl).
-# Their collector leaves alone what they inherited (gc.freeze, as Python's docs advise for fork), and
-# collects nothing between the fork and that freeze. What a worker makes itself is collected as ever.
-_fork_state = {"accelerator": False, "gc": True}
-
-
-def _accelerator_started() -> bool:
-    """Whether this process has started its accelerator's runtime (torch.cuda.is_initialized() and peers)."""
-    kind = accelerator_type()
-    is_initialized = getattr(device_module(kind), "is_initialized", None) if kind else None
-    return bool(is_initialized()) if callable(is_initialized) else False
-
-
-def _before_fork() -> None:
-    _fork_state["accelerator"] = started = _accelerator_started()
-    _fork_state["gc"] = gc.isenabled()
-    if started:
-        gc.disable()
-
-
-def _after_fork_in_parent() -> None:
-    if _fork_state["accelerator"] and _fork_state["gc"]:
-        gc.enable()
-
-
-def _after_fork_in_child() -> None:
-    if _fork_state["accelerator"]:
-        gc.freeze()
-        if _fork_state["gc"]:
-            gc.enable()
-
-
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
-                        after_in_child=_after_fork_in_child)
-
 
 class DeviceLoader(Generic[T]):
     """Wrap a DataLoader (or any iterable of batches) so that its batches arrive on DEVICE.
