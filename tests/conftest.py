@@ -44,7 +44,7 @@ _LONG_LIVED_THREADS: dict[str, str] = {
     "tqdm_monitor": "tqdm's monitor, started once per process by its first progress bar (transformers' "
                     "save_pretrained and from_pretrained show one)",
 }
-_GRACE_S = 2.0  # a thread or child that is finishing gets this long to end
+_GRACE_S = 120.0  # a thread or child that is finishing gets this long to end (a hang bound: the wait ends when they do)
 
 
 def _alive_children(me: psutil.Process) -> list[psutil.Process]:

@@ -59,7 +59,7 @@ def on_terminal(args: list[str], env: dict[str, str], *, columns: int = 80, time
                 break
         else:
             proc.kill()
-        code = proc.wait(timeout=10)
+        code = proc.wait(timeout=120)
     finally:
         os.close(master)
     return TerminalRun(code, b"".join(chunks).decode("utf-8", "replace"))

@@ -26,7 +26,7 @@ def _options(parser: argparse.ArgumentParser) -> set[str]:
 
 def test_cli_page_is_current():
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "cli_reference.py"), "--check"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 
 

@@ -21,7 +21,7 @@ from torchplace.errors import CheckpointError
 
 from .crafting import CASES, MUST_LOAD
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,7 @@ def _trained() -> tuple[nn.Module, torch.optim.Optimizer]:
 
 def _wait_done(fut: torchplace.SaveFuture) -> None:
     """Wait for FUT to end without collecting its error."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while not fut.done():
         assert time.monotonic() < deadline, "the background save never ended"
         time.sleep(0.005)
@@ -47,7 +47,7 @@ def test_the_file_holds_the_state_at_the_call(tmp_path: Path) -> None:
     model(torch.randn(8, 64)).sum().backward()
     opt.step()
     losses.append(0.25)
-    assert pending.result(timeout=60) == tmp_path / "c.safetensors" and pending.done()
+    assert pending.result(timeout=120) == tmp_path / "c.safetensors" and pending.done()
     ck = torchplace.load(tmp_path / "c.safetensors")
     assert ck.extra == {"losses": [1.0, 0.5]}
     for key, value in weights.items():
@@ -58,7 +58,7 @@ def test_the_file_holds_the_state_at_the_call(tmp_path: Path) -> None:
 
 def test_it_loads_into_objects_like_save(tmp_path: Path) -> None:
     model, opt = _trained()
-    torchplace.save_async(tmp_path / "a", model=model, optimizer=opt, extra={"step": 3}).result(timeout=60)
+    torchplace.save_async(tmp_path / "a", model=model, optimizer=opt, extra={"step": 3}).result(timeout=120)
     torchplace.save(tmp_path / "b", model=model, optimizer=opt, extra={"step": 3})
     other, other_opt = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)), None
     other_opt = torch.optim.AdamW(other.parameters(), lr=1.0)
@@ -74,15 +74,15 @@ def test_staging_buffers_are_reused_and_grow_only_with_the_state(tmp_path: Path)
     mib = 2**20
     small, large = {"w": torch.ones(24 * mib // 4)}, {"w": torch.ones(24 * mib // 4), "v": torch.ones(16 * mib // 4)}
     first = torchplace.save_async(tmp_path / "1", model=small, rng_state=False)
-    first.result(timeout=60)
+    first.result(timeout=120)
     second = torchplace.save_async(tmp_path / "2", model=small, rng_state=False)
-    second.result(timeout=60)
+    second.result(timeout=120)
     assert second.allocated_bytes == 0  # the first save's buffer, reused
     bigger = torchplace.save_async(tmp_path / "3", model=large, rng_state=False)
-    bigger.result(timeout=60)
+    bigger.result(timeout=120)
     assert bigger.allocated_bytes == 40 * mib  # the state grew: a buffer for all of it (the old one goes)
     again = torchplace.save_async(tmp_path / "4", model=small, rng_state=False)
-    again.result(timeout=60)
+    again.result(timeout=120)
     assert again.allocated_bytes == 0
     assert torch.equal(torchplace.load(tmp_path / "4")["model"]["w"], small["w"])
 
@@ -120,14 +120,14 @@ def test_the_next_save_waits_for_the_one_in_flight(tmp_path: Path) -> None:
     first = torchplace.save_async(tmp_path / "1", model=model)
     second = torchplace.save_async(tmp_path / "2", model=model)  # max_in_flight=1: returns after `first` ended
     assert first.done()
-    second.result(timeout=60)
+    second.result(timeout=120)
 
 
 def test_max_in_flight_allows_more_and_writes_in_call_order(tmp_path: Path) -> None:
     model, _ = _trained()
     futures = [torchplace.save_async(tmp_path / f"step-{i}", model=model, extra={"i": i}, keep_last=2,
                                      max_in_flight=3) for i in range(5)]
-    assert [f.result(timeout=60).name for f in futures] == [f"step-{i}" for i in range(5)]
+    assert [f.result(timeout=120).name for f in futures] == [f"step-{i}" for i in range(5)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-3", "step-4"]
     assert torchplace.load(tmp_path).extra == {"i": 4}
 
@@ -151,9 +151,9 @@ def test_save_checks_apply_at_the_call(tmp_path: Path) -> None:
 def test_a_failed_write_is_raised_by_result(tmp_path: Path) -> None:
     pending = torchplace.save_async(tmp_path / "missing" / "c", extra={"a": 1})
     with pytest.raises(torchplace.CheckpointError, match=r"does not exist.*Fix: create it"):
-        pending.result(timeout=60)
+        pending.result(timeout=120)
     assert pending.done()
-    torchplace.save_async(tmp_path / "c", extra={"a": 2}).result(timeout=60)  # collected: the next one saves
+    torchplace.save_async(tmp_path / "c", extra={"a": 2}).result(timeout=120)  # collected: the next one saves
 
 
 def test_an_uncollected_failure_is_raised_by_the_next_save(tmp_path: Path) -> None:
@@ -163,7 +163,7 @@ def test_an_uncollected_failure_is_raised_by_the_next_save(tmp_path: Path) -> No
                                                          r"exist"):
         torchplace.save_async(tmp_path / "next", extra={"a": 2})
     assert not (tmp_path / "next").exists()
-    torchplace.save_async(tmp_path / "next", extra={"a": 2}).result(timeout=60)  # raised once
+    torchplace.save_async(tmp_path / "next", extra={"a": 2}).result(timeout=120)  # raised once
     assert torchplace.load(tmp_path / "next").extra == {"a": 2}
 
 
@@ -171,7 +171,7 @@ def test_a_full_disk_during_the_background_write(tiny_tmpfs: Path) -> None:
     old = torchplace.save(tiny_tmpfs / "c", model={"w": torch.full((1000,), 1.0)}, rng_state=False)
     pending = torchplace.save_async(old, model={"w": torch.full((1_000_000,), 2.0)}, rng_state=False)  # 4 MB > 1 MiB
     with pytest.raises(torchplace.CheckpointError, match=r"could not save .*c: the file system .* is full.*ENOSPC"):
-        pending.result(timeout=60)
+        pending.result(timeout=120)
     assert torch.equal(torchplace.load(old)["model"]["w"], torch.full((1000,), 1.0))
     assert [p.name for p in tiny_tmpfs.iterdir()] == ["c"]
     _wait_done(torchplace.save_async(old, model={"w": torch.full((1_000_000,), 3.0)}, rng_state=False))
@@ -223,7 +223,7 @@ def test_runtime_save_async(tmp_path: Path) -> None:
     rt = torchplace.setup("cpu", threads=None, verbose=False)
     try:
         model, _ = _trained()
-        assert rt.save_async(tmp_path / "c", model=model).result(timeout=60) == tmp_path / "c"
+        assert rt.save_async(tmp_path / "c", model=model).result(timeout=120) == tmp_path / "c"
     finally:
         rt.close()
     assert os.path.getsize(tmp_path / "c") > 64 * 64 * 4
@@ -231,7 +231,7 @@ def test_runtime_save_async(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are Linux's")
 def test_writer_threads_lower_their_own_priority_and_pass_it_on() -> None:
-    from torchplace.checkpoint.background import lower_priority
+    from torchplace.checkpoint.stream import lower_priority
 
     main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     seen: dict[str, int | None] = {}
@@ -259,9 +259,9 @@ def test_the_writer_runs_at_the_module_s_priority(tmp_path: Path, monkeypatch: p
     main = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     monkeypatch.setattr(background, "WRITER_NICE", 3)  # read at each save: the bench can try values
     pending = torchplace.save_async(tmp_path / "c", model={"w": torch.ones(10)}, rng_state=False)
-    assert pending.result(timeout=60) == tmp_path / "c" and pending.writer_nice == min(19, main + 3)
+    assert pending.result(timeout=120) == tmp_path / "c" and pending.writer_nice == min(19, main + 3)
     monkeypatch.setattr(background, "WRITER_NICE", 0)
-    assert torchplace.save_async(tmp_path / "d", extra={"a": 1}).result(timeout=60) == tmp_path / "d"
+    assert torchplace.save_async(tmp_path / "d", extra={"a": 1}).result(timeout=120) == tmp_path / "d"
 
 
 def test_the_shard_stager_waits_on_the_devices_the_state_is_on() -> None:
@@ -277,3 +277,27 @@ def test_a_torch_without_the_shard_stager_is_named_with_the_fix(monkeypatch) -> 
     monkeypatch.setitem(sys.modules, "torch.distributed.checkpoint._state_dict_stager", None)
     with pytest.raises(torchplace.CheckpointError, match="StateDictStager.*Fix: upgrade torch"):
         HostStaging().dcp_stage({"w": torch.ones(2)}, pinned=False)
+
+
+def test_the_sharded_writer_group_dies_with_its_process_group(monkeypatch) -> None:
+    """Kept weakly: after destroy_process_group nothing of ours holds the groups (and their threads) into exit."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+    from ports import free_port
+
+    from torchplace.checkpoint.background_sharded import writer_group
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        first = writer_group()
+        assert writer_group() is first  # made once per group
+        held = weakref.ref(first)
+        del first
+    finally:
+        dist.destroy_process_group()
+    gc.collect()
+    assert held() is None

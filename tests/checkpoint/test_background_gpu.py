@@ -55,7 +55,7 @@ def test_a_state_on_the_gpu_and_the_cpu(tmp_path: Path) -> None:
     pending = torchplace.save_async(tmp_path / "c", model={"cpu": cpu, "gpu": gpu}, extra={"step": 1})
     cpu.zero_()
     gpu.zero_()
-    pending.result(timeout=60)
+    pending.result(timeout=120)
     ck = torchplace.load(tmp_path / "c", device="cpu")
     assert torch.equal(ck["model"]["cpu"], torch.arange(1000.0))
     assert torch.equal(ck["model"]["gpu"], torch.arange(1000.0).to(torch.bfloat16))

@@ -33,7 +33,7 @@ WRITER = textwrap.dedent("""
 def _start_writers(d: Path, n: int, keep: int) -> list[subprocess.Popen[str]]:
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(d), tag, str(n), str(keep)], text=True,
                               stderr=subprocess.PIPE) for tag in ("a", "b")]
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while not all((d / f".ready-{t}").exists() for t in ("a", "b")):
         assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "a writer did not start"
         time.sleep(0.01)
@@ -43,7 +43,7 @@ def _start_writers(d: Path, n: int, keep: int) -> list[subprocess.Popen[str]]:
 
 def _finish(procs: list[subprocess.Popen[str]]) -> None:
     for p in procs:
-        _, err = p.communicate(timeout=60)
+        _, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
 
 
@@ -111,7 +111,7 @@ def test_a_folder_whose_newest_keeps_being_deleted_says_so(tmp_path: Path, monke
         torchplace.load(tmp_path)
 
 
-def _python(code: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def _python(code: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd)
 
@@ -181,12 +181,12 @@ def test_sigterm_during_a_background_write_leaves_the_previous_checkpoint(tmp_pa
         open("started", "w").close()
         threading.Event().wait()
     """)], cwd=tmp_path, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while not (tmp_path / "started").exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
         time.sleep(0.01)
     proc.terminate()
-    proc.communicate(timeout=60)
+    proc.communicate(timeout=120)
     ck = torchplace.load(tmp_path)  # c1 when the write won the race, else c0: complete either way
     assert ck.extra["step"] in (0, 1) and ck["model"]["w"].numel() == (4 if ck.extra["step"] == 0 else 30_000_000)
     visible = {n for n in os.listdir(tmp_path) if not n.startswith(".")}

@@ -43,7 +43,7 @@ def test_a_file_size_limit_reached_during_a_save_is_named_and_keeps_the_previous
                 save("b.safetensors", model={"w": torch.zeros(1_000_000)}, keep_last=2)
             except torchplace.CheckpointError as exc:
                 print(exc)
-    """)], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    """)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("past the largest this process may write (ulimit -f, RLIMIT_FSIZE)") == 2, out.stdout
     assert sorted(n for n in os.listdir(tmp_path) if not n.startswith(".")) == ["a.safetensors", "latest"]

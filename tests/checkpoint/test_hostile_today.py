@@ -20,7 +20,7 @@ import torchplace
 from torchplace.checkpoint import format as fmt
 from torchplace.errors import CheckpointError, CheckpointFormatError
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
 
 def _craft(path: Path, version_json: str) -> None:
@@ -75,7 +75,7 @@ def test_ckpt_inspect_of_the_file_is_one_error_line(tmp_path: Path, version: str
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     env.pop("TORCHPLACE_DEBUG", None)
     run = subprocess.run([sys.executable, "-m", "torchplace", "ckpt", "inspect", str(folder / "step-2.safetensors")],
-                         capture_output=True, text=True, timeout=90, env=env)
+                         capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr[-2000:]
     assert ("upgrade" in run.stderr) == (version == "2") and "Fix:" in run.stderr
 

@@ -40,7 +40,7 @@ class Zygote:
     def close(self) -> None:
         if self.proc.stdin:
             self.proc.stdin.close()
-        self.proc.wait(timeout=30)
+        self.proc.wait(timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,7 @@ def test_sigkills_during_background_saves_never_tear_a_file(kill_dir: Path, zygo
     seen, mid_save = _kill_loop(zygote, target, "async", 100, target, max_kills=400,
                                 covered=lambda seen, mid: len(set(seen)) > 20 and mid > 20)
     assert len(set(seen)) > 20 and mid_save > 20  # kills landed between saves and inside background writes
-    torchplace.save_async(target, extra={"gen": 0}, model={"w": torch.zeros(20_000)}).result(timeout=60)
+    torchplace.save_async(target, extra={"gen": 0}, model={"w": torch.zeros(20_000)}).result(timeout=120)
     assert sorted(p.name for p in kill_dir.iterdir()) == ["c.safetensors"]  # killed writers' temps swept
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import time
+
 import pytest
 import torch
 
@@ -80,14 +83,25 @@ def test_windowed_load_raises_a_readers_error_and_stops(monkeypatch):
     entries, image, chunks = _image_and_chunks(tensors, 1024)
     monkeypatch.setattr(cuda_load, "WINDOW_BYTES", 2 * 1024)  # two chunks a window
     flat = {"a": stream.byte_view(torch.zeros(4000))}
-    read, hold = [], threading.Event()
+    read: list[int] = []
+    caller = threading.get_ident()
+
+    def caller_waits_for_the_readers() -> bool:
+        """The calling thread has handled the failure (cancelled what had not started) and waits in the
+        reader pool's shutdown for this read to end."""
+        frame = sys._current_frames().get(caller)
+        while frame is not None and frame.f_code.co_name != "shutdown":
+            frame = frame.f_back
+        return frame is not None
 
     def read_chunk(c, view):
         read.append(c[0])
         if c[0] == 2:
             raise CheckpointError("chunk 2 is damaged")
-        if c[0] == 3:  # keeps the one reader busy while the failure is handled
-            hold.wait(1.0)
+        if c[0] == 3:  # keeps the one reader busy while the failure is handled (the bound: a hang)
+            deadline = time.monotonic() + 120
+            while not caller_waits_for_the_readers() and time.monotonic() < deadline:
+                time.sleep(0.01)
         view[:] = image[c[1]:c[2]].numpy()
 
     with pytest.raises(CheckpointError, match="chunk 2"):

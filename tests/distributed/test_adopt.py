@@ -29,7 +29,7 @@ def test_a_group_of_one_made_by_torch_is_adopted_and_left_to_its_maker(tmp_path)
         info = tpdist.init()
         assert (info.adopted, info.rank, info.world_size, info.backend, str(info.device)) == (True, 0, 1, "gloo", "cpu")
         assert tpdist.init() is info  # a second call returns the same record
-        assert tpdist.health_check(timeout=10).world_size == 1
+        assert tpdist.health_check(timeout=120).world_size == 1
         tpdist.teardown()
         assert dist.is_initialized()  # not ours to destroy
     finally:

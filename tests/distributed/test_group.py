@@ -7,11 +7,15 @@ localhost, and ranks started by hand with broken environments.
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import socket
 import subprocess
 import sys
 import threading
+import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -40,7 +44,7 @@ def test_plain_process_gets_a_group_of_one(group):
     assert info.device == torch.device("cpu") and info.is_main
     assert tdist.init(env={}, device="cpu") is info  # a second call returns the same record
     assert tdist.info() is info
-    report = tdist.health_check(timeout=10)
+    report = tdist.health_check(timeout=120)
     assert report.world_size == 1 and report.backend == "gloo"
     straggle = tdist.stragglers([0.2, 0.4])
     assert straggle.step_times_s == [pytest.approx(0.3)] and straggle.slow_ranks == []
@@ -112,7 +116,7 @@ def test_a_service_that_is_not_a_store_at_the_master_address_is_named(group, rep
             tdist.init(env=env, join_timeout=1 if reply is None else 2)
     finally:
         stop.set()
-        thread.join(5)
+        thread.join(120)
         for conn in held:
             conn.close()
         server.close()
@@ -206,9 +210,10 @@ def test_two_launchers_join_by_c10d_rendezvous(scripts, child_env):
 # --------------------------------------------------------------------------- ranks started by hand
 
 
-def start_rank(scripts, child_env, **env: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(scripts / "dist_worker.py"), "init"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
+def start_rank(scripts, child_env, join_s: float = 120, **env: str) -> subprocess.Popen:
+    """One rank of a job started by hand; it gives up on ranks that have not joined after JOIN_S."""
+    return subprocess.Popen([sys.executable, str(scripts / "dist_worker.py"), "init", str(join_s)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=child_env(MASTER_ADDR="127.0.0.1", CUDA_VISIBLE_DEVICES="", **env))
 
 
@@ -217,7 +222,7 @@ def test_mismatched_world_sizes_are_named_on_both_ranks(scripts, child_env):
     port = str(free_port())
     procs = [start_rank(scripts, child_env, RANK="0", WORLD_SIZE="2", MASTER_PORT=port),
              start_rank(scripts, child_env, RANK="1", WORLD_SIZE="3", MASTER_PORT=port)]
-    outs = [p.communicate(timeout=120)[0] for p in procs]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
     for out in outs:
         [rec] = jsonl(out)
         assert "WORLD_SIZE differs between ranks" in rec["error"]
@@ -231,9 +236,33 @@ def test_busy_port_and_missing_ranks(scripts, child_env):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = start_rank(scripts, child_env, RANK="0", WORLD_SIZE="2", MASTER_PORT=str(port))
+        proc = start_rank(scripts, child_env, join_s=3, RANK="0", WORLD_SIZE="2", MASTER_PORT=str(port))
         [rec] = jsonl(proc.communicate(timeout=120)[0])
     assert f"Port {port} is already in use on this host" in rec["error"] and "MASTER_PORT" in rec["error"]
-    lonely = start_rank(scripts, child_env, RANK="0", WORLD_SIZE="3", MASTER_PORT=str(free_port()))
+    lonely = start_rank(scripts, child_env, join_s=3, RANK="0", WORLD_SIZE="3", MASTER_PORT=str(free_port()))
     [rec] = jsonl(lonely.communicate(timeout=120)[0])
     assert "2 of WORLD_SIZE=3 ranks did not join within 3 s: rank(s) 1, 2" in rec["error"]
+
+
+def _gloo_threads() -> list[str]:
+    """This process's threads that gloo's process groups run (workers, transport loop)."""
+    names = [Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in os.listdir("/proc/self/task")]
+    return [n for n in names if n.startswith(("pt_gloo", "gloo_"))]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads thread names from /proc (Linux)")
+def test_teardown_destroys_groups_that_only_garbage_still_holds(group):
+    """destroy_process_group unregisters a group but its threads live while anything holds it (issue 28:
+    alive into interpreter shutdown, where a gloo worker freeing a Python tensor aborts the process)."""
+    tdist.init(env={}, device="cpu")
+    held = weakref.ref(torch.distributed.group.WORLD)
+    gc.disable()  # the cycle must still be there at teardown
+    try:
+        cycle: list = [torch.distributed.group.WORLD]
+        cycle.append(cycle)
+        del cycle
+        assert _gloo_threads()
+        tdist.teardown()
+        assert held() is None and _gloo_threads() == []
+    finally:
+        gc.enable()

@@ -22,10 +22,22 @@ def _ranks(stdout: str) -> list[dict]:
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
+def _alive(records: list[dict]) -> list[int]:
+    alive = []
+    for r in records:
+        try:
+            if "pid" in r and psutil.Process(r["pid"]).status() != psutil.STATUS_ZOMBIE:
+                alive.append(r["pid"])
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
 def _no_orphans(records: list[dict]) -> None:
-    time.sleep(1.0)
-    alive = [r["pid"] for r in records if "pid" in r and psutil.pid_exists(r["pid"])
-             and psutil.Process(r["pid"]).status() != psutil.STATUS_ZOMBIE]
+    deadline = time.monotonic() + 120  # the ranks are ending: the bound is for one that never does
+    while _alive(records) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = _alive(records)
     assert alive == [], f"ranks still running after the job ended: {alive}"
 
 

@@ -20,7 +20,7 @@ def launch(rank: int, restarts: int = 0) -> LaunchEnv:
                      master_addr="127.0.0.1", master_port=29500, restart_count=restarts)
 
 
-def start(store, rank: int, results: dict, restarts: int = 0, timeout_s: float = 20.0) -> threading.Thread:
+def start(store, rank: int, results: dict, restarts: int = 0, timeout_s: float = 120.0) -> threading.Thread:
     def run() -> None:
         try:
             results[rank] = join(store, launch(rank, restarts), rank, 2, torch.device("cpu"), "gloo", timeout_s)
@@ -36,7 +36,7 @@ def test_a_restarted_attempt_gets_its_own_keys_even_when_rank_1_comes_first():
     store = dist.HashStore()
     first: dict = {}
     for t in [start(store, 0, first), start(store, 1, first)]:
-        t.join(30)
+        t.join(120)
     assert [first[r].attempt for r in (0, 1)] == [1, 1] and not first[0].restarted
     first[0].store.set("group/0/addr", "the killed attempt's peer address")
 
@@ -46,7 +46,7 @@ def test_a_restarted_attempt_gets_its_own_keys_even_when_rank_1_comes_first():
     assert early.is_alive()  # waits for rank 0's new attempt instead of joining the old one
     late = start(store, 0, again, restarts=1)  # only the node whose worker failed counts a restart
     for t in (early, late):
-        t.join(30)
+        t.join(120)
     assert [again[r].attempt for r in (0, 1)] == [2, 2]
     assert again[0].restarted and again[1].restarted  # rank 1's launcher counted none; rank 0's verdict says so
     assert not again[1].store.check(["group/0/addr"])  # nothing of attempt 1 is visible
@@ -56,7 +56,7 @@ def test_a_restarted_attempt_gets_its_own_keys_even_when_rank_1_comes_first():
 def test_an_attempt_that_named_this_rank_missing_is_not_joined_later():
     store = dist.HashStore()
     lonely: dict = {}
-    start(store, 0, lonely, timeout_s=0.3).join(30)
+    start(store, 0, lonely, timeout_s=0.3).join(120)
     assert "rank(s) 1" in str(lonely[0])  # attempt 1 failed: rank 1 never came
     results: dict = {}
     threads = [start(store, 1, results)]  # rank 1's restarted incarnation finds attempt 1 with a free slot
@@ -64,13 +64,13 @@ def test_an_attempt_that_named_this_rank_missing_is_not_joined_later():
     assert threads[0].is_alive()  # ... and the error naming it missing: it waits for the next attempt
     threads.append(start(store, 0, results))
     for t in threads:
-        t.join(30)
+        t.join(120)
     assert [results[r].attempt for r in (0, 1)] == [2, 2]
 
 
 def test_a_rank_without_any_attempt_to_join_is_told_why():
     results: dict = {}
-    start(dist.HashStore(), 1, results, timeout_s=0.2).join(30)
+    start(dist.HashStore(), 1, results, timeout_s=0.2).join(120)
     with pytest.raises(DistributedError, match=r"Rank 1 of WORLD_SIZE=2 found no start of the group to join"):
         raise results[1]
 

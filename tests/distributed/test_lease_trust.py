@@ -51,13 +51,13 @@ except LeaseError as exc:
 
 def as_user(uid: int, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *argv],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=120)
 
 
 def python_as(uid: int, code: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                            sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          timeout=60, env=env)
+                          timeout=120, env=env)
 
 
 @pytest.fixture
@@ -227,7 +227,7 @@ def test_own_folder_is_accepted(tmp_path, monkeypatch):
 def test_cli_on_a_refused_folder_prints_one_line(world, run_cli, child_env, command):
     folder = world / "leases"
     assert as_user(ATTACKER, "mkdir", "-m", "1777", str(folder)).returncode == 0
-    out = run_cli(command, env=child_env(TORCHPLACE_LEASE_DIR=str(folder)), timeout=60)
+    out = run_cli(command, env=child_env(TORCHPLACE_LEASE_DIR=str(folder)))
     assert out.returncode != 0
     assert "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()

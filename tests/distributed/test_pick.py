@@ -179,10 +179,10 @@ def test_child_inherits_a_lease_held_by_its_parent(h200x2, h200x2_file, lease_di
     code = ("from torchplace.distributed.pick import pick\n"
             f"p = pick(gpus=[0], snapshot={str(h200x2_file)!r})\n"
             "print(p.uuids[0], p.gpus[0].inherited)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env=child_env(TORCHPLACE_LEASE_DIR=str(lease_dir), CUDA_VISIBLE_DEVICES=uuid))
     # without the hand-over (CUDA_VISIBLE_DEVICES naming the GPU), the parent's lease is not ours
-    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                            env=child_env(TORCHPLACE_LEASE_DIR=str(lease_dir)))
     held.release()
     assert out.returncode == 0, out.stderr

@@ -139,7 +139,7 @@ def test_signals_reach_the_job(lease_dir, run_cli, child_env):
                              sys.executable, "-c", job], stdout=subprocess.PIPE, text=True, env=child_env())
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)  # sent to `torchplace run`'s pid
-    assert proc.wait(timeout=60) == 42
+    assert proc.wait(timeout=120) == 42
 
 
 def test_unknown_command_exits_127(run_cli):

@@ -19,7 +19,7 @@ from torchplace.hardware.facts import relevant_env
 from torchplace.hardware.launch_env import MAX_WORLD_SIZE, check, read_launch_env
 from torchplace.hardware.launch_others import read_mpi
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 _LAUNCH_PREFIXES = ("OMPI_", "PMI_", "MV2_", "MPI_", "SLURM_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_",
                     "NODE_RANK", "GROUP_", "TORCHELASTIC_")
 
@@ -28,7 +28,7 @@ def _doctor(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCH_PREFIXES)}
     base.pop("TORCHPLACE_DEBUG", None)
     return subprocess.run([sys.executable, "-m", "torchplace", "doctor"], capture_output=True, text=True,
-                          timeout=90, env={**base, "CUDA_VISIBLE_DEVICES": "", **env})
+                          timeout=120, env={**base, "CUDA_VISIBLE_DEVICES": "", **env})
 
 
 def test_doctor_sees_the_mpi_and_lightning_variables() -> None:

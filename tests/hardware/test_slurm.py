@@ -101,7 +101,7 @@ def test_uneven_tasks_per_node():
 @pytest.mark.slow
 def test_two_srun_tasks_form_a_gloo_group(child_env):
     """Two processes with the task environments srun would give them (one node, localhost) make one group."""
-    script = ("import json, torchplace as tp; i = tp.dist.init(join_timeout=60); "
+    script = ("import json, torchplace as tp; i = tp.dist.init(join_timeout=120); "
               "print(json.dumps([i.rank, i.world_size, i.local_rank, i.node_rank, i.launcher])); tp.dist.teardown()")
     base = {"SLURM_JOB_ID": "5", "SLURM_JOB_NODELIST": "localhost", "SLURM_NNODES": "1", "SLURM_NTASKS": "2",
             "SLURM_TASKS_PER_NODE": "2", "SLURM_NODEID": "0", "MASTER_PORT": str(free_port()),
@@ -109,6 +109,6 @@ def test_two_srun_tasks_form_a_gloo_group(child_env):
     procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=child_env(**base, SLURM_PROCID=str(r), SLURM_LOCALID=str(r)))
              for r in (0, 1)]
-    outs = [p.communicate(timeout=120) for p in procs]
+    outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-1500:] for _, err in outs]
     assert sorted(json.loads(out) for out, _ in outs) == [[0, 2, 0, 0, "slurm"], [1, 2, 1, 0, "slurm"]]

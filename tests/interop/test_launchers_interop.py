@@ -181,7 +181,7 @@ def test_setup_inside_lightning_fit_adopts_lightnings_group(monkeypatch: pytest.
 def test_two_mpirun_processes_form_a_gloo_group(child_env: Any) -> None:
     """Two processes with the variables Open MPI's mpirun gives them (one host) make one group, each with
     its own rank; before, each made a group of one."""
-    script = ("import json, torchplace as tp; i = tp.dist.init(join_timeout=60); "
+    script = ("import json, torchplace as tp; i = tp.dist.init(join_timeout=120); "
               "print(json.dumps([i.rank, i.world_size, i.local_rank, i.launcher])); tp.dist.teardown()")
     base = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_PORT": str(free_port()),
             "CUDA_VISIBLE_DEVICES": ""}
@@ -189,6 +189,6 @@ def test_two_mpirun_processes_form_a_gloo_group(child_env: Any) -> None:
                               text=True, env=child_env(**base, OMPI_COMM_WORLD_RANK=str(r),
                                                        OMPI_COMM_WORLD_LOCAL_RANK=str(r)))
              for r in (0, 1)]
-    outs = [p.communicate(timeout=120) for p in procs]
+    outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-1500:] for _, err in outs]
     assert sorted(json.loads(out) for out, _ in outs) == [[0, 2, 0, "mpi"], [1, 2, 1, "mpi"]]

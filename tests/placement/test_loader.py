@@ -40,9 +40,8 @@ def workers() -> list[threading.Thread]:
 
 
 def wait_for_no_workers() -> None:
-    for _ in range(200):  # the worker exits within one poll of its stop flag
-        if not workers():
-            return
+    deadline = time.monotonic() + 120  # the worker exits within one poll of its stop flag; this bound is for a hang
+    while workers() and time.monotonic() < deadline:
         time.sleep(0.01)
 
 
@@ -114,7 +113,7 @@ def test_breaking_out_mid_epoch_cleans_up(background):
     for i, _batch in enumerate(tp.DeviceLoader(Source(), "meta", background=background)):
         if i == 3:
             break
-    assert closed.wait(5), "the upstream iterator was not closed after the consumer broke out"
+    assert closed.wait(120), "the upstream iterator was not closed after the consumer broke out"
     wait_for_no_workers()
     assert not workers()
 
@@ -144,7 +143,7 @@ def test_the_worker_never_runs_more_than_prefetch_ahead():
     for _ in range(n):
         with lock:  # the timeout only guards against a hang
             want = min(asked + prefetch, n)
-            assert lock.wait_for(lambda want=want: len(asked_at_pull) >= want, timeout=60)
+            assert lock.wait_for(lambda want=want: len(asked_at_pull) >= want, timeout=120)
             asked += 1
         next(it)
     it.close()

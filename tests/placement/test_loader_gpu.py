@@ -238,15 +238,14 @@ def test_break_mid_epoch_frees_the_batches_copied_ahead():
     ahead = 0
     for i, batch in enumerate(tp.DeviceLoader(data, dev, prefetch=3)):  # noqa: B007  (held, then deleted below)
         if i == 2:
-            deadline = time.monotonic() + 5  # the device is idle: the worker copies ahead at once
+            deadline = time.monotonic() + 120  # the device is idle: the worker copies ahead at once (bound: a hang)
             while ahead < 3 * batch_bytes and time.monotonic() < deadline:
                 time.sleep(0.01)
                 ahead = torch.cuda.memory_allocated(dev) - before
             break
     del batch  # no gc.collect(): dropping the last reference must be enough
-    for _ in range(100):
-        if not [t for t in threading.enumerate() if t.name == "torchplace-DeviceLoader"]:
-            break
+    deadline = time.monotonic() + 120
+    while [t for t in threading.enumerate() if t.name == "torchplace-DeviceLoader"] and time.monotonic() < deadline:
         time.sleep(0.02)
     torch.cuda.synchronize(dev)
     after = torch.cuda.memory_allocated(dev)

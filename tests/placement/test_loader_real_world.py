@@ -16,7 +16,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset,
 
 import torchplace as tp
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(120)
 BACKGROUND = [pytest.param(False, id="inline"), pytest.param(True, id="background")]
 
 
@@ -54,7 +54,7 @@ def nothing_left_behind():
     """The worker processes and threads a test started are gone once it is over (collected)."""
     before = alive()
     yield
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 120  # a hang detector: the loop ends as soon as they are gone
     gc.collect()
     while time.monotonic() < deadline and any(now - was for now, was in zip(alive(), before)):
         time.sleep(0.05)
@@ -254,7 +254,7 @@ def test_iterated_from_another_thread(background):
     out: list = []
     thread = threading.Thread(target=lambda: out.extend(tp.DeviceLoader(loader, "cpu", background=background)))
     thread.start()
-    thread.join(20)
+    thread.join(120)
     assert not thread.is_alive()
     same(ref, out)
 

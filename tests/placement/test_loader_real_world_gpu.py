@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 
 import torchplace as tp
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(120)]
 WAYS = [pytest.param(None, id="default"), pytest.param(True, id="background")]
 
 

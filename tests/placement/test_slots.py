@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate, default_conve
 import torchplace as tp
 from torchplace.errors import PackingError, PackingWarning
 from torchplace.placement import _build, _slots, collate
+from torchplace.placement import loader as loader_module
 from torchplace.placement.collate import PackedBatch, pack, packed_collate
 
 
@@ -165,7 +166,8 @@ def test_device_loader_gives_slots_for_a_deep_prefetch():
         _check(batch, i)
     assert fn.slots == 6 + 3 + 2
     timed = packed_collate(default_convert)
-    list(tp.DeviceLoader(DataLoader(Numbered(2), batch_size=None, num_workers=1, collate_fn=timed, timeout=2), "cpu"))
+    # set as an epoch starts, before the workers do; not iterated: a 2 s DataLoader timeout would time the machine
+    loader_module._fit_slots(DataLoader(Numbered(2), batch_size=None, num_workers=1, collate_fn=timed, timeout=2), 2)
     assert timed.wait_s == 0.5  # a quarter of the DataLoader's timeout
     assert packed_collate(slots=4).auto_slots is False
 

@@ -58,11 +58,12 @@ from torch import nn
 from ..errors import CheckpointError
 from . import distributed as tpdist
 from .background_sharded import stage_sharded
+from .background_write import written
 from .fileio import Planned, plan_file
 from .rotation import rotate, series_lock
 from .saving import capture_rng, check_request, collect_state, series_info
 from .staging import HostStaging, check_memory
-from .stream import default_workers, lower_priority
+from .stream import default_workers
 
 MAX_BACKGROUND_WORKERS = 4  # writer threads: enough for a disk, few enough to leave the CPU to training
 WRITER_NICE = 10  # how much the writer threads lower their CPU priority (Linux nice; 0: not at all)
@@ -135,9 +136,12 @@ class SaveFuture:
     def result(self, timeout: float | None = None) -> Path:
         """Wait (at most TIMEOUT seconds: then TimeoutError) for the file; return its path or raise its error."""
         error = self.exception(timeout)
-        if error is not None:
+        if error is None:
+            return self.path
+        try:
             raise error
-        return self.path
+        finally:  # this frame joins the error's traceback: it must not hold the error (or this future, holding it)
+            del error, self
 
     def _finish(self, error: CheckpointError | None) -> None:
         self._error = error
@@ -191,17 +195,7 @@ class BackgroundSaver:
             self._pending.append(fut)
 
         def run() -> None:
-            error: CheckpointError | None = None
-            try:
-                fut.writer_nice = lower_priority(WRITER_NICE)
-                if before is not None:  # saves reach the disk (and the rotation series) in call order
-                    before.wait()
-                write()
-            except CheckpointError as exc:
-                error = exc
-            except BaseException as exc:  # reported through the future, never lost in a thread
-                error = CheckpointError(f"the background save of {fut.path} failed: {type(exc).__name__}: {exc}")
-                error.__cause__ = exc
+            error = written(fut, before, write, WRITER_NICE)
             with self._cond:
                 self._pending.remove(fut)
                 if error is not None:
@@ -238,13 +232,19 @@ class BackgroundSaver:
 
 _saver: BackgroundSaver | None = None
 _saver_lock = threading.Lock()
+_inherited: list[Any] = []  # in a forked child: the parent's staging buffers, never freed here
 
 
 def _forget_after_fork() -> None:
-    """In a forked child (a DataLoader worker): no writer thread is here; never write or wait for the parent's saves."""
+    """In a forked child (a DataLoader worker): no writer thread is here; never write or wait for the parent's saves.
+
+    The parent's staging buffers stay referenced: they are pinned through the parent's CUDA context, and
+    freeing one here calls CUDA, which a forked child cannot (the worker aborts with 'initialization error').
+    """
     global _saver, _saver_lock
     _saver_lock = threading.Lock()  # a thread may have held it at the fork
     if _saver is not None:
+        _inherited.append(vars(_saver).copy())
         _saver.__init__()  # type: ignore[misc]  # nothing pending, nothing failed, no buffers of the parent's
 
 

@@ -18,6 +18,7 @@ itself, so that the background part is a torchplace save like the others:
 from __future__ import annotations
 
 import secrets
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,16 +33,20 @@ from .rotation import rotate
 from .saving import collect_side, series_info
 from .staging import HostStaging, check_memory, local_bytes
 
-_group: tuple[Any, Any] | None = None  # (the default group it was made for, the gloo group)
+# (the default group it was made for, the gloo group), both weakly: torch's registry owns them until
+# destroy_process_group, after which nothing of ours may keep a group (and its threads) alive into exit
+_group: tuple[weakref.ref[Any], weakref.ref[Any]] | None = None
 
 
 def writer_group() -> Any:
     """The gloo group background sharded saves use (made on first use, on every rank: a collective)."""
     global _group
     world = dist.group.WORLD
-    if _group is None or _group[0] is not world:
-        _group = (world, dist.new_group(backend="gloo"))
-    return _group[1]
+    group = _group[1]() if _group is not None and _group[0]() is world else None
+    if group is None:
+        group = dist.new_group(backend="gloo")
+        _group = (weakref.ref(world), weakref.ref(group))
+    return group
 
 
 def stage_sharded(fut: Any, staging: HostStaging, target: Path, model: nn.Module, optimizer: Any,

@@ -220,51 +220,53 @@ def decode(tree: Any, lookup: Callable[[str], Any], *, unpickle: Callable[[str],
     Raises StateError (a ValueError) for anything `encode` does not write: an unknown tag, a field
     of the wrong type, a dict entry that is not a [key, value] pair, a dtype or device torch lacks.
     """
+    return _decoded(tree, lookup, unpickle)
 
-    def walk(node: Any) -> Any:
-        if isinstance(node, list):
-            return [walk(v) for v in node]
-        if not isinstance(node, dict):
-            return node
-        tag = node.get("t")
-        if tag == "dict":
-            pairs = _shaped(node, tag, "v", list)
-            if not all(isinstance(p, list) and len(p) == 2 for p in pairs):
-                raise StateError("a 'dict' entry holds something other than [key, value] pairs")
-            return {_hashable(walk(k)): walk(val) for k, val in pairs}
-        if tag == "tuple":
-            return tuple(walk(x) for x in _shaped(node, tag, "v", list))
-        if tag == "tensor":
-            return lookup(_shaped(node, tag, "k", str))
-        if tag == "ndarray":
-            t = lookup(_shaped(node, tag, "k", str))
-            return t if isinstance(t, TensorRef) else t.cpu().numpy()
-        if tag == "float":
-            text = _shaped(node, tag, "v", str)
-            try:
-                return float(text)
-            except ValueError:
-                raise StateError(f"a 'float' entry holds {text!r:.60}, not a number") from None
-        if tag == "size":
-            return _size(_shaped(node, tag, "v", list))
-        if tag == "dtype":
-            return _dtype(_shaped(node, tag, "v", str))
-        if tag == "device":
-            return _device(_shaped(node, tag, "v", str))
-        if tag == "bytes":
-            try:
-                return base64.b64decode(_shaped(node, tag, "v", str), validate=True)
-            except ValueError:
-                raise StateError("a 'bytes' entry is not base64") from None
-        if tag == "ref":
-            return TensorRef(_shaped(node, tag, "k", str))
-        if tag == "pickle":
-            key = _shaped(node, tag, "k", str)
-            return TensorRef(key) if unpickle is None else unpickle(key)
-        raise StateError(f"unknown tag {tag!r:.60} (this torchplace knows dict, tuple, tensor, ndarray, float, "
-                         "size, dtype, device, bytes, ref, pickle)")
 
-    return walk(tree)
+def _decoded(node: Any, lookup: Callable[[str], Any], unpickle: Callable[[str], Any] | None) -> Any:
+    """`decode` of one node. A module function, not a recursive closure: a closure that calls itself is a
+    reference cycle, and it would keep LOOKUP's tensors (on the device) alive until a garbage collection."""
+    if isinstance(node, list):
+        return [_decoded(v, lookup, unpickle) for v in node]
+    if not isinstance(node, dict):
+        return node
+    tag = node.get("t")
+    if tag == "dict":
+        pairs = _shaped(node, tag, "v", list)
+        if not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+            raise StateError("a 'dict' entry holds something other than [key, value] pairs")
+        return {_hashable(_decoded(k, lookup, unpickle)): _decoded(val, lookup, unpickle) for k, val in pairs}
+    if tag == "tuple":
+        return tuple(_decoded(x, lookup, unpickle) for x in _shaped(node, tag, "v", list))
+    if tag == "tensor":
+        return lookup(_shaped(node, tag, "k", str))
+    if tag == "ndarray":
+        t = lookup(_shaped(node, tag, "k", str))
+        return t if isinstance(t, TensorRef) else t.cpu().numpy()
+    if tag == "float":
+        text = _shaped(node, tag, "v", str)
+        try:
+            return float(text)
+        except ValueError:
+            raise StateError(f"a 'float' entry holds {text!r:.60}, not a number") from None
+    if tag == "size":
+        return _size(_shaped(node, tag, "v", list))
+    if tag == "dtype":
+        return _dtype(_shaped(node, tag, "v", str))
+    if tag == "device":
+        return _device(_shaped(node, tag, "v", str))
+    if tag == "bytes":
+        try:
+            return base64.b64decode(_shaped(node, tag, "v", str), validate=True)
+        except ValueError:
+            raise StateError("a 'bytes' entry is not base64") from None
+    if tag == "ref":
+        return TensorRef(_shaped(node, tag, "k", str))
+    if tag == "pickle":
+        key = _shaped(node, tag, "k", str)
+        return TensorRef(key) if unpickle is None else unpickle(key)
+    raise StateError(f"unknown tag {tag!r:.60} (this torchplace knows dict, tuple, tensor, ndarray, float, "
+                     "size, dtype, device, bytes, ref, pickle)")
 
 
 def skeleton(tree: Any, keys: set[str] | frozenset[str]) -> Any:
@@ -287,22 +289,27 @@ def unpickle_bytes(data: torch.Tensor) -> Any:
 def tensor_keys_by_path(tree: Any) -> dict[tuple[Any, ...], str]:
     """Map each tensor's path in the tree (tuple of keys) to its tensor key."""
     out: dict[tuple[Any, ...], str] = {}
-
-    def walk(node: Any, path: tuple[Any, ...]) -> None:
-        if isinstance(node, list):
-            for i, item in enumerate(node):
-                walk(item, path + (i,))
-        elif isinstance(node, dict):
-            tag = node.get("t")
-            v: Any = node.get("v")
-            if tag == "dict":
-                for k, val in v:
-                    walk(val, path + (decode(k, lambda key: key),))
-            elif tag == "tuple":
-                for i, x in enumerate(v):
-                    walk(x, path + (i,))
-            elif tag in ("tensor", "ndarray"):
-                out[path] = node["k"]
-
-    walk(tree, ())
+    _collect_paths(tree, (), out)
     return out
+
+
+def _collect_paths(node: Any, path: tuple[Any, ...], out: dict[tuple[Any, ...], str]) -> None:
+    """Add NODE's tensor keys to OUT by path (a module function: a recursive closure is a reference cycle)."""
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            _collect_paths(item, path + (i,), out)
+    elif isinstance(node, dict):
+        tag = node.get("t")
+        v: Any = node.get("v")
+        if tag == "dict":
+            for k, val in v:
+                _collect_paths(val, path + (decode(k, _same),), out)
+        elif tag == "tuple":
+            for i, x in enumerate(v):
+                _collect_paths(x, path + (i,), out)
+        elif tag in ("tensor", "ndarray"):
+            out[path] = node["k"]
+
+
+def _same(key: str) -> str:
+    return key

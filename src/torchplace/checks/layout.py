@@ -44,19 +44,20 @@ def own_tensors(module: torch.nn.Module) -> Iterator[tuple[str, str, torch.Tenso
 def subtree_devices(root: torch.nn.Module) -> dict[int, frozenset[str]]:
     """id(module) -> the devices its subtree's tensors are on."""
     out: dict[int, frozenset[str]] = {}
-
-    def visit(module: torch.nn.Module) -> frozenset[str]:
-        if id(module) in out:
-            return out[id(module)]
-        devices = {str(t.device) for _, _, t in own_tensors(module)}
-        for child in module._modules.values():
-            if child is not None:
-                devices |= visit(child)
-        out[id(module)] = frozenset(devices)
-        return out[id(module)]
-
-    visit(root)
+    _visit(root, out)
     return out
+
+
+def _visit(module: torch.nn.Module, out: dict[int, frozenset[str]]) -> frozenset[str]:
+    """MODULE's subtree devices, recorded in OUT (a module function: a recursive closure is a reference cycle)."""
+    if id(module) in out:
+        return out[id(module)]
+    devices = {str(t.device) for _, _, t in own_tensors(module)}
+    for child in module._modules.values():
+        if child is not None:
+            devices |= _visit(child, out)
+    out[id(module)] = frozenset(devices)
+    return out[id(module)]
 
 
 def module_groups(root: torch.nn.Module, label: str = "model") -> list[ModuleGroup]:

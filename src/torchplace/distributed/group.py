@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as _dt
+import gc
 import os
 import socket
 import sys
@@ -322,6 +323,11 @@ def teardown(timeout: float = 30.0) -> None:
     def destroy() -> None:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+        # destroy_process_group only unregisters the groups: gloo's worker threads, its transport loop and the
+        # store's server live on until the last reference goes (no shutdown() or abort() stops them). Groups held
+        # by garbage (a DDP model in a reference cycle) go now, their threads joined while the interpreter is
+        # whole, rather than in interpreter shutdown, where a worker freeing a Python tensor aborts the process.
+        gc.collect()
         done.set()
 
     try:

@@ -24,7 +24,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import torch
 
 from ..hardware.accelerator import device_module, has_streams, say_once
-from . import _slots
+from . import _fork, _slots  # noqa: F401  (_fork: its at-fork hooks)
 from ._inline import Epoch, InlineIter, close_upstream
 from ._stage import Staged, Stager
 from .collate import PackedBatch
@@ -38,7 +38,6 @@ _JOIN_S = 2.0  # how long close() waits for the worker thread
 # DataLoader(persistent_workers=True) -> its DeviceLoader epoch still open: such a DataLoader has one
 # iterator, which iter() resets, so a new epoch first ends the one before (its worker thread included)
 _epochs: weakref.WeakKeyDictionary[Any, weakref.ReferenceType] = weakref.WeakKeyDictionary()
-
 
 class DeviceLoader(Generic[T]):
     """Wrap a DataLoader (or any iterable of batches) so that its batches arrive on DEVICE.

@@ -29,7 +29,7 @@ def main(maker: str, outdir: Path) -> None:
     again = torchplace.setup(verbose=False)
     value = torch.tensor([float(info.rank + 1)])
     dist.all_reduce(value)
-    report = tpdist.health_check(timeout=30)
+    report = tpdist.health_check(timeout=120)
     (outdir / f"rank{info.rank}.json").write_text(json.dumps({
                       "rank": info.rank, "world_size": info.world_size, "adopted": info.adopted,
                       "backend": info.backend, "device": str(info.device), "setup_rank": again.rank,

@@ -26,7 +26,8 @@ def say(record: dict) -> None:
 
 scenario = sys.argv[1]
 try:
-    info = torchplace.dist.init(join_timeout=3 if scenario == "init" else 60)
+    # a rank that waits for others that never come gives up after JOIN_S (argv[2] of "init"); else a hang detector
+    info = torchplace.dist.init(join_timeout=float(sys.argv[2]) if scenario == "init" else 120)
 except torchplace.DistributedError as exc:
     say({"rank": os.environ.get("RANK"), "error": str(exc)})
     sys.exit(4)
@@ -53,7 +54,7 @@ if scenario == "sleep":
 value = torch.tensor([float(info.rank + 1)], device=info.device)
 dist.all_reduce(value)
 record["all_reduce"] = value.item()
-record["health_world"] = torchplace.dist.health_check(timeout=30).world_size
+record["health_world"] = torchplace.dist.health_check(timeout=120).world_size
 report = torchplace.dist.stragglers([0.1, 0.1] if info.rank != 1 else [0.3, 0.5])
 record["slow_ranks"] = report.slow_ranks
 record["step_times"] = report.step_times_s

@@ -18,7 +18,7 @@ import torchplace
 from torchplace.distributed.flight_recorder import dump_here
 
 backend, timeout_s, mode = sys.argv[1], float(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else ""
-info = torchplace.dist.init(timeout=timeout_s, join_timeout=60)
+info = torchplace.dist.init(timeout=timeout_s, join_timeout=120)
 os.write(1, (json.dumps({"rank": info.rank, "pid": os.getpid(), "device": str(info.device)}) + "\n").encode())
 value = torch.ones(1024, device=info.device)
 for _ in range(3):
