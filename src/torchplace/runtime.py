@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -21,7 +20,7 @@ from .errors import CheckpointError
 from .hardware.launch_env import LaunchEnv, read_launch_env
 
 if TYPE_CHECKING:
-    from .amp import PrecisionPolicy
+    from .amp import PolicyAutocast, PrecisionPolicy
     from .checkpoint.background import SaveFuture
     from .checkpoint.loading import Checkpoint
     from .checks.explain import Explanation
@@ -104,7 +103,7 @@ class Runtime:
 
         return DeviceLoader(loader, self.device, **kwargs)
 
-    def autocast(self, **kwargs: Any) -> AbstractContextManager[None]:
+    def autocast(self, **kwargs: Any) -> PolicyAutocast:
         """Autocast for the chosen precision (a no-op context for fp32), checked on the first step."""
         return self.precision.autocast(**kwargs)
 
