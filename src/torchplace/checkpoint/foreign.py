@@ -69,6 +69,16 @@ def sniff(path: Path) -> str:
     return "unknown"
 
 
+def folder_tool(path: Path) -> str:
+    """Who wrote the folder `sniff` calls "accelerate": transformers' `save_pretrained` (a config.json beside
+    the weights, none of accelerate's save_state files) or accelerate's `save_state`."""
+    names = set(os.listdir(path))
+    if "config.json" in names and not names & set(ACCELERATE_FILES) and not any(
+            n.startswith("random_states_") for n in names):
+        return "transformers (save_pretrained)"
+    return "accelerate"
+
+
 def zip_budget(file_size: int) -> int:
     """The most bytes a torch.save zip of FILE_SIZE bytes may unpack to: twice its size, or 128 MiB."""
     return max(2 * file_size, 128 * 2**20)

@@ -174,7 +174,7 @@ def _versionless(tool: str) -> bool:
     """True for formats that cannot store module versions (plain safetensors, accelerate's model.safetensors,
     DCP): their weights are taken as the model's current versions, as torch's DCP loading does (it fills
     model.state_dict() in place). A torch.save file without versions is loaded as torch would load it."""
-    return tool in ("safetensors", "accelerate") or tool.startswith("torch.distributed.checkpoint")
+    return tool in ("safetensors", "accelerate") or tool.startswith(("torch.distributed.checkpoint", "transformers"))
 
 
 def _restore_rng(ck: Checkpoint, dev: torch.device) -> None:

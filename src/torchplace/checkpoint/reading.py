@@ -84,7 +84,7 @@ def read_any(path: Path, *, dev: torch.device | None, model: nn.Module | None, o
         return tool, state, {}, []
     if kind == "accelerate":
         state, notes = foreign.load_accelerate(path, load_st, default, trust_pickle)
-        return "accelerate", state, {}, notes
+        return foreign.folder_tool(path), state, {}, notes
     if kind == "unknown" and path.name in foreign.INDEX_FILES:  # a sharded model's index: the shards it lists
         return "accelerate", {"model": foreign.load_index(path, load_st, default, trust_pickle)}, {}, []
     if kind == "dcp":
