@@ -190,6 +190,14 @@ def _restore_rng(ck: Checkpoint, dev: torch.device) -> None:
             saved = ranks[0] if ranks else {}
             ck.notes.append(f"RNG states were saved by {len(ranks)} ranks and this run has {world_size}; "
                             "rank 0's states were restored")
+    elif isinstance(ck.metadata.get("rng_rank"), int):  # saved by one rank alone: its generators only
+        rank, world_size = tpdist.world()
+        saver = ck.metadata["rng_rank"]
+        if world_size > 1 and rank != saver:
+            ck.rng_skipped = {name: f"the file holds rank {saver}'s generators only (saved by rank {saver} alone); "
+                                    f"this rank ({rank}) keeps its own. Fix: save(..., all_ranks=True) on every "
+                                    "rank saves each rank's" for name in saved}
+            return
     ck.rng_restored, ck.rng_skipped = rng.restore(dict(saved), dev, ck.metadata.get("primary_device"))
 
 

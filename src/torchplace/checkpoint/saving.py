@@ -119,7 +119,7 @@ def series_info(target: Path, rotate_after: bool) -> dict[str, Any]:
 def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] | None = None,
          optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
          extra: Mapping[str, Any] | None = None, keep_last: int | None = None, latest: bool = False,
-         rng_state: bool = True, allow_pickle: bool = False, **more_state: Any) -> Path:
+         rng_state: bool = True, allow_pickle: bool = False, all_ranks: bool = False, **more_state: Any) -> Path:
     """Save what is needed to resume training to PATH, atomically; return PATH.
 
     The file is written next to PATH and renamed into place once complete, so a crash leaves the
@@ -138,6 +138,8 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
         latest: update the `latest` pointer and keep every checkpoint.
         rng_state: also save the Python, numpy, CPU and CUDA generator states.
         allow_pickle: store values that only pickle can (loading them needs `trust_pickle=True`).
+        all_ranks: in a process group, every rank calls save: each rank's RNG states are gathered
+            into the file, and every rank returns once it is complete (or raises rank 0's failure).
         **more_state: more named objects with `state_dict()` (an EMA model, a sampler) or plain
             values; `load` gives them back by name.
 
@@ -149,9 +151,11 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
             directory), PATH is named `latest`, or rotation would replace a `latest` that is not a
             pointer; the previous file at PATH is then untouched.
 
-    In a process group every rank must call save; rank 0 writes and every rank returns once the
-    file is complete. `torchplace.save_async` does the same with training going on while the file
-    is written.
+    In a process group rank 0 writes, with no collective: `if rank == 0: save(...)` works, and a call
+    on another rank returns at once without writing (its RNG states are not in the file unless
+    `all_ranks=True`). A sharded model (FSDP, DTensor) needs every rank: called on some ranks only, save
+    raises within TORCHPLACE_SAVE_JOIN_S (60 s) naming the ranks absent, as with `all_ranks=True`.
+    `torchplace.save_async` saves with training going on while the file is written (every rank calls it).
 
     Example:
         ```python
@@ -166,12 +170,21 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
         ```
     """
     target = check_request(path, keep_last, more_state)
-    _, world_size = tpdist.world()
+    rank, world_size = tpdist.world()
     rotate_after = keep_last is not None or latest
-    rng_tree = capture_rng(rng_state, world_size)
-    info = {"world_size": world_size, "rotation": rotate_after}
+    sharded = isinstance(model, nn.Module) and tpdist.is_sharded(model)
+    collective = world_size > 1 and (sharded or all_ranks)
+    if collective:
+        tpdist.join_ranks(target, "saving a sharded model" if sharded else "save(all_ranks=True)")
+    elif world_size > 1 and rank != 0:
+        return target  # rank 0 writes; this rank's call has nothing to do
+    rng_tree = capture_rng(rng_state, world_size if collective else 1)
+    info: dict[str, Any] = {"world_size": world_size, "rotation": rotate_after}
+    if world_size > 1 and not collective and rng_tree is not None:
+        info["rng_rank"] = rank  # only rank 0's generators: the others' are not in the file
 
-    if isinstance(model, nn.Module) and tpdist.is_sharded(model):
+    if sharded:
+        assert isinstance(model, nn.Module)
         def write_side(side: Path, skeleton: dict[str, Any]) -> None:
             tree, meta = collect_side(model, scheduler, scaler, extra, more_state, skeleton, rng_tree, info)
             write_file(side, tree, allow_pickle=allow_pickle, info={**meta, **series_info(target, rotate_after)})
@@ -189,7 +202,7 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
                 rotate(target, keep_last)
         return target
 
-    if world_size > 1:
+    if collective:
         tpdist.on_rank0(write, target)
         return target
     return write()
