@@ -63,7 +63,7 @@ def _convert(src: Path, dst: Path, *, trust_pickle: bool, weights_only: bool) ->
                               "overwrite the input. Fix: write to a new name, check it with `torchplace ckpt "
                               "inspect`, then move it.")
     begin(f"reading {src.name}")
-    tool, state, meta, notes = read_any(src, dev=torch.device("cpu"), model=None, optimizer=None,
+    tool, state, meta, notes, _ = read_any(src, dev=torch.device("cpu"), model=None, optimizer=None,
                                      trust_pickle=trust_pickle)
     notes = list(notes)
     prefix = ""

@@ -361,9 +361,9 @@ def _as_optimizer_state(path: Path, nested: dict[Any, Any]) -> dict[str, Any]:
 
 
 def read_plain(path: Path, model: nn.Module, optimizer: Any, trust_pickle: bool
-               ) -> tuple[str, dict[str, Any], dict[str, Any], list[str]]:
+               ) -> tuple[str, dict[str, Any], dict[str, Any], list[str], None]:
     """Read a DCP folder written by torch alone (no side file) for MODEL (and OPTIMIZER), safely:
-    ('torch.distributed.checkpoint', state tree, {}, notes). The model's tensors are allocated like
+    ('torch.distributed.checkpoint', state tree, {}, notes, None). The model's tensors are allocated like
     its own and filled by DCP; optimizer state is allocated from the metadata, after `check_storage`
     has tied every declared size to bytes in the folder's files."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -400,4 +400,4 @@ def read_plain(path: Path, model: nn.Module, optimizer: Any, trust_pickle: bool
     left = len(entries) - len(dest)
     if left:
         notes.append(f"{left} other entries of the checkpoint were not loaded")
-    return "torch.distributed.checkpoint", state, {}, notes
+    return "torch.distributed.checkpoint", state, {}, notes, None

@@ -183,7 +183,8 @@ def _needs_code(message: str) -> str | None:
     return first
 
 
-def _is_state_dict(obj: Any) -> bool:
+def is_state_dict(obj: Any) -> bool:
+    """True for a mapping of names to tensors (a model's state dict as torch.save wrote it)."""
     return isinstance(obj, Mapping) and len(obj) > 0 and all(
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
 
@@ -218,7 +219,7 @@ def normalize(obj: Any, path: Path | str = "the checkpoint") -> tuple[str, dict[
 
 
 def _normalize(obj: Any) -> tuple[str, dict[str, Any]]:
-    if _is_state_dict(obj):
+    if is_state_dict(obj):
         return "torch.save (state dict)", {"model": _model_state(obj)}
     if not isinstance(obj, Mapping):
         return "torch.save (object)", {"extra": {"object": obj}}

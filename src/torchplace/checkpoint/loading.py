@@ -41,7 +41,10 @@ class Checkpoint:
 
     `state` holds everything in the file (tensors on the devices they were loaded to):
     'model', 'optimizer', 'scheduler', 'scaler', 'extra', 'rng' and any named state given to
-    save; `ck["name"]` reads it. The rest reports what load did, so nothing happens silently.
+    save; `ck["name"]` reads it. Another tool's dict file (a torch.save training dict, Lightning)
+    keeps its own keys too, as torch.load gives them: `ck["epoch"]`, `ck["state_dict"]` (`source`).
+    A key that is not there raises a KeyError saying where it is (`ck.extra[...]`) or what there is.
+    The rest reports what load did, so nothing happens silently.
     """
 
     path: Path
@@ -54,15 +57,29 @@ class Checkpoint:
     rng_restored: list[str] = field(default_factory=list)
     rng_skipped: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    source: Mapping[str, Any] | None = field(default=None, repr=False)  # another tool's dict, as torch.load gave it
 
     def __getitem__(self, name: str) -> Any:
-        return self.state[name]
+        if self.source is not None and name in self.source:
+            return self.source[name]
+        if name in self.state:
+            return self.state[name]
+        raise KeyError(self._where(name))
 
     def __contains__(self, name: object) -> bool:
-        return name in self.state
+        return name in self.state or (self.source is not None and name in self.source)
 
     def get(self, name: str, default: Any = None) -> Any:
-        return self.state.get(name, default)
+        return self[name] if name in self else default
+
+    def _where(self, name: str) -> str:
+        """The KeyError's message for NAME: where it went (extra=, a named value), or what the file holds."""
+        extra = self.state.get("extra")
+        if isinstance(extra, Mapping) and name in extra:
+            return (f"{name!r} is not a top-level entry of {self.path.name}: it was saved with extra=, so it is "
+                    f"ck.extra[{name!r}] (save it as a named value, tp.save(..., {name}=...), to read ck[{name!r}])")
+        held = sorted({*map(str, self.state), *map(str, self.source or {})})
+        return f"{name!r} is not in {self.path.name}, which holds {', '.join(held) or 'nothing'}"
 
     @property
     def extra(self) -> dict[str, Any]:
@@ -212,9 +229,9 @@ def _load_one(path: Path, *, dev: torch.device | None, model: nn.Module | None, 
         rest = {k: v for k, v in objects.items() if k != "optimizer"}
         _apply(ck, model=None, objects=rest, strict=strict, foreign_file=False)
     else:
-        tool, state, meta, notes = read or read_any(path, dev=dev, model=model, optimizer=optimizer,
-                                                 trust_pickle=trust_pickle)
-        ck = Checkpoint(path, state, meta, tool, notes=list(notes))
+        tool, state, meta, notes, source = read or read_any(path, dev=dev, model=model, optimizer=optimizer,
+                                                         trust_pickle=trust_pickle)
+        ck = Checkpoint(path, state, meta, tool, notes=list(notes), source=source)
         _apply(ck, model=model, objects=objects, strict=strict, foreign_file=tool != "torchplace")
         if model is not None and dev is not None:  # no-op unless it was made on meta
             unwrap(model).to(dev)
