@@ -105,8 +105,20 @@ def _needs_pickle(path: Path) -> bool:
         return False
 
 
+def _under_prefix(ck: Checkpoint, sd: Mapping[str, Any], prefix: str) -> Mapping[str, Any]:
+    """The saved model keys under PREFIX (load's `prefix=`), PREFIX removed; refused when none is."""
+    chosen = keymap.select(sd, prefix, _file_versions(ck, "model", sd))
+    if chosen is None:
+        leads = sorted({k.split(".", 1)[0] + "." for k in sd if "." in k})
+        raise CheckpointError(f"{ck.path}: no saved model key starts with {prefix!r}; the saved keys start with "
+                              f"{', '.join(leads[:10]) or 'no prefix at all'}. Fix: pass one of those as prefix=, "
+                              "or leave prefix= out to let load match the keys to the model.")
+    ck.notes.append(f"model keys: took the {len(chosen)} saved keys under {prefix!r} (prefix=), without it")
+    return chosen
+
+
 def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], strict: bool,
-           foreign_file: bool) -> None:
+           foreign_file: bool, prefix: str | None = None) -> None:
     state, path = ck.state, ck.path
     fitting.check_objects(path, state, model=model, objects=objects)  # refused here: nothing has changed
     if model is not None:
@@ -115,8 +127,11 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
             raise CheckpointError(f"{path} holds no model weights (it holds: {fitting.holds(state)}). "
                                   "Fix: load it without model=, or point at the checkpoint that has them.")
         target = unwrap(model)
+        if prefix:
+            sd = _under_prefix(ck, sd, prefix)
         found = keymap.match(list(sd), target)
-        sd = state["model"] = found.apply(sd, _file_versions(ck, "model", sd))
+        sd = state["model"] = found.apply(sd, getattr(sd, "_metadata", None) if prefix else
+                                          _file_versions(ck, "model", sd))
         if getattr(sd, "_metadata", None) is None and _versionless(ck.tool):
             sd._metadata = getattr(target.state_dict(), "_metadata", None)  # type: ignore[attr-defined]
         ck.stripped_prefix = found.stripped_prefix
@@ -220,7 +235,7 @@ def _restore_rng(ck: Checkpoint, dev: torch.device) -> None:
 
 def _load_one(path: Path, *, dev: torch.device | None, model: nn.Module | None, objects: dict[str, Any],
               strict: bool, restore_rng: bool, trust_pickle: bool,
-              read: Read | None = None) -> Checkpoint:
+              read: Read | None = None, prefix: str | None = None) -> Checkpoint:
     optimizer = objects.get("optimizer")
     if read is None and model is not None and is_dcp_dir(path) and not (path / tpdist.SIDE_FILE).exists():
         read = tpdist.read_plain(path, model, optimizer, trust_pickle)  # written by torch alone: read via DCP, safely
@@ -232,7 +247,7 @@ def _load_one(path: Path, *, dev: torch.device | None, model: nn.Module | None, 
         tool, state, meta, notes, source = read or read_any(path, dev=dev, model=model, optimizer=optimizer,
                                                          trust_pickle=trust_pickle)
         ck = Checkpoint(path, state, meta, tool, notes=list(notes), source=source)
-        _apply(ck, model=model, objects=objects, strict=strict, foreign_file=tool != "torchplace")
+        _apply(ck, model=model, objects=objects, strict=strict, foreign_file=not tool.startswith("torchplace"), prefix=prefix)
         if model is not None and dev is not None:  # no-op unless it was made on meta
             unwrap(model).to(dev)
     if restore_rng:
@@ -258,13 +273,16 @@ def _load_dcp(path: Path, *, model: nn.Module | None, optimizer: Any, trust_pick
 
 def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.Module | None = None,
          optimizer: Any = None, scheduler: Any = None, scaler: Any = None, strict: bool = True,
-         restore_rng: bool = True, trust_pickle: bool = False, **more_state: Any) -> Checkpoint:
+         restore_rng: bool = True, trust_pickle: bool = False, prefix: str | None = None,
+         **more_state: Any) -> Checkpoint:
     """Load a checkpoint onto DEVICE and into the objects given; return what was found and done.
 
     The saved keys are matched against the model's: as saved when they match, else with wrapper
-    prefixes (`module.`, `_orig_mod.`, Lightning's `model.` and `_forward_module.`) removed or
-    added, whichever makes every key match (the choice is in the result's notes). Without a model,
-    only torch.compile's `_orig_mod.` is removed (a leading `module.` may be a real submodule).
+    prefixes (`module.`, `_orig_mod.`, Lightning's `model.` and `_forward_module.`, or the one child
+    that holds the model: a LightningModule's `net.`, `backbone.`) removed or added, whichever makes
+    every key match (the choice is in the result's notes); `prefix=` takes the keys under a prefix
+    you name. Without a model, only torch.compile's `_orig_mod.` is removed (a leading `module.` may
+    be a real submodule).
 
     Args:
         path: a checkpoint file, a directory (its newest complete checkpoint; a damaged newest one
@@ -285,6 +303,8 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
             skipped and why).
         trust_pickle: allow files that need pickle, which runs code from the file; only for files
             from someone you trust.
+        prefix: load only the saved model keys under this prefix, without it ("encoder." of a
+            LightningModule holding an encoder and a decoder, into the encoder).
         **more_state: more objects whose `load_state_dict` is called, or names of plain values.
 
     Returns:
@@ -330,7 +350,7 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
 
     def one(where: Path, read: Read | None = None) -> Checkpoint:
         return _load_one(where, dev=dev, model=model, objects=objects, strict=strict, restore_rng=restore_rng,
-                         trust_pickle=trust_pickle, read=read)
+                         trust_pickle=trust_pickle, read=read, prefix=prefix)
 
     if not target.is_dir() or is_dcp_dir(target):
         return one(target)

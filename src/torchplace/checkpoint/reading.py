@@ -21,6 +21,7 @@ from . import codec, foreign
 from .fileio import FileState, read_file
 from .format import read_header
 from .keymap import match
+from .torchfile import from_torch_save
 from .state_dicts import module_device, module_devices, optimizer_devices, unwrap
 
 Read = tuple[str, dict[str, Any], dict[str, Any], list[str], Mapping[str, Any] | None]
@@ -83,6 +84,9 @@ def read_any(path: Path, *, dev: torch.device | None, model: nn.Module | None, o
         return tool, fs.tree, fs.meta, [], None
     if kind in ("torch-zip", "torch-pickle"):
         obj = foreign.torch_load(path, default, trust_pickle)
+        ours = from_torch_save(obj)
+        if ours is not None:  # torchplace.save under a torch.save name
+            return "torchplace (torch.save file)", ours[0], ours[1], [], None
         tool, state = foreign.normalize(obj, path)
         return tool, state, {}, [], obj if isinstance(obj, Mapping) and not foreign.is_state_dict(obj) else None
     if kind == "accelerate":
