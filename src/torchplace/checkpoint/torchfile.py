@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import os
+import pickle
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,12 @@ def write(target: Path, tree: dict[str, Any], meta: dict[str, Any]) -> Path:
                MARK: {"format": FORMAT, "metadata": meta}}
 
     def fill(sink: FileSink) -> None:
-        torch.save(payload, _SinkFile(sink))
+        try:
+            torch.save(payload, _SinkFile(sink))
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:  # a lambda, a local class, a lock
+            raise CheckpointError(f"save({str(target)!r}): torch.save cannot write the state ({type(exc).__name__}: "
+                                  f"{str(exc)[:200]}); nothing was written. Fix: save plain data (numbers, strings, "
+                                  "lists, dicts, tensors).") from None
         with os.fdopen(os.dup(sink.fd), "rb") as fh:
             unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(fh)
         if unsafe:
