@@ -107,11 +107,12 @@ def _needs_pickle(path: Path) -> bool:
 
 def _under_prefix(ck: Checkpoint, sd: Mapping[str, Any], prefix: str) -> Mapping[str, Any]:
     """The saved model keys under PREFIX (load's `prefix=`), PREFIX removed; refused when none is."""
+    prefix = prefix if prefix.endswith(".") else prefix + "."
     chosen = keymap.select(sd, prefix, _file_versions(ck, "model", sd))
     if chosen is None:
         leads = sorted({k.split(".", 1)[0] + "." for k in sd if "." in k})
         raise CheckpointError(f"{ck.path}: no saved model key starts with {prefix!r}; the saved keys start with "
-                              f"{', '.join(leads[:10]) or 'no prefix at all'}. Fix: pass one of those as prefix=, "
+                              f"{', '.join(map(repr, leads[:10])) or 'no prefix at all'}. Fix: pass one of those as prefix=, "
                               "or leave prefix= out to let load match the keys to the model.")
     ck.notes.append(f"model keys: took the {len(chosen)} saved keys under {prefix!r} (prefix=), without it")
     return chosen
