@@ -271,5 +271,5 @@ class PolicyAutocast:
             from .checks.autocast import report_first_step
 
             self.policy.last_check = mode.result()
-            report_first_step(self.policy.last_check,
-                              should_raise(self.strict if self.strict is not None else self.policy.strict), stacklevel=2)
+            strict = self.strict if self.strict is not None else self.policy.strict
+            report_first_step(self.policy.last_check, should_raise(strict), stacklevel=2)

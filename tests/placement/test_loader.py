@@ -563,7 +563,7 @@ def test_wrapped_loader_keeps_the_dataloaders_attributes():
     first = [b[0].tolist() for b in loader]
     loader.sampler.set_epoch(4)
     assert first != [b[0].tolist() for b in loader]  # the new epoch reshuffled, through the wrapper
-    with pytest.raises(AttributeError, match="neither DeviceLoader nor the DataLoader it wraps has an attribute 'nope'"):
+    with pytest.raises(AttributeError, match="neither DeviceLoader nor the DataLoader it wraps has an attribute"):
         _ = loader.nope
     import copy
 

@@ -40,7 +40,7 @@ def test_fabric_loop_with_torchplace_batches_and_checkpoint(tmp_path: Path) -> N
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
     loader = tp.DeviceLoader(train_loader, fabric.device)
     assert len(loader.dataset) == 32 and loader.batch_size == 8  # the loader's attributes, through the wrapper
-    for epoch in range(2):
+    for _ in range(2):
         model.train()
         for data_, target in loader:
             optimizer.zero_grad()

@@ -111,9 +111,10 @@ def _under_prefix(ck: Checkpoint, sd: Mapping[str, Any], prefix: str) -> Mapping
     chosen = keymap.select(sd, prefix, _file_versions(ck, "model", sd))
     if chosen is None:
         leads = sorted({k.split(".", 1)[0] + "." for k in sd if "." in k})
+        held = ", ".join(map(repr, leads[:10])) or "no prefix at all"
         raise CheckpointError(f"{ck.path}: no saved model key starts with {prefix!r}; the saved keys start with "
-                              f"{', '.join(map(repr, leads[:10])) or 'no prefix at all'}. Fix: pass one of those as prefix=, "
-                              "or leave prefix= out to let load match the keys to the model.")
+                              f"{held}. Fix: pass one of those as prefix=, or leave prefix= out to let load match "
+                              "the keys to the model.")
     ck.notes.append(f"model keys: took the {len(chosen)} saved keys under {prefix!r} (prefix=), without it")
     return chosen
 
@@ -248,7 +249,8 @@ def _load_one(path: Path, *, dev: torch.device | None, model: nn.Module | None, 
         tool, state, meta, notes, source = read or read_any(path, dev=dev, model=model, optimizer=optimizer,
                                                          trust_pickle=trust_pickle)
         ck = Checkpoint(path, state, meta, tool, notes=list(notes), source=source)
-        _apply(ck, model=model, objects=objects, strict=strict, foreign_file=not tool.startswith("torchplace"), prefix=prefix)
+        _apply(ck, model=model, objects=objects, strict=strict, foreign_file=not tool.startswith("torchplace"),
+               prefix=prefix)
         if model is not None and dev is not None:  # no-op unless it was made on meta
             unwrap(model).to(dev)
     if restore_rng:

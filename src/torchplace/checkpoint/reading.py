@@ -21,8 +21,8 @@ from . import codec, foreign
 from .fileio import FileState, read_file
 from .format import read_header
 from .keymap import match
-from .torchfile import from_torch_save
 from .state_dicts import module_device, module_devices, optimizer_devices, unwrap
+from .torchfile import from_torch_save
 
 Read = tuple[str, dict[str, Any], dict[str, Any], list[str], Mapping[str, Any] | None]
 

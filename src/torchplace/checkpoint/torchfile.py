@@ -95,7 +95,7 @@ def write(target: Path, tree: dict[str, Any], meta: dict[str, Any]) -> Path:
 
     def fill(sink: FileSink) -> None:
         try:
-            torch.save(payload, _SinkFile(sink))
+            torch.save(payload, _SinkFile(sink))  # type: ignore[arg-type]  # a binary writer, as IO[bytes]
         except (pickle.PicklingError, AttributeError, TypeError) as exc:  # a lambda, a local class, a lock
             raise CheckpointError(f"save({str(target)!r}): torch.save cannot write the state ({type(exc).__name__}: "
                                   f"{str(exc)[:200]}); nothing was written. Fix: save plain data (numbers, strings, "

@@ -76,8 +76,9 @@ def users_thread_count(env: Mapping[str, str], threads_now: int, threads_at_impo
     THREADS_AT_IMPORT): the program was tuned with it, and changing it changes its results."""
     raw = (env.get("OMP_NUM_THREADS") or "").strip()
     if raw:
-        whose = ("yours, or torchrun's default of 1 for several processes per node"
-                 if launcher == "torchrun" and raw == "1" and local_world_size > 1 else "set before the program started")
+        torchrun_one = launcher == "torchrun" and raw == "1" and local_world_size > 1
+        whose = ("yours, or torchrun's default of 1 for several processes per node" if torchrun_one
+                 else "set before the program started")
         return f"OMP_NUM_THREADS={raw[:20]} from the environment ({whose})"
     if threads_now != threads_at_import:
         return f"torch.set_num_threads({threads_now}) called before setup() (torch had {threads_at_import})"
