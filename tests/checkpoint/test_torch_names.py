@@ -101,3 +101,14 @@ def test_a_lightning_module_in_a_ckpt_is_refused_with_the_fix(tmp_path: Path) ->
         torchplace.save(tmp_path / "lit.ckpt", model=Lit())
     torchplace.save(tmp_path / "lit.pt", model=Lit())  # a .pt name promises torch.load only
     assert list(torch.load(tmp_path / "lit.pt")["model"]) == ["net.weight", "net.bias"]
+
+
+def test_convert_to_a_torch_name_writes_the_torch_save_file(tmp_path: Path) -> None:
+    from torchplace.checkpoint import convert
+
+    model, opt = _trained()
+    src = torchplace.save(tmp_path / "src.safetensors", model=model, optimizer=opt)
+    convert(src, tmp_path / "out.pt")
+    assert torch.equal(torch.load(tmp_path / "out.pt")["model"]["0.weight"], model[0].weight)
+    with pytest.raises(CheckpointError, match="--weights-only writes a plain safetensors file"):
+        convert(src, tmp_path / "w.pt", weights_only=True)
