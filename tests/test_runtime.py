@@ -109,3 +109,37 @@ def test_setup_with_ranks_set_by_hand_waits_a_minute_not_five_and_says_no_launch
     with pytest.raises(tp.DistributedError, match=r"did not join within 1 s: rank\(s\) 1 .*No launcher started"):
         tp.setup("cpu", verbose=False)
     assert not torch.distributed.is_initialized()
+
+
+def test_setup_keeps_a_thread_count_the_program_set(monkeypatch, restore_threads):
+    """OMP_NUM_THREADS=1 became 2 intra-op threads and nanoGPT's weights differed (issue 32, item 7):
+    a count set before setup() is kept, and the decision line says whose it is."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    rt = tp.setup("cpu", verbose=False)
+    assert torch.get_num_threads() == 1 and rt.threads is None
+    line = next(d for d in rt.decisions if d.startswith("threads:"))
+    assert "kept: OMP_NUM_THREADS=1 from the environment" in line
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    rt = tp.setup("cpu", verbose=False)  # torch.set_num_threads(1) since torchplace was imported
+    assert torch.get_num_threads() == 1
+    assert "kept: torch.set_num_threads(1) called before setup()" in rt.decisions[1]
+    rt = tp.setup("cpu", threads=2, verbose=False)
+    assert torch.get_num_threads() == rt.threads.intra_op and "(threads= given)" in rt.decisions[1]
+
+
+def test_users_thread_count_names_whose_it_is():
+    from torchplace.policy.threads import users_thread_count
+
+    assert users_thread_count({}, 4, 4) is None
+    assert "yours, or torchrun's default" in users_thread_count({"OMP_NUM_THREADS": "1"}, 1, 1, "torchrun", 2)
+    assert "set before the program started" in users_thread_count({"OMP_NUM_THREADS": "3"}, 3, 3)
+    assert "torch.set_num_threads(2)" in users_thread_count({}, 2, 8)
+
+
+def test_setup_on_a_cpu_stays_fp32_and_says_so(restore_threads):
+    """setup() turned on bf16 autocast on a CPU with AVX512-BF16 (issue 32, item 8)."""
+    rt = tp.setup("cpu", threads=None, verbose=False)
+    assert rt.precision.dtype == torch.float32 and not rt.precision.autocast_enabled
+    line = next(d for d in rt.decisions if d.startswith("precision:"))
+    assert "float32" in line and ("the CPU default" in line or "no bf16 instructions" in line)

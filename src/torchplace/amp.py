@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -136,31 +134,17 @@ class PrecisionPolicy:
         torch.set_float32_matmul_precision("high" if self.tf32 else "highest")
         return previous
 
-    @contextmanager
-    def autocast(self, *, check: bool = True, strict: bool | None = None) -> Iterator[None]:
-        """Enter `torch.autocast` for this policy; check the first step's ops (see module docstring).
+    def autocast(self, *, check: bool = True, strict: bool | None = None) -> PolicyAutocast:
+        """`torch.autocast` for this policy, as a context that may be entered again and again (as
+        `torch.autocast` may: `ctx = policy.autocast()` once, `with ctx:` each step); the first entry
+        checks the step's ops (see module docstring).
 
         A problem found on the first step warns (`PrecisionWarning`), or raises under strict mode
         (`strict=True`, the policy's own `strict`, or TORCHPLACE_STRICT=1): `DeviceMismatchError`
         for tensors on another device type, `PrecisionError` when no op ran in low precision.
         """
-        import torch
-
         self._ensure_available()
-        ctx = torch.autocast(self.device.type, dtype=self.dtype, enabled=self.autocast_enabled)
-        if not check or self._checked:
-            with ctx:
-                yield
-            return
-        self._checked = True
-        from .checks.autocast import FirstStepCheck, report_first_step
-
-        mode = FirstStepCheck(self.device.type, str(self.dtype).removeprefix("torch."),
-                              self.autocast_enabled)
-        with ctx, mode:
-            yield
-        self.last_check = mode.result()
-        report_first_step(self.last_check, should_raise(strict if strict is not None else self.strict), stacklevel=3)
+        return PolicyAutocast(self, check, strict)
 
     def _ensure_available(self) -> None:
 
@@ -247,3 +231,45 @@ def precision_for(device: DeviceSpec, dtype: str | torch.dtype | None = None, *,
             raise PrecisionError(plan.problem)
         warnings.warn(plan.problem, PrecisionWarning, stacklevel=2)
     return policy
+
+
+class PolicyAutocast:
+    """What `PrecisionPolicy.autocast()` returns: each `with` enters a fresh `torch.autocast` (nested and
+    repeated entries each get their own), the policy's first one under the first-step check."""
+
+    def __init__(self, policy: PrecisionPolicy, check: bool, strict: bool | None) -> None:
+        self.policy, self.check, self.strict = policy, check, strict
+        self._entered: list[tuple[Any, Any]] = []  # (torch.autocast, the first-step check or None) per entry
+
+    def __enter__(self) -> None:
+        import torch
+
+        policy = self.policy
+        ctx = torch.autocast(policy.device.type, dtype=policy.dtype, enabled=policy.autocast_enabled)
+        mode = None
+        if self.check and not policy._checked:
+            policy._checked = True
+            from .checks.autocast import FirstStepCheck
+
+            mode = FirstStepCheck(policy.device.type, str(policy.dtype).removeprefix("torch."),
+                                  policy.autocast_enabled)
+        ctx.__enter__()
+        if mode is not None:
+            try:
+                mode.__enter__()
+            except BaseException:
+                ctx.__exit__(None, None, None)
+                raise
+        self._entered.append((ctx, mode))
+
+    def __exit__(self, *exc: Any) -> None:
+        ctx, mode = self._entered.pop()
+        if mode is not None:
+            mode.__exit__(*exc)
+        ctx.__exit__(*exc)
+        if mode is not None and exc[0] is None:
+            from .checks.autocast import report_first_step
+
+            self.policy.last_check = mode.result()
+            strict = self.strict if self.strict is not None else self.policy.strict
+            report_first_step(self.policy.last_check, should_raise(strict), stacklevel=2)

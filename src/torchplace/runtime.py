@@ -11,7 +11,6 @@ import logging
 import os
 import sys
 from collections.abc import Iterable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -22,7 +21,7 @@ from .errors import CheckpointError
 from .hardware.launch_env import LaunchEnv, read_launch_env
 
 if TYPE_CHECKING:
-    from .amp import PrecisionPolicy
+    from .amp import PolicyAutocast, PrecisionPolicy
     from .checkpoint.background import SaveFuture
     from .checkpoint.loading import Checkpoint
     from .checks.explain import Explanation
@@ -32,6 +31,7 @@ if TYPE_CHECKING:
     from .policy.threads import ThreadPlan
 
 T = TypeVar("T")
+_THREADS_AT_IMPORT = torch.get_num_threads()  # a different count at setup(): the program set its own
 
 
 @dataclass
@@ -105,7 +105,7 @@ class Runtime:
 
         return DeviceLoader(loader, self.device, **kwargs)
 
-    def autocast(self, **kwargs: Any) -> AbstractContextManager[None]:
+    def autocast(self, **kwargs: Any) -> PolicyAutocast:
         """Autocast for the chosen precision (a no-op context for fp32), checked on the first step."""
         return self.precision.autocast(**kwargs)
 
@@ -213,8 +213,9 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
         device: any `torchplace.device` spec; under torchrun (or SLURM) "auto" is this rank's GPU
             and the process group is initialized.
         precision: "auto" (from the device's real capability), "bf16", "fp16", "fp32" or a dtype.
-        threads: "auto" (from affinity, cgroup quota and local world size), an int (intra-op
-            threads), or None to leave torch's defaults.
+        threads: "auto" (from affinity, cgroup quota and local world size, unless the program set
+            its own count first: OMP_NUM_THREADS, or torch.set_num_threads, is kept and the decision
+            line says whose), an int (intra-op threads), or None to leave torch's defaults.
         strict: False, True/"error" or "warn": strict mode for the whole program.
         seed: seeds Python, NumPy, torch and every device (`torchplace.seed_everything`).
         distributed: "auto" (a process group when launched with several processes, or adopt one
@@ -280,12 +281,17 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
     decisions.insert(0, _describe_device(dev) + (" (auto)" if device == "auto" else ""))
 
     plan = None
-    if threads not in (None, False):
-        from .policy.threads import configure_threads
+    from .policy.threads import configure_threads, users_thread_count
 
+    kept = users_thread_count(os.environ, torch.get_num_threads(), _THREADS_AT_IMPORT, launch.launcher,
+                              launch.local_world_size or 1) if threads == "auto" else None
+    if kept:
+        decisions.append(f"threads: {torch.get_num_threads()} intra-op, kept: {kept}; threads=N sets another count")
+    elif threads not in (None, False):
         plan = configure_threads(intra_op=threads if isinstance(threads, int) else None)
         decisions.append(f"threads: {plan.intra_op} intra-op, {plan.inter_op} inter-op of "
-                         f"{plan.usable_cpus} usable CPU(s) over {plan.local_world_size} local process(es)")
+                         f"{plan.usable_cpus} usable CPU(s) over {plan.local_world_size} local process(es)"
+                         + (" (threads= given)" if isinstance(threads, int) else " (torchplace's plan)"))
 
     policy = precision_for(dev, None if precision in (None, "auto") else precision)
     policy.apply_tf32()

@@ -58,7 +58,7 @@ def genuine(folder: Path) -> Path:
     opt = torch.optim.Adam(model.parameters())
     model(torch.ones(2, 4)).sum().backward()
     opt.step()
-    path = folder / "genuine.pt"
+    path = folder / "genuine.tpck"
     torchplace.save(path, model=model, optimizer=opt, extra={"step": 7, "name": "run"})
     return path
 

@@ -162,3 +162,30 @@ def test_a_file_shorter_than_any_checkpoint_is_not_called_damaged(tmp_path):
             as info:
         inspect(path)
     assert "damaged" not in str(info.value)
+
+
+def test_a_pre_port_training_dict_keeps_its_own_keys(tmp_path: Path) -> None:
+    """imagenet's resume (checkpoint['epoch'], checkpoint['state_dict']) on the file torch.save wrote before
+    the port raised a bare KeyError: 'epoch' (issue 32, item 2). Its keys are reachable as they were."""
+    torch.manual_seed(0)
+    model = nn.DataParallel(nn.Linear(3, 2))  # imagenet saves the wrapped model's state dict: 'module.' keys
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    torch.save({"epoch": 4, "arch": "resnet18", "state_dict": model.state_dict(), "best_acc1": torch.tensor(71.5),
+                "optimizer": opt.state_dict()}, tmp_path / "checkpoint.pth.tar")
+    fresh = nn.DataParallel(nn.Linear(3, 2))
+    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
+    ck = torchplace.load(tmp_path / "checkpoint.pth.tar", device="cpu", model=fresh, optimizer=fresh_opt)
+    assert ck["epoch"] == 4 and ck["arch"] == "resnet18" and float(ck["best_acc1"]) == 71.5
+    assert "epoch" in ck and ck.get("arch") == "resnet18" and ck.get("nope", 3) == 3
+    fresh.load_state_dict(ck["state_dict"])  # the pre-port code's own line: 'module.' keys, as they were
+    fresh_opt.load_state_dict(ck["optimizer"])
+    assert torch.equal(fresh.module.weight, model.module.weight)
+    with pytest.raises(KeyError, match="'lr' is not in checkpoint.pth.tar, which holds arch, best_acc1, epoch"):
+        ck["lr"]
+    torchplace.save(tmp_path / "ported.safetensors", model=fresh, extra={"epoch": 5}, best_acc1=72.0)
+    ported = torchplace.load(tmp_path / "ported.safetensors")
+    assert ported["best_acc1"] == 72.0
+    with pytest.raises(KeyError, match=r"saved with extra=, so it is ck.extra\['epoch'\]"):
+        ported["epoch"]

@@ -217,12 +217,12 @@ def test_a_pickle_that_needs_code_still_says_how_to_trust_it(tmp_path: Path, mar
 def test_a_planted_sequence_number_cannot_stop_later_saves(tmp_path: Path) -> None:
     """A file whose sequence has 4300 digits made every later keep_last save raise ValueError (an int too long)."""
     model = torch.nn.Linear(2, 2)
-    first = torchplace.save(tmp_path / "step-1.pt", model=model, keep_last=5)
+    first = torchplace.save(tmp_path / "step-1.tpck", model=model, keep_last=5)
     index, meta, data = crafting.parts(first)
     meta["sequence"] = int("9" * 4300)
-    crafting.write(tmp_path / "planted.pt", index, meta, data)
-    torchplace.save(tmp_path / "step-2.pt", model=model, keep_last=5)
-    assert torchplace.load(tmp_path).path.name == "step-2.pt"
+    crafting.write(tmp_path / "planted.tpck", index, meta, data)
+    torchplace.save(tmp_path / "step-2.tpck", model=model, keep_last=5)
+    assert torchplace.load(tmp_path).path.name == "step-2.tpck"
 
 
 @pytest.mark.parametrize("name", ["latest", "LATEST"])
@@ -388,6 +388,6 @@ def test_keep_last_in_a_folder_of_foreign_files_deletes_only_its_own(tmp_path: P
     (tmp_path / ".hidden").write_text("x")
     foreign = sorted(p.name for p in tmp_path.iterdir())
     for step in range(3):
-        torchplace.save(tmp_path / f"step-{step}.pt", model=model, keep_last=1)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*foreign, "step-2.pt", "latest"])
-    assert torchplace.load(tmp_path).path.name == "step-2.pt"
+        torchplace.save(tmp_path / f"step-{step}.tpck", model=model, keep_last=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*foreign, "step-2.tpck", "latest"])
+    assert torchplace.load(tmp_path).path.name == "step-2.tpck"

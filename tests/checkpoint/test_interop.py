@@ -437,3 +437,62 @@ def test_timm_model_ema_v2(tmp_path: Path) -> None:
     back = timm_utils.ModelEmaV2(net(2), decay=0.9)
     torchplace.load(path, model=back)
     assert same(ema.module, back.module)
+
+
+# --- Lightning with any attribute name, and prefix= (issue 32, item 4) --------------------------
+
+
+def _lit_class(attr: str) -> type:
+    import lightning as L
+
+    class Lit(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            setattr(self, attr, net(0))
+
+        def training_step(self, batch: Any, _: int) -> torch.Tensor:
+            return getattr(self, attr)[:3](batch[0]).pow(2).mean()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=0.01)
+
+    return Lit
+
+
+@pytest.mark.parametrize("attr", ["net", "backbone", "encoder"])
+def test_lightning_with_any_attribute_name_both_ways(tmp_path: Path, attr: str) -> None:
+    """Only `self.model` loaded; `self.net`, `self.backbone`, `self.encoder` failed both ways."""
+    import lightning as L
+
+    lit = _lit_class(attr)()
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=4)
+    trainer = L.Trainer(max_steps=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(lit, data)
+    trainer.save_checkpoint(tmp_path / "lit.ckpt")
+    bare = net(1)
+    ck = torchplace.load(tmp_path / "lit.ckpt", model=bare)  # theirs -> the bare network
+    assert ck.stripped_prefix == f"{attr}." and same(getattr(lit, attr), bare)
+    ours = torchplace.save(tmp_path / "ours.safetensors", model=bare, rng_state=False)
+    fresh = _lit_class(attr)()
+    with torch.no_grad():
+        getattr(fresh, attr)[0].weight.zero_()
+    ck = torchplace.load(ours, model=fresh)  # ours -> their LightningModule
+    assert same(lit, fresh) and f"added the model's '{attr}.'" in ck.notes[0]
+
+
+def test_an_explicit_prefix_takes_one_child_of_several(tmp_path: Path) -> None:
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder, self.decoder = net(0), nn.Linear(2, 4)
+
+    torch.save({"state_dict": {k: v for k, v in Two().state_dict().items()}, "global_step": 3}, tmp_path / "two.ckpt")
+    with pytest.raises(torchplace.errors.CheckpointError, match="do not fit"):
+        torchplace.load(tmp_path / "two.ckpt", model=net(1))  # two children: no single prefix to guess
+    bare = net(1)
+    ck = torchplace.load(tmp_path / "two.ckpt", model=bare, prefix="encoder.")
+    assert same(net(0), bare, versions=False) and "under 'encoder.' (prefix=)" in ck.notes[0]
+    with pytest.raises(torchplace.errors.CheckpointError, match="no saved model key starts with 'head.'.*'decoder.', "
+                                                                "'encoder.'. Fix: pass one of those as prefix="):
+        torchplace.load(tmp_path / "two.ckpt", model=net(1), prefix="head")

@@ -87,6 +87,7 @@ def test_decide_resume_continues_after_a_restart_only_when_asked_to(tmp_path: Pa
     assert decide_resume(True, ck, restarted=False, found=["a.tpck"]).path == ck / "a.tpck"
     blind = decide_resume("auto", None, restarted=True, found=[None])
     assert blind.path is None and "no checkpoint_dir was given" in blind.reason
+    assert "beginning" not in blind.reason  # the program may resume through its own code (issue 32, item 9)
     # no restart counted, but this job started here before: a node started again after a membership change
     rejoined = decide_resume("auto", ck, restarted=False, found=["epoch003.tpck"], same_job="job42")
     assert rejoined.path == ck / "epoch003.tpck" and "job 'job42' started in this folder before" in rejoined.reason

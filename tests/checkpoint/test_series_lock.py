@@ -28,14 +28,14 @@ def _hold(directory: Path) -> int:
 def test_a_frozen_holder_is_warned_of_then_refused_with_nothing_written(tmp_path, monkeypatch):
     monkeypatch.setattr(rotation, "LOCK_WARN_S", 0.05)
     monkeypatch.setattr(rotation, "LOCK_TIMEOUT_S", 0.3)
-    tp.save(tmp_path / "step-1.pt", model=nn.Linear(2, 2), keep_last=2, rng_state=False)
+    tp.save(tmp_path / "step-1.tpck", model=nn.Linear(2, 2), keep_last=2, rng_state=False)
     before = sorted(os.listdir(tmp_path))
     fd = _hold(tmp_path)
     try:
         with pytest.warns(TorchplaceWarning, match="waiting for another process that is saving into this directory"):
             with pytest.raises(tp.CheckpointError, match=r"still holds its checkpoint series .* Nothing was written\. "
                                                          r"Fix: give each job its own directory"):
-                tp.save(tmp_path / "step-2.pt", model=nn.Linear(2, 2), keep_last=2, rng_state=False)
+                tp.save(tmp_path / "step-2.tpck", model=nn.Linear(2, 2), keep_last=2, rng_state=False)
     finally:
         os.close(fd)
     assert sorted(os.listdir(tmp_path)) == before
@@ -43,7 +43,7 @@ def test_a_frozen_holder_is_warned_of_then_refused_with_nothing_written(tmp_path
 
 def test_a_holder_that_finishes_lets_the_save_go_on(tmp_path, monkeypatch):
     monkeypatch.setattr(rotation, "LOCK_WARN_S", 60.0)
-    tp.save(tmp_path / "step-1.pt", model=nn.Linear(2, 2), keep_last=2, rng_state=False)
+    tp.save(tmp_path / "step-1.tpck", model=nn.Linear(2, 2), keep_last=2, rng_state=False)
     fd = _hold(tmp_path)
     closed = threading.Event()
 
@@ -54,7 +54,7 @@ def test_a_holder_that_finishes_lets_the_save_go_on(tmp_path, monkeypatch):
     released = threading.Timer(0.2, release)
     released.start()
     model = nn.Linear(2, 2)
-    path = tp.save(tmp_path / "step-2.pt", model=model, keep_last=2, rng_state=False)
+    path = tp.save(tmp_path / "step-2.tpck", model=model, keep_last=2, rng_state=False)
     assert closed.is_set()  # the save waited for the holder
     released.join()
     assert torch.equal(tp.load(path)["model"]["weight"], model.weight)

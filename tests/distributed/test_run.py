@@ -35,14 +35,14 @@ def test_cpu_processes_go_through_torchrun():
     assert run.launcher == "torchrun" and run.nproc == 2 and run.picked is None
     assert run.argv[:4] == [sys.executable, "-m", "torchplace.distributed.run", "--standalone"]
     # "--" keeps torchrun from reading the job's own --nproc as --nproc-per-node
-    assert run.argv[4:] == ["--nproc-per-node", "2", "--no-python", "--", "python", "train.py", "--nproc", "3"]
+    assert run.argv[4:] == ["--nproc-per-node", "2", "--no-python", "--", sys.executable, "train.py", "--nproc", "3"]
     assert run.env_changes == {"CUDA_VISIBLE_DEVICES": ""}
 
 
 def test_one_gpu_runs_the_command_itself(h200x2_file, lease_dir):
     run = plan(["python", "train.py"], gpus=1, snapshot=str(h200x2_file))
     try:
-        assert run.launcher == "direct" and run.argv == ["python", "train.py"]
+        assert run.launcher == "direct" and run.argv == [sys.executable, "train.py"]
         assert run.env_changes["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
         assert run.env_changes["CUDA_VISIBLE_DEVICES"].startswith("GPU-")
         assert run.env_changes["TORCHPLACE_LEASE_DIR"] == str(lease_dir)
@@ -65,6 +65,24 @@ def test_once_runs_one_process_on_several_gpus(h200x2_file, lease_dir):
     run = plan(["python", "dp.py"], gpus=2, once=True, snapshot=str(h200x2_file))
     run.picked.release()
     assert run.launcher == "direct" and run.env_changes["CUDA_VISIBLE_DEVICES"].count(",") == 1
+
+
+def test_python_is_the_interpreter_torchplace_runs_under(monkeypatch, tmp_path):
+    """`-- python x.py` started the python on PATH, without torch (issue 32, item 9): as accelerate launch,
+    a bare python, python3 or python3.12 is sys.executable; a path is kept."""
+    fake = tmp_path / "python3"
+    fake.write_text("#!/bin/sh\necho wrong python\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    for name in ("python", "python3", "python3.12"):
+        run = plan(["--", name, "-c", "print(1)"], gpus="none")
+        assert run.argv[0] == sys.executable and any("not the one on PATH" in n for n in run.notes)
+    assert plan([str(fake), "x.py"], gpus="none").argv[0] == str(fake)
+    assert plan(["python3", "-m", "torch.distributed.run", "x.py"], gpus="none").launcher == "direct"
+    out = subprocess.run([sys.executable, "-m", "torchplace", "run", "--gpus", "none", "--", "python3", "-c",
+                          "import sys, torch; print(sys.executable)"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == sys.executable
 
 
 def test_multinode_options_pass_through_without_standalone():
@@ -163,7 +181,7 @@ def test_dry_run_json_holds_no_lease(h200x2_file, lease_dir, run_cli, child_env)
     data = json.loads(out.stdout)
     assert data["launcher"] == "torchrun" and data["nproc_per_node"] == 2
     assert data["picked"]["leased"] is False
-    assert data["argv"][-3:] == ["--", "python", "train.py"]
+    assert data["argv"][-3:] == ["--", sys.executable, "train.py"]
 
 
 def test_json_without_dry_run_is_refused_with_the_fix(h200x2_file, lease_dir, run_cli, child_env, tmp_path):

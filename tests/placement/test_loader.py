@@ -546,3 +546,24 @@ def test_a_transforms_sparse_and_nested_outputs_are_kept_by_the_tensors_holding_
     stager = Stager(torch.device("cpu"), None, None, None, None, True)
     found = stager._device_tensors({"a": torch.ones(2), "s": coo, "n": jagged})
     assert len(found) == 1 + 2 + 2 and all(t.layout is torch.strided for t in found)
+
+
+def test_wrapped_loader_keeps_the_dataloaders_attributes():
+    """Wrapped where the loader is made, DDP programs still call loader.sampler.set_epoch and read
+    len(loader.dataset) and loader.batch_size (issue 32, item 6)."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    data = TensorDataset(torch.arange(10.0))
+    sampler = DistributedSampler(data, num_replicas=2, rank=1, shuffle=True, seed=0)
+    loader = tp.DeviceLoader(DataLoader(data, batch_size=2, sampler=sampler), "cpu")
+    loader.sampler.set_epoch(3)
+    assert sampler.epoch == 3
+    assert len(loader.dataset) == 10 and loader.batch_size == 2 and len(loader) == 3
+    first = [b[0].tolist() for b in loader]
+    loader.sampler.set_epoch(4)
+    assert first != [b[0].tolist() for b in loader]  # the new epoch reshuffled, through the wrapper
+    with pytest.raises(AttributeError, match="neither DeviceLoader nor the DataLoader it wraps has an attribute"):
+        _ = loader.nope
+    import copy
+
+    assert copy.copy(loader).loader is loader.loader

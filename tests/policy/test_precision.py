@@ -120,10 +120,13 @@ def test_bad_requests_say_what_exists():
 def test_cpu_policy_follows_torch_cpu_capability():
     bf16, fp16, label = cpu_features()
     policy = precision_for("cpu")
-    assert policy.dtype == (torch.bfloat16 if bf16 else torch.float32)
+    assert policy.dtype == torch.float32  # the CPU default, bf16 instructions or not (issue 32, item 8)
     assert not policy.grad_scaler and not policy.tf32
     assert torch.backends.cpu.get_cpu_capability() in label
-    assert decide_cpu(True, False, "x").dtype == "bfloat16"
+    native = decide_cpu(True, False, "x")
+    assert native.dtype == "float32" and "precision='bf16' turns it on" in native.reason
+    asked = decide_cpu(True, False, "x", requested="bfloat16")
+    assert asked.dtype == "bfloat16" and asked.problem is None and "asked for" in asked.reason
     assert decide_cpu(False, False, "x").dtype == "float32"
     assert "emulated" in (decide_cpu(False, False, "x", requested="bfloat16").problem or "")
     assert "no fp16 arithmetic" in (decide_cpu(True, False, "x", requested="float16").problem or "")
@@ -218,3 +221,21 @@ def test_grad_scaler_and_tf32_follow_the_policy():
         assert policy.apply_tf32() == before and torch.get_float32_matmul_precision() == "high"
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_autocast_context_made_once_is_entered_many_times():
+    """nanoGPT builds `ctx` once and enters it every step (issue 32, item 5): like torch.autocast."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PrecisionWarning)  # bf16 emulated on a CPU without its instructions
+        policy = precision_for("cpu", "bf16", strict=False)
+    ctx = policy.autocast()
+    layer = torch.nn.Linear(4, 4)
+    for _ in range(3):
+        with ctx:
+            assert layer(torch.randn(2, 4)).dtype == torch.bfloat16
+    with ctx:
+        with ctx:
+            assert torch.is_autocast_enabled("cpu")
+        assert torch.is_autocast_enabled("cpu")
+    assert not torch.is_autocast_enabled("cpu")
+    assert policy.last_check is not None

@@ -187,7 +187,7 @@ def atomic_write(target: str | os.PathLike[str], write: Callable[[FileSink], Non
     doing = "creating a temporary file"
     fd = -1
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)  # read: checks
         doing = "writing"
         write(sink(fd))
         doing = "flushing to disk (fsync)"

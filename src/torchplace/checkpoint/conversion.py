@@ -27,7 +27,7 @@ import torch
 
 from ..errors import CheckpointError
 from ..progress import ProgressFn, begin, reporting
-from . import keymap
+from . import keymap, torchfile
 from .atomic import write_bytes
 from .fileio import write_file
 from .reading import read_any
@@ -49,8 +49,9 @@ class Converted:
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, trust_pickle: bool = False,
             weights_only: bool = False, progress: ProgressFn | None = None) -> Converted:
-    """Convert the checkpoint at SRC into a torchplace checkpoint at DST (written atomically); with
-    WEIGHTS_ONLY, into a plain safetensors state dict of the model's weights. PROGRESS, if given,
+    """Convert the checkpoint at SRC into a torchplace checkpoint at DST (written atomically; under a
+    .pt/.pth/.tar/.ckpt name, the torch.save file torchplace.save writes there); with WEIGHTS_ONLY, into a
+    plain safetensors state dict of the model's weights. PROGRESS, if given,
     hears the reading and the writing (see torchplace.progress)."""
     with reporting(progress):
         return _convert(Path(src), Path(dst), trust_pickle=trust_pickle, weights_only=weights_only)
@@ -63,7 +64,7 @@ def _convert(src: Path, dst: Path, *, trust_pickle: bool, weights_only: bool) ->
                               "overwrite the input. Fix: write to a new name, check it with `torchplace ckpt "
                               "inspect`, then move it.")
     begin(f"reading {src.name}")
-    tool, state, meta, notes = read_any(src, dev=torch.device("cpu"), model=None, optimizer=None,
+    tool, state, meta, notes, _ = read_any(src, dev=torch.device("cpu"), model=None, optimizer=None,
                                      trust_pickle=trust_pickle)
     notes = list(notes)
     prefix = ""
@@ -80,13 +81,19 @@ def _convert(src: Path, dst: Path, *, trust_pickle: bool, weights_only: bool) ->
         if lead:
             notes.append(lead)
     begin(f"writing {dst.name}")
+    if weights_only and torchfile.is_torch_name(dst):
+        raise torchfile.refuse(dst, "--weights-only writes a plain safetensors file (what HF, accelerate and timm "
+                                    "read)")
     if weights_only:
         return _write_weights(src, dst, tool, state, prefix, notes)
     info = {"world_size": meta.get("world_size", 1), "objects": meta.get("objects", {}),
             "primary_device": "cpu", "converted_from": {"path": str(src), "tool": tool}}
     if versions:
         info["module_versions"] = dict(versions)
-    write_file(dst, state, info=info)
+    if torchfile.is_torch_name(dst):  # the torch.save file such a name promises, as torchplace.save writes
+        torchfile.write(dst, state, info)
+    else:
+        write_file(dst, state, info=info)
     count = sum(1 for _ in _tensors(state))
     return Converted(dst, tool, prefix, count, notes)
 

@@ -1,9 +1,13 @@
 """Checkpoints in a process group: one writer, everyone told the outcome; sharded models to DCP.
 
-- Replicated models (DDP, or any run where every rank holds the full weights): every rank calls
-  `save`, only rank 0 writes, and rank 0 then broadcasts whether it succeeded, so no rank returns
-  before the file is complete and none reports a success rank 0 did not have. RNG states are
-  gathered from every rank first, so each rank resumes its own streams.
+- Replicated models (DDP, or any run where every rank holds the full weights): rank 0 writes, with
+  no collective, so `if rank == 0: save(...)` works (other ranks' calls return at once). With
+  `all_ranks=True` every rank calls `save`, the RNG states are gathered from every rank (each rank
+  resumes its own streams), and rank 0 broadcasts whether it succeeded, so no rank returns before
+  the file is complete and none reports a success rank 0 did not have.
+- Every save that needs every rank (sharded, or `all_ranks=True`) first waits a bounded time for
+  every rank to call it (`join_ranks`, through the group's store) and raises naming the absent
+  ranks rather than hang in a collective.
 - Sharded models (FSDP, DTensor parameters): torchplace does not write its own sharding. Tensors
   go through torch.distributed.checkpoint (each rank writes its shards, in parallel), into a
   temporary directory that is then published atomically by swapping a symlink; everything that
@@ -87,6 +91,50 @@ def gather(value: T) -> list[T] | None:
     out: list[Any] | None = [None] * size if rank == 0 else None
     dist.gather_object(value, out, dst=0)
     return out
+
+
+JOIN_WAIT_ENV = "TORCHPLACE_SAVE_JOIN_S"  # how long a collective save waits for every rank to call it
+JOIN_WAIT_S = 60.0
+_joins = [0]  # this process's collective saves so far: the n-th one of every rank meets the others' n-th
+
+
+def join_wait_s() -> float:
+    """Seconds a collective save waits for every rank (TORCHPLACE_SAVE_JOIN_S, default 60)."""
+    raw = os.environ.get(JOIN_WAIT_ENV, "")
+    try:
+        value = float(raw) if raw else JOIN_WAIT_S
+    except ValueError:
+        value = JOIN_WAIT_S
+    return value if value > 0 else JOIN_WAIT_S
+
+
+def join_ranks(target: Path, why: str) -> None:
+    """Before a save whose collectives need every rank (WHY names it): wait, through the process group's
+    store and for at most `join_wait_s()`, until every rank has called it; raise a CheckpointError naming
+    the ranks that did not, instead of waiting in a collective for ever (a save under `if rank == 0:`)."""
+    import time
+
+    store = dist.distributed_c10d._get_default_store()
+    rank, size = world()
+    key = f"torchplace/save-join/{_joins[0]}"
+    store.add(f"{key}/{rank}", 1)
+    arrived = store.add(key, 1)
+    deadline = time.monotonic() + join_wait_s()
+    while arrived < size and time.monotonic() < deadline:
+        time.sleep(0.02)
+        arrived = store.add(key, 0)
+    if arrived >= size:
+        _joins[0] += 1
+        return
+    store.add(key, -1)  # withdrawn: this rank's next collective save meets the others' at this one
+    store.add(f"{key}/{rank}", -1)
+    absent = [r for r in range(size) if r != rank and store.add(f"{key}/{r}", 0) < 1]
+    raise CheckpointError(
+        f"save({target}) was called on rank {rank} only ({len(absent)} of {size} ranks did not call it within "
+        f"{join_wait_s():g} s: rank(s) {', '.join(map(str, absent[:8]))}{' ...' if len(absent) > 8 else ''}), but "
+        f"{why} needs every rank; nothing was written. Fix: call it on every rank (not under `if rank == 0:`); a "
+        f"model that is not sharded can be saved by rank 0 alone without all_ranks=True. ({JOIN_WAIT_ENV} sets the "
+        "wait.)")
 
 
 def on_rank0(write: Callable[[], T], target: Path) -> T | None:
@@ -313,9 +361,9 @@ def _as_optimizer_state(path: Path, nested: dict[Any, Any]) -> dict[str, Any]:
 
 
 def read_plain(path: Path, model: nn.Module, optimizer: Any, trust_pickle: bool
-               ) -> tuple[str, dict[str, Any], dict[str, Any], list[str]]:
+               ) -> tuple[str, dict[str, Any], dict[str, Any], list[str], None]:
     """Read a DCP folder written by torch alone (no side file) for MODEL (and OPTIMIZER), safely:
-    ('torch.distributed.checkpoint', state tree, {}, notes). The model's tensors are allocated like
+    ('torch.distributed.checkpoint', state tree, {}, notes, None). The model's tensors are allocated like
     its own and filled by DCP; optimizer state is allocated from the metadata, after `check_storage`
     has tied every declared size to bytes in the folder's files."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -352,4 +400,4 @@ def read_plain(path: Path, model: nn.Module, optimizer: Any, trust_pickle: bool
     left = len(entries) - len(dest)
     if left:
         notes.append(f"{left} other entries of the checkpoint were not loaded")
-    return "torch.distributed.checkpoint", state, {}, notes
+    return "torch.distributed.checkpoint", state, {}, notes, None

@@ -69,6 +69,16 @@ def sniff(path: Path) -> str:
     return "unknown"
 
 
+def folder_tool(path: Path) -> str:
+    """Who wrote the folder `sniff` calls "accelerate": transformers' `save_pretrained` (a config.json beside
+    the weights, none of accelerate's save_state files) or accelerate's `save_state`."""
+    names = set(os.listdir(path))
+    if "config.json" in names and not names & set(ACCELERATE_FILES) and not any(
+            n.startswith("random_states_") for n in names):
+        return "transformers (save_pretrained)"
+    return "accelerate"
+
+
 def zip_budget(file_size: int) -> int:
     """The most bytes a torch.save zip of FILE_SIZE bytes may unpack to: twice its size, or 128 MiB."""
     return max(2 * file_size, 128 * 2**20)
@@ -173,7 +183,8 @@ def _needs_code(message: str) -> str | None:
     return first
 
 
-def _is_state_dict(obj: Any) -> bool:
+def is_state_dict(obj: Any) -> bool:
+    """True for a mapping of names to tensors (a model's state dict as torch.save wrote it)."""
     return isinstance(obj, Mapping) and len(obj) > 0 and all(
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
 
@@ -208,7 +219,7 @@ def normalize(obj: Any, path: Path | str = "the checkpoint") -> tuple[str, dict[
 
 
 def _normalize(obj: Any) -> tuple[str, dict[str, Any]]:
-    if _is_state_dict(obj):
+    if is_state_dict(obj):
         return "torch.save (state dict)", {"model": _model_state(obj)}
     if not isinstance(obj, Mapping):
         return "torch.save (object)", {"extra": {"object": obj}}

@@ -212,7 +212,8 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
         with reporting(progress):
             _from_dcp(path, info, verify)
     elif kind == "accelerate":
-        info.tool = "accelerate (save_state directory)"
+        info.tool = foreign.folder_tool(path)
+        info.tool += " (save_state directory)" if info.tool == "accelerate" else ""
         for name in sorted(os.listdir(path)):
             child = path / name
             if not child.is_file():

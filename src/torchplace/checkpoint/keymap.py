@@ -3,13 +3,15 @@
 Other tools' files name a model's tensors through the objects that wrapped it: DistributedDataParallel
 and DataParallel (`module.`), torch.compile (`_orig_mod.`, at the start, or inside when only a
 submodule was compiled), a LightningModule holding the model as `self.model` (`model.`), Lightning
-Fabric (`_forward_module.`). The same names are also real submodules (an EMA wrapper keeps its model
-as `self.module`), so no prefix is stripped by name alone:
+Fabric (`_forward_module.`), or any one child holding the whole model (`self.net`, `self.backbone`). The
+same names are also real submodules (an EMA wrapper keeps its model as `self.module`), so no prefix is
+stripped by name alone:
 
 - `match(file_keys, model)` tries the keys as they are first, then every way of removing those
   names from the file's keys (at the start, or `_orig_mod` / `module` inside) and of removing them
   from the model's keys (a model with compiled submodules, a wrapper given a plain model's file),
   cheapest first, and takes the first under which every saved key names a tensor of the model.
+  `select(sd, prefix)` takes the keys under an explicit prefix (load's `prefix=`).
 - Without a model, `clean` removes only what is unambiguous: torch.compile's `_orig_mod` at any
   depth (no other code names a module so). A leading `module.` may be DDP's or a real submodule:
   it is kept, and said so.
@@ -85,14 +87,17 @@ def _canon_key(key: str, lead: Segments, inner: frozenset[str] | set[str]) -> st
     return None if kept is None else ".".join((*kept, leaf))
 
 
-def _common_lead(keys: list[str]) -> Segments:
-    """The longest run of wrapper names every key starts with (leaving each key its tensor name)."""
+def _common_lead(keys: list[str], any_child: bool = False) -> Segments:
+    """The longest run of wrapper names every key starts with (leaving each key its tensor name); with
+    ANY_CHILD, the first may be any name: the one child that holds the model (a LightningModule's
+    `self.net`, `self.backbone`)."""
     if not keys:
         return ()
     split = [k.split(".")[:-1] for k in keys]
     run: list[str] = []
     for i, name in enumerate(split[0]):
-        if name not in WRAPPER_NAMES or any(len(s) <= i or s[i] != name for s in split):
+        named = name in WRAPPER_NAMES or (any_child and i == 0)
+        if not named or any(len(s) <= i or s[i] != name for s in split):
             break
         run.append(name)
     return tuple(run)
@@ -185,9 +190,9 @@ def match(file_keys: list[str], model: nn.Module) -> KeyMatch:
     best = KeyMatch(Rewrite(), {}, identity, total, {_split(p): [p] for p in module_paths})
     if identity == total:
         return best
-    file_lead = _common_lead(file_keys)
+    file_lead = _common_lead(file_keys, any_child=True)
     file_inner = sorted(_inner_names(file_keys, (), INNER_NAMES), key=INNER_NAMES.index)
-    model_lead = _common_lead(model_keys)
+    model_lead = _common_lead(model_keys, any_child=True)
     model_compiled = bool(_inner_names(model_keys, (), (COMPILED,)))
     inner_options = [frozenset(file_inner[:n]) for n in range(len(file_inner) + 1)]
     compiled_options = (False, True) if model_compiled else (False,)
@@ -216,6 +221,23 @@ def match(file_keys: list[str], model: nn.Module) -> KeyMatch:
             if best.complete:
                 break
     return best
+
+
+def select(sd: Mapping[str, Any], prefix: str, versions: Mapping[str, Any] | None = None
+           ) -> OrderedDict[str, Any] | None:
+    """The entries of SD whose keys start with PREFIX (e.g. 'encoder.'), with PREFIX removed (and the module
+    versions, VERSIONS or SD's `_metadata`, likewise), or None when no key does."""
+    dotted = prefix if prefix.endswith(".") else prefix + "."
+    out: OrderedDict[str, Any] = OrderedDict((k[len(dotted):], v) for k, v in sd.items()
+                                             if k.startswith(dotted) and len(k) > len(dotted))
+    if not out:
+        return None
+    meta = versions if versions is not None else getattr(sd, "_metadata", None)
+    if isinstance(meta, Mapping):
+        out._metadata = OrderedDict(  # type: ignore[attr-defined]
+            (k[len(dotted):] if k != dotted[:-1] else "", v) for k, v in meta.items()
+            if isinstance(k, str) and (k == dotted[:-1] or k.startswith(dotted)))
+    return out
 
 
 def clean(sd: Mapping[str, Any], versions: Mapping[str, Any] | None = None

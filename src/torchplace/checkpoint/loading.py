@@ -41,7 +41,10 @@ class Checkpoint:
 
     `state` holds everything in the file (tensors on the devices they were loaded to):
     'model', 'optimizer', 'scheduler', 'scaler', 'extra', 'rng' and any named state given to
-    save; `ck["name"]` reads it. The rest reports what load did, so nothing happens silently.
+    save; `ck["name"]` reads it. Another tool's dict file (a torch.save training dict, Lightning)
+    keeps its own keys too, as torch.load gives them: `ck["epoch"]`, `ck["state_dict"]` (`source`).
+    A key that is not there raises a KeyError saying where it is (`ck.extra[...]`) or what there is.
+    The rest reports what load did, so nothing happens silently.
     """
 
     path: Path
@@ -54,15 +57,29 @@ class Checkpoint:
     rng_restored: list[str] = field(default_factory=list)
     rng_skipped: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    source: Mapping[str, Any] | None = field(default=None, repr=False)  # another tool's dict, as torch.load gave it
 
     def __getitem__(self, name: str) -> Any:
-        return self.state[name]
+        if self.source is not None and name in self.source:
+            return self.source[name]
+        if name in self.state:
+            return self.state[name]
+        raise KeyError(self._where(name))
 
     def __contains__(self, name: object) -> bool:
-        return name in self.state
+        return name in self.state or (self.source is not None and name in self.source)
 
     def get(self, name: str, default: Any = None) -> Any:
-        return self.state.get(name, default)
+        return self[name] if name in self else default
+
+    def _where(self, name: str) -> str:
+        """The KeyError's message for NAME: where it went (extra=, a named value), or what the file holds."""
+        extra = self.state.get("extra")
+        if isinstance(extra, Mapping) and name in extra:
+            return (f"{name!r} is not a top-level entry of {self.path.name}: it was saved with extra=, so it is "
+                    f"ck.extra[{name!r}] (save it as a named value, tp.save(..., {name}=...), to read ck[{name!r}])")
+        held = sorted({*map(str, self.state), *map(str, self.source or {})})
+        return f"{name!r} is not in {self.path.name}, which holds {', '.join(held) or 'nothing'}"
 
     @property
     def extra(self) -> dict[str, Any]:
@@ -119,8 +136,22 @@ def _needs_pickle(path: Path) -> bool:
         return False
 
 
+def _under_prefix(ck: Checkpoint, sd: Mapping[str, Any], prefix: str) -> Mapping[str, Any]:
+    """The saved model keys under PREFIX (load's `prefix=`), PREFIX removed; refused when none is."""
+    prefix = prefix if prefix.endswith(".") else prefix + "."
+    chosen = keymap.select(sd, prefix, _file_versions(ck, "model", sd))
+    if chosen is None:
+        leads = sorted({k.split(".", 1)[0] + "." for k in sd if "." in k})
+        held = ", ".join(map(repr, leads[:10])) or "no prefix at all"
+        raise CheckpointError(f"{ck.path}: no saved model key starts with {prefix!r}; the saved keys start with "
+                              f"{held}. Fix: pass one of those as prefix=, or leave prefix= out to let load match "
+                              "the keys to the model.")
+    ck.notes.append(f"model keys: took the {len(chosen)} saved keys under {prefix!r} (prefix=), without it")
+    return chosen
+
+
 def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], strict: bool,
-           foreign_file: bool) -> None:
+           foreign_file: bool, prefix: str | None = None) -> None:
     state, path = ck.state, ck.path
     fitting.check_objects(path, state, model=model, objects=objects)  # refused here: nothing has changed
     if model is not None:
@@ -129,8 +160,11 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
             raise CheckpointError(f"{path} holds no model weights (it holds: {fitting.holds(state)}). "
                                   "Fix: load it without model=, or point at the checkpoint that has them.")
         target = unwrap(model)
+        if prefix:
+            sd = _under_prefix(ck, sd, prefix)
         found = keymap.match(list(sd), target)
-        sd = state["model"] = found.apply(sd, _file_versions(ck, "model", sd))
+        sd = state["model"] = found.apply(sd, getattr(sd, "_metadata", None) if prefix else
+                                          _file_versions(ck, "model", sd))
         if getattr(sd, "_metadata", None) is None and _versionless(ck.tool):
             sd._metadata = getattr(target.state_dict(), "_metadata", None)  # type: ignore[attr-defined]
         ck.stripped_prefix = found.stripped_prefix
@@ -205,7 +239,7 @@ def _versionless(tool: str) -> bool:
     """True for formats that cannot store module versions (plain safetensors, accelerate's model.safetensors,
     DCP): their weights are taken as the model's current versions, as torch's DCP loading does (it fills
     model.state_dict() in place). A torch.save file without versions is loaded as torch would load it."""
-    return tool in ("safetensors", "accelerate") or tool.startswith("torch.distributed.checkpoint")
+    return tool in ("safetensors", "accelerate") or tool.startswith(("torch.distributed.checkpoint", "transformers"))
 
 
 def _restore_rng(ck: Checkpoint, dev: torch.device) -> None:
@@ -221,12 +255,20 @@ def _restore_rng(ck: Checkpoint, dev: torch.device) -> None:
             saved = ranks[0] if ranks else {}
             ck.notes.append(f"RNG states were saved by {len(ranks)} ranks and this run has {world_size}; "
                             "rank 0's states were restored")
+    elif isinstance(ck.metadata.get("rng_rank"), int):  # saved by one rank alone: its generators only
+        rank, world_size = tpdist.world()
+        saver = ck.metadata["rng_rank"]
+        if world_size > 1 and rank != saver:
+            ck.rng_skipped = {name: f"the file holds rank {saver}'s generators only (saved by rank {saver} alone); "
+                                    f"this rank ({rank}) keeps its own. Fix: save(..., all_ranks=True) on every "
+                                    "rank saves each rank's" for name in saved}
+            return
     ck.rng_restored, ck.rng_skipped = rng.restore(dict(saved), dev, ck.metadata.get("primary_device"))
 
 
 def _load_one(path: Path, *, dev: torch.device | None, model: nn.Module | None, objects: dict[str, Any],
               strict: bool, restore_rng: bool, trust_pickle: bool,
-              read: Read | None = None) -> Checkpoint:
+              read: Read | None = None, prefix: str | None = None) -> Checkpoint:
     optimizer = objects.get("optimizer")
     if read is None and model is not None and is_dcp_dir(path) and not (path / tpdist.SIDE_FILE).exists():
         read = tpdist.read_plain(path, model, optimizer, trust_pickle)  # written by torch alone: read via DCP, safely
@@ -235,10 +277,11 @@ def _load_one(path: Path, *, dev: torch.device | None, model: nn.Module | None, 
         rest = {k: v for k, v in objects.items() if k != "optimizer"}
         _apply(ck, model=None, objects=rest, strict=strict, foreign_file=False)
     else:
-        tool, state, meta, notes = read or read_any(path, dev=dev, model=model, optimizer=optimizer,
-                                                 trust_pickle=trust_pickle)
-        ck = Checkpoint(path, state, meta, tool, notes=list(notes))
-        _apply(ck, model=model, objects=objects, strict=strict, foreign_file=tool != "torchplace")
+        tool, state, meta, notes, source = read or read_any(path, dev=dev, model=model, optimizer=optimizer,
+                                                         trust_pickle=trust_pickle)
+        ck = Checkpoint(path, state, meta, tool, notes=list(notes), source=source)
+        _apply(ck, model=model, objects=objects, strict=strict, foreign_file=not tool.startswith("torchplace"),
+               prefix=prefix)
         if model is not None and dev is not None:  # no-op unless it was made on meta
             unwrap(model).to(dev)
     if restore_rng:
@@ -264,13 +307,16 @@ def _load_dcp(path: Path, *, model: nn.Module | None, optimizer: Any, trust_pick
 
 def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.Module | None = None,
          optimizer: Any = None, scheduler: Any = None, scaler: Any = None, strict: bool = True,
-         restore_rng: bool = True, trust_pickle: bool = False, **more_state: Any) -> Checkpoint:
+         restore_rng: bool = True, trust_pickle: bool = False, prefix: str | None = None,
+         **more_state: Any) -> Checkpoint:
     """Load a checkpoint onto DEVICE and into the objects given; return what was found and done.
 
     The saved keys are matched against the model's: as saved when they match, else with wrapper
-    prefixes (`module.`, `_orig_mod.`, Lightning's `model.` and `_forward_module.`) removed or
-    added, whichever makes every key match (the choice is in the result's notes). Without a model,
-    only torch.compile's `_orig_mod.` is removed (a leading `module.` may be a real submodule).
+    prefixes (`module.`, `_orig_mod.`, Lightning's `model.` and `_forward_module.`, or the one child
+    that holds the model: a LightningModule's `net.`, `backbone.`) removed or added, whichever makes
+    every key match (the choice is in the result's notes); `prefix=` takes the keys under a prefix
+    you name. Without a model, only torch.compile's `_orig_mod.` is removed (a leading `module.` may
+    be a real submodule).
 
     Args:
         path: a checkpoint file, a directory (its newest complete checkpoint; a damaged newest one
@@ -291,6 +337,8 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
             skipped and why).
         trust_pickle: allow files that need pickle, which runs code from the file; only for files
             from someone you trust.
+        prefix: load only the saved model keys under this prefix, without it ("encoder." of a
+            LightningModule holding an encoder and a decoder, into the encoder).
         **more_state: more objects whose `load_state_dict` is called, or names of plain values.
 
     Returns:
@@ -336,7 +384,7 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
 
     def one(where: Path, read: Read | None = None) -> Checkpoint:
         return _load_one(where, dev=dev, model=model, objects=objects, strict=strict, restore_rng=restore_rng,
-                         trust_pickle=trust_pickle, read=read)
+                         trust_pickle=trust_pickle, read=read, prefix=prefix)
 
     if not target.is_dir() or is_dcp_dir(target):
         return one(target)

@@ -9,7 +9,7 @@ on the CPU. Other tools' files (torch.save, Lightning, accelerate) go through `f
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,9 @@ from .fileio import FileState, read_file
 from .format import read_header
 from .keymap import match
 from .state_dicts import module_device, module_devices, optimizer_devices, unwrap
+from .torchfile import from_torch_save
 
-Read = tuple[str, dict[str, Any], dict[str, Any], list[str]]
+Read = tuple[str, dict[str, Any], dict[str, Any], list[str], Mapping[str, Any] | None]
 
 
 def _device_for(model: nn.Module | None, optimizer: Any, default: torch.device,
@@ -62,7 +63,9 @@ def _skeleton(path: Path) -> dict[str, Any]:
 
 def read_any(path: Path, *, dev: torch.device | None, model: nn.Module | None, optimizer: Any,
              trust_pickle: bool) -> Read:
-    """(tool, state tree, metadata, notes) of PATH, every tensor on its target device."""
+    """(tool, state tree, metadata, notes, the file's own top-level mapping) of PATH, every tensor on its target
+    device; the last is what torch.load gives for another tool's dict file (its keys as the user wrote them),
+    else None."""
     default = dev or (module_device(unwrap(model)) if model is not None else torch.device("cpu"))
     if default.type == "meta":
         default = torch.device("cpu")
@@ -78,15 +81,19 @@ def read_any(path: Path, *, dev: torch.device | None, model: nn.Module | None, o
                                  list(saved_model), skeleton.get("optimizer"))
         fs: FileState = read_file(path, device_for, trust_pickle=trust_pickle)
         tool = "torchplace" if fs.header.meta is not None else "safetensors"
-        return tool, fs.tree, fs.meta, []
+        return tool, fs.tree, fs.meta, [], None
     if kind in ("torch-zip", "torch-pickle"):
-        tool, state = foreign.normalize(foreign.torch_load(path, default, trust_pickle), path)
-        return tool, state, {}, []
+        obj = foreign.torch_load(path, default, trust_pickle)
+        ours = from_torch_save(obj)
+        if ours is not None:  # torchplace.save under a torch.save name
+            return "torchplace (torch.save file)", ours[0], ours[1], [], None
+        tool, state = foreign.normalize(obj, path)
+        return tool, state, {}, [], obj if isinstance(obj, Mapping) and not foreign.is_state_dict(obj) else None
     if kind == "accelerate":
         state, notes = foreign.load_accelerate(path, load_st, default, trust_pickle)
-        return "accelerate", state, {}, notes
+        return foreign.folder_tool(path), state, {}, notes, None
     if kind == "unknown" and path.name in foreign.INDEX_FILES:  # a sharded model's index: the shards it lists
-        return "accelerate", {"model": foreign.load_index(path, load_st, default, trust_pickle)}, {}, []
+        return "accelerate", {"model": foreign.load_index(path, load_st, default, trust_pickle)}, {}, [], None
     if kind == "dcp":
         raise CheckpointError(f"{path} is a sharded checkpoint (torch.distributed.checkpoint): its tensors only "
                               "exist as shards. Fix: torchplace.load it with model= (and optimizer=) in a process "

@@ -99,8 +99,9 @@ def decide_resume(resume: Resume, checkpoint_dir: str | os.PathLike[str] | None,
             raise CheckpointError("resume=True needs the folder the checkpoints are in. Fix: pass "
                                   "setup(checkpoint_dir='runs/my-run', resume=True).")
         if restarted:
-            return ResumeDecision(None, "restarted by the launcher, but no checkpoint_dir was given: starting "
-                                        "from the beginning (pass setup(checkpoint_dir=...) to continue)")
+            return ResumeDecision(None, "restarted by the launcher; no checkpoint_dir was given, so torchplace "
+                                        "chose nothing to continue from (rt.resume_from is None) and the program's "
+                                        "own code decides; setup(checkpoint_dir=...) lets rt.resume() continue")
         return ResumeDecision(None, "")
     if resume == "auto" and not restarted and same_job is None:
         return ResumeDecision(None, "")

@@ -43,7 +43,7 @@ def restore(state: dict[str, Any], device: torch.device, saved_device: str | Non
     """
     restored: list[str] = []
     skipped: dict[str, str] = {}
-    for name, setter in (("python", random.setstate), ("numpy", np.random.set_state),
+    for name, setter in (("python", random.setstate), ("numpy", _set_numpy),
                          ("cpu", lambda s: torch.set_rng_state(s.cpu()))):
         if name not in state:
             continue
@@ -56,6 +56,13 @@ def restore(state: dict[str, Any], device: torch.device, saved_device: str | Non
     for kind in [k for k in state if k not in ("python", "numpy", "cpu")]:
         _restore_device(kind, state[kind], device, saved_device, restored, skipped)
     return restored, skipped
+
+
+def _set_numpy(state: Any) -> None:
+    """numpy's global state; its key array may come as a tensor (a torch.save file holds no numpy array)."""
+    if isinstance(state, (tuple, list)) and len(state) > 1 and isinstance(state[1], torch.Tensor):
+        state = (state[0], state[1].numpy().astype(np.uint32), *state[2:])
+    np.random.set_state(state)
 
 
 def _restore_device(kind: str, saved: Any, device: torch.device, saved_device: str | None,

@@ -5,7 +5,8 @@
 
 Save writes model weights (unwrapped: no `module.` / `_orig_mod.`, not even from compiled
 submodules, with the modules' versions), optimizer, scheduler, scaler, RNG states, extras and
-metadata as one safetensors-compatible file, atomically, with checksums. In a process group only
+metadata as one safetensors-compatible file, atomically, with checksums (or, under a .pt/.pth/.tar/.ckpt
+name, as the torch.save file such a name promises: torchfile.py). In a process group only
 rank 0 writes; sharded models go through torch.distributed.checkpoint (see `distributed`).
 Reading it back is loading.py.
 """
@@ -13,6 +14,7 @@ Reading it back is loading.py.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,8 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import CheckpointError
 from . import distributed as tpdist
-from . import rng
+from . import rng, torchfile
 from .fileio import write_file
 from .rotation import check_name, check_pointer_slot, next_sequence, rotate, series_lock
 from .state_dicts import clean_state, module_device, state_of, unwrap, versions_of
@@ -64,8 +67,13 @@ def _collect(model: Any, optimizer: Any, scheduler: Any, scaler: Any, extra: Any
     return tree, objects
 
 
-def check_request(path: str | os.PathLike[str], keep_last: int | None, more_state: Mapping[str, Any]) -> Path:
-    """PATH as a Path, after the checks every save makes before touching anything."""
+HF_WEIGHT_NAMES = re.compile(r"(model|adapter_model)(-\d+-of-\d+)?\.safetensors|pytorch_model(-\d+-of-\d+)?\.bin")
+
+
+def check_request(path: str | os.PathLike[str], keep_last: int | None, more_state: Mapping[str, Any],
+                  torch_names: bool = False) -> Path:
+    """PATH as a Path, after the checks every save makes before touching anything. TORCH_NAMES: the caller
+    writes a torch.save file under a .pt/.pth/.tar/.ckpt name (torchfile.py); otherwise such a name is refused."""
     bad = [k for k in more_state if k in RESERVED]
     if bad:
         raise TypeError(f"save() got {bad[0]!r} as named state; that name is reserved. Use another name.")
@@ -73,6 +81,16 @@ def check_request(path: str | os.PathLike[str], keep_last: int | None, more_stat
         raise ValueError(f"keep_last={keep_last!r}: keep at least 1 checkpoint (or None to keep all).")
     target = Path(path)
     check_name(target)  # the pointer's name: a checkpoint saved there would be overwritten by it
+    if HF_WEIGHT_NAMES.fullmatch(target.name):
+        raise CheckpointError(
+            f"save({str(target)!r}): transformers' from_pretrained and accelerate's load_state and "
+            f"load_checkpoint_in_model read a file named {target.name} as the model's plain weights, but a "
+            "torchplace checkpoint names its tensors 'model/...' beside the optimizer's and RNG states, so they "
+            "would load none of them; nothing was written. Fix: save under another name (step-000100.safetensors) "
+            f"and write the weights they read with `torchplace ckpt convert --weights-only CHECKPOINT {target.name}`.")
+    if not torch_names and torchfile.is_torch_name(target):
+        raise torchfile.refuse(target, "save_async writes torchplace's own format (torchplace.save writes the "
+                                       "torch.save file)")
     return target
 
 
@@ -119,7 +137,7 @@ def series_info(target: Path, rotate_after: bool) -> dict[str, Any]:
 def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] | None = None,
          optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
          extra: Mapping[str, Any] | None = None, keep_last: int | None = None, latest: bool = False,
-         rng_state: bool = True, allow_pickle: bool = False, **more_state: Any) -> Path:
+         rng_state: bool = True, allow_pickle: bool = False, all_ranks: bool = False, **more_state: Any) -> Path:
     """Save what is needed to resume training to PATH, atomically; return PATH.
 
     The file is written next to PATH and renamed into place once complete, so a crash leaves the
@@ -127,7 +145,9 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
     came from, so the checkpoint loads anywhere (a GPU job's file on a laptop and back).
 
     Args:
-        path: the file to write (".safetensors" or ".tpck"); its directory must exist.
+        path: the file to write; its directory must exist. ".safetensors" or ".tpck": torchplace's
+            format. ".pt", ".pth", ".tar" or ".ckpt": a torch.save file that torch.load (weights_only)
+            and Fabric.load read, named values at its top level (no keep_last/latest there).
         model: a module or its state dict.
         optimizer: an optimizer or its state dict.
         scheduler: a learning-rate scheduler or its state dict.
@@ -138,6 +158,8 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
         latest: update the `latest` pointer and keep every checkpoint.
         rng_state: also save the Python, numpy, CPU and CUDA generator states.
         allow_pickle: store values that only pickle can (loading them needs `trust_pickle=True`).
+        all_ranks: in a process group, every rank calls save: each rank's RNG states are gathered
+            into the file, and every rank returns once it is complete (or raises rank 0's failure).
         **more_state: more named objects with `state_dict()` (an EMA model, a sampler) or plain
             values; `load` gives them back by name.
 
@@ -149,9 +171,11 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
             directory), PATH is named `latest`, or rotation would replace a `latest` that is not a
             pointer; the previous file at PATH is then untouched.
 
-    In a process group every rank must call save; rank 0 writes and every rank returns once the
-    file is complete. `torchplace.save_async` does the same with training going on while the file
-    is written.
+    In a process group rank 0 writes, with no collective: `if rank == 0: save(...)` works, and a call
+    on another rank returns at once without writing (its RNG states are not in the file unless
+    `all_ranks=True`). A sharded model (FSDP, DTensor) needs every rank: called on some ranks only, save
+    raises within TORCHPLACE_SAVE_JOIN_S (60 s) naming the ranks absent, as with `all_ranks=True`.
+    `torchplace.save_async` saves with training going on while the file is written (every rank calls it).
 
     Example:
         ```python
@@ -165,13 +189,35 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
         tp.save("runs/step-000100.safetensors", model=model, optimizer=opt, extra={"step": 100}, keep_last=3)
         ```
     """
-    target = check_request(path, keep_last, more_state)
-    _, world_size = tpdist.world()
+    target = check_request(path, keep_last, more_state, torch_names=True)
+    rank, world_size = tpdist.world()
     rotate_after = keep_last is not None or latest
-    rng_tree = capture_rng(rng_state, world_size)
-    info = {"world_size": world_size, "rotation": rotate_after}
+    sharded = isinstance(model, nn.Module) and tpdist.is_sharded(model)
+    torch_file = torchfile.is_torch_name(target)
+    if torch_file and target.suffix.lower() == ".ckpt" and torchfile.is_lightning_module(model):
+        raise CheckpointError(
+            f"save({str(target)!r}): a LightningModule in a .ckpt file promises Lightning's checkpoint, which "
+            "load_from_checkpoint and Trainer.fit(ckpt_path=) read (its version, loops and callbacks), and "
+            "torchplace does not write Lightning's format; nothing was written. Fix: trainer.save_checkpoint(path) "
+            "for Lightning's readers (torchplace.load reads that file too), or name this file .pt (torch.load and "
+            "Fabric.load read it) or .safetensors.")
+    if torch_file and (rotate_after or allow_pickle or sharded):
+        raise torchfile.refuse(target, "keep_last= and latest= order a series by torchplace's header, which it "
+                                       "has not" if rotate_after else "allow_pickle=True stores values torch.load "
+                                       "reads only with weights_only=False" if allow_pickle else "a sharded model "
+                                       "is saved as a folder, by torch.distributed.checkpoint")
+    collective = world_size > 1 and (sharded or all_ranks)
+    if collective:
+        tpdist.join_ranks(target, "saving a sharded model" if sharded else "save(all_ranks=True)")
+    elif world_size > 1 and rank != 0:
+        return target  # rank 0 writes; this rank's call has nothing to do
+    rng_tree = capture_rng(rng_state, world_size if collective else 1)
+    info: dict[str, Any] = {"world_size": world_size, "rotation": rotate_after}
+    if world_size > 1 and not collective and rng_tree is not None:
+        info["rng_rank"] = rank  # only rank 0's generators: the others' are not in the file
 
-    if isinstance(model, nn.Module) and tpdist.is_sharded(model):
+    if sharded:
+        assert isinstance(model, nn.Module)
         def write_side(side: Path, skeleton: dict[str, Any]) -> None:
             tree, meta = collect_side(model, scheduler, scaler, extra, more_state, skeleton, rng_tree, info)
             write_file(side, tree, allow_pickle=allow_pickle, info={**meta, **series_info(target, rotate_after)})
@@ -183,13 +229,15 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
 
     def write() -> Path:
         tree, meta = collect_state(model, optimizer, scheduler, scaler, extra, more_state, rng_tree, info)
+        if torch_file:
+            return torchfile.write(target, tree, meta)
         with series_lock(target.parent, rotate_after):  # another writer of the series waits its turn
             write_file(target, tree, info={**meta, **series_info(target, rotate_after)}, allow_pickle=allow_pickle)
             if rotate_after:
                 rotate(target, keep_last)
         return target
 
-    if world_size > 1:
+    if collective:
         tpdist.on_rank0(write, target)
         return target
     return write()

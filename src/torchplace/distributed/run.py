@@ -29,6 +29,7 @@ worker hosts the store there, so every round starts on empty keys and the restar
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -148,6 +149,10 @@ def plan(cmd: Sequence[str], *, gpus: str | int | GpuRequest = 1, nproc: int | N
         raise DistributedError("No command to run. Fix: put it after --, e.g. "
                                "`torchplace run --gpus 2 -- python train.py`.")
     request = gpus if isinstance(gpus, GpuRequest) else GpuRequest.parse(gpus)
+    notes: list[str] = []
+    if re.fullmatch(r"python(\d+(\.\d+)?)?", cmd[0]) and sys.executable:  # as accelerate launch does
+        notes.append(f"{cmd[0]} is the interpreter torchplace runs under ({sys.executable}), not the one on PATH")
+        cmd = [sys.executable, *cmd[1:]]
     torchrun = {k: v for k, v in (torchrun or {}).items() if v is not None}
     unknown = sorted(set(torchrun) - set(TORCHRUN_OPTIONS))
     if unknown:
@@ -155,7 +160,6 @@ def plan(cmd: Sequence[str], *, gpus: str | int | GpuRequest = 1, nproc: int | N
                                f"through {', '.join(TORCHRUN_OPTIONS)}.")
     changes: dict[str, str] = {}
     picked = None
-    notes: list[str] = []
     if flight_recorder is not None:
         from .flight_recorder import recorder_env
 

@@ -58,7 +58,8 @@ class DeviceLoader(Generic[T]):
             except for batches packed by `packed_collate`: staging one is a single copy, done on
             your thread (still on the side stream, `prefetch` ahead) as handing it over costs more.
 
-    Iterating yields the loader's batches on DEVICE; `len()` is the wrapped loader's. A DataLoader with
+    Iterating yields the loader's batches on DEVICE; `len()` and every attribute the wrapper does not
+    have itself (`sampler`, `dataset`, `batch_size`, ...) are the wrapped loader's. A DataLoader with
     persistent_workers has one iterator: a new epoch over it ends the one before, whose next batch says so.
 
     Raises:
@@ -103,6 +104,17 @@ class DeviceLoader(Generic[T]):
     def stream(self) -> Any:
         """The side stream the copies run on (made once, at the first iteration; None on cpu)."""
         return self._stream
+
+    def __getattr__(self, name: str) -> Any:
+        """The wrapped loader's attribute (`sampler.set_epoch`, `dataset`, `batch_size`, ...), so that code
+        written for the DataLoader keeps working on the wrapper made where the loader is made."""
+        if name.startswith("__") or name == "loader":  # copy/pickle probes; `loader` not yet set
+            raise AttributeError(name)
+        try:
+            return getattr(self.loader, name)
+        except AttributeError:
+            raise AttributeError(f"neither DeviceLoader nor the {type(self.loader).__name__} it wraps has an "
+                                 f"attribute {name!r}") from None
 
     def __len__(self) -> int:
         try:

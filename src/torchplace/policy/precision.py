@@ -129,9 +129,15 @@ def _cuda_problem(capability: Any, requested: str | None, what: str) -> str | No
 
 def decide_cpu(bf16_native_cpu: bool, fp16_native_cpu: bool = False, isa: str = "this CPU",
                requested: str | None = None) -> PrecisionPlan:
-    """The precision for the CPU, from whether it has bf16/fp16 instructions."""
+    """The precision for the CPU: fp32 unless REQUESTED (a CPU program trains in fp32; autocast would change
+    its numerics), with what the CPU's bf16/fp16 instructions mean for a request."""
+    if requested == "bfloat16" and bf16_native_cpu:
+        return PrecisionPlan("bfloat16", False, False, f"bf16 was asked for; {isa} has native bf16 instructions, "
+                                                       "no GradScaler needed")
     if bf16_native_cpu:
-        auto = PrecisionPlan("bfloat16", False, False, f"{isa} has native bf16 instructions; no GradScaler needed")
+        auto = PrecisionPlan("float32", False, False,
+                             f"the CPU default: {isa} has native bf16 instructions, but bf16 autocast would change "
+                             "the program's numerics; precision='bf16' turns it on")
     else:
         auto = PrecisionPlan("float32", False, False,
                         f"{isa} has no bf16 instructions (AVX512-BF16, AMX or Arm BF16); bf16 would be "

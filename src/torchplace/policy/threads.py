@@ -67,6 +67,24 @@ def env_local_world_size(env: Mapping[str, str] | None = None) -> int:
     return 1
 
 
+def users_thread_count(env: Mapping[str, str], threads_now: int, threads_at_import: int,
+                       launcher: str | None = None, local_world_size: int = 1) -> str | None:
+    """Whose the thread count is, when someone set it before `setup()` planned one (None: nobody did).
+
+    An OMP_NUM_THREADS in the environment (the user's, or torchrun's 1 for several processes per node),
+    or a `torch.set_num_threads` call since torchplace was imported (THREADS_NOW differs from
+    THREADS_AT_IMPORT): the program was tuned with it, and changing it changes its results."""
+    raw = (env.get("OMP_NUM_THREADS") or "").strip()
+    if raw:
+        torchrun_one = launcher == "torchrun" and raw == "1" and local_world_size > 1
+        whose = ("yours, or torchrun's default of 1 for several processes per node" if torchrun_one
+                 else "set before the program started")
+        return f"OMP_NUM_THREADS={raw[:20]} from the environment ({whose})"
+    if threads_now != threads_at_import:
+        return f"torch.set_num_threads({threads_now}) called before setup() (torch had {threads_at_import})"
+    return None
+
+
 def plan_threads(host: HostFacts, *, local_world_size: int = 1, intra_op: int | None = None,
                  inter_op: int | None = None, cores: Mapping[int, tuple[int, int]] | None = None,
                  numa: Mapping[int, list[int]] | None = None, gpu_cpus: list[int] | None = None,

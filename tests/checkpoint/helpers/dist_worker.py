@@ -1,9 +1,11 @@
 """One rank of the 2-process gloo checkpoint test. Usage: dist_worker.py RANK WORLD DIR
 
 MASTER_ADDR / MASTER_PORT come from the environment. Checks, in order:
-1. replicated (DDP): only rank 0 writes; no rank returns before the file is complete; each rank
-   gets its own RNG streams back;
-2. a failure on rank 0 is raised on every rank;
+1. replicated (DDP), all_ranks=True: only rank 0 writes; no rank returns before the file is complete;
+   each rank gets its own RNG streams back;
+2. a failure on rank 0 is raised on every rank (all_ranks=True);
+2b. rank-0 saves (`if rank == 0: save(...)`, as every DDP program does): rank 0 writes alone while
+   rank 1 trains on; a sharded save or save(all_ranks=True) on rank 0 alone raises naming rank 1;
 3. a sharded (DTensor) model goes through torch.distributed.checkpoint and comes back, with its
    optimizer, scheduler and extras, into a model sharded the same way;
 4. save_async: rank 0 writes the state at the call, rank 1's future is done at once, a failure of
@@ -36,7 +38,7 @@ def replicated(rank: int, root: Path) -> None:
     opt.step()
     torch.manual_seed(100 + rank)  # every rank has its own stream
     path = root / "ddp.safetensors"
-    returned = torchplace.save(path, model=model, optimizer=opt, extra={"written_by": rank})
+    returned = torchplace.save(path, model=model, optimizer=opt, extra={"written_by": rank}, all_ranks=True)
     assert returned == path and path.exists(), "save returned before the file was complete"
     expected = torch.rand(3)  # what this rank draws right after the save
     names = sorted(p.name for p in root.iterdir())
@@ -55,12 +57,60 @@ def replicated(rank: int, root: Path) -> None:
 
 def failure(rank: int, root: Path) -> None:
     try:
-        torchplace.save(root / "missing-dir" / "c.safetensors", extra={"a": 1})
+        torchplace.save(root / "missing-dir" / "c.safetensors", extra={"a": 1}, all_ranks=True)
     except torchplace.CheckpointError as exc:
         expected = "does not exist" if rank == 0 else "rank 0 could not save"
         assert expected in str(exc), str(exc)
     else:
         raise AssertionError("a failed save reported success")
+
+
+def rank0_saves(rank: int, root: Path) -> None:
+    """`if rank == 0: save(...)` hung for ever (issue 32, item 1): rank 0 now writes alone."""
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 2)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    path = root / "best.safetensors"
+    torch.manual_seed(100 + rank)
+    for step in range(3):
+        opt.zero_grad()
+        model(torch.randn(4, 4)).sum().backward()  # an all-reduce per step: the ranks stay in step
+        opt.step()
+        if rank == 0 and step == 1:  # nanoGPT: only rank 0 knows the validation loss is the best
+            assert torchplace.save(path, model=model, optimizer=opt, extra={"iter_num": step}) == path
+            assert path.exists()
+    weights = [p.detach().clone() for p in model.parameters()]
+    if rank == 1:
+        assert torchplace.save(root / "not-written.safetensors", model=model) == root / "not-written.safetensors"
+    dist.barrier()
+    assert not (root / "not-written.safetensors").exists()  # rank 1's call has nothing to do
+    before = torch.get_rng_state()
+    ck = torchplace.load(path, model=model, optimizer=opt)
+    assert ck.extra == {"iter_num": 1} and ck.metadata["rng_rank"] == 0
+    if rank == 0:
+        assert ck.rng_restored == ["python", "numpy", "cpu"]
+    else:
+        assert not ck.rng_restored and "rank 0's generators only" in ck.rng_skipped["cpu"]
+        assert torch.equal(torch.get_rng_state(), before)  # rank 1's own streams left alone
+    assert not all(torch.equal(a, b) for a, b in zip(weights, model.parameters()))  # the step-1 weights came back
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    sharded_model = _sharded_model(0, init_device_mesh("cpu", (dist.get_world_size(),)))
+    if rank == 0:
+        for call in (lambda: torchplace.save(root / "sharded", model=sharded_model),
+                     lambda: torchplace.save(root / "all.safetensors", model=model, all_ranks=True)):
+            try:
+                call()
+            except torchplace.CheckpointError as exc:
+                assert "called on rank 0 only" in str(exc) and "rank(s) 1" in str(exc), str(exc)
+                assert "Fix: call it on every rank" in str(exc), str(exc)
+            else:
+                raise AssertionError("a save that needs every rank, called on rank 0 only, did not raise")
+        assert sorted(p.name for p in root.iterdir()) == ["best.safetensors"]
+    dist.barrier()
+    torchplace.save(root / "sharded", model=sharded_model)  # every rank: the save after the refusal works
+    assert (root / "sharded" / ".metadata").is_file()
 
 
 def _sharded_model(seed: int, mesh) -> nn.Module:
@@ -168,4 +218,5 @@ def run_checks(checks: Sequence[tuple[str, Check]]) -> None:
 
 
 if __name__ == "__main__":
-    run_checks((("replicated", replicated), ("failure", failure), ("sharded", sharded), ("background", background)))
+    run_checks((("replicated", replicated), ("failure", failure), ("rank0", rank0_saves), ("sharded", sharded),
+                ("background", background)))

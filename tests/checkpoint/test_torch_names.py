@@ -1,0 +1,114 @@
+"""Names that promise a torch.save file (.pt, .pth, .tar, .ckpt) get one, or a refusal with the fix
+(issue 32, item 3): torch.load (weights_only, torch's default), Fabric.load and torchplace.load read
+what tp.save writes there; nothing is silent."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import torchplace
+from torchplace.errors import CheckpointError
+
+
+def _trained(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.randn(5, 3)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+class Config:
+    """A user's config class: torch.load(weights_only=True) refuses it."""
+
+    lr = 0.1
+
+
+@pytest.mark.parametrize("name", ["ckpt.pt", "snapshot.pth", "checkpoint.pth.tar", "fabric.ckpt"])
+def test_a_torch_name_gets_a_file_torch_load_reads(tmp_path: Path, name: str) -> None:
+    model, opt = _trained()
+    path = torchplace.save(tmp_path / name, model=model, optimizer=opt, iter_num=7, model_args={"n_layer": 2},
+                           extra={"note": "x"})
+    expected = (random.random(), float(np.random.rand()), torch.rand(2))  # drawn right after the save
+    raw = torch.load(path, map_location="cpu")  # nanoGPT's and imagenet's reader, weights_only by default
+    assert raw["iter_num"] == 7 and raw["model_args"] == {"n_layer": 2} and raw["extra"] == {"note": "x"}
+    fresh, fresh_opt = _trained(1)
+    fresh.load_state_dict(raw["model"])
+    fresh_opt.load_state_dict(raw["optimizer"])
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # atomic: no temporary left
+    back, back_opt = _trained(2)
+    ck = torchplace.load(path, model=back, optimizer=back_opt)  # and torchplace reads all of it back
+    assert ck.tool == "torchplace (torch.save file)" and ck["iter_num"] == 7 and ck.extra == {"note": "x"}
+    assert ck.rng_restored == ["python", "numpy", "cpu"]
+    got = (random.random(), float(np.random.rand()), torch.rand(2))
+    assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
+    assert back_opt.param_groups[0]["lr"] == 0.01 and torch.equal(back[0].weight, model[0].weight)
+
+
+@pytest.fixture(autouse=True)
+def _lightning_env(monkeypatch) -> None:
+    """Importing lightning sets PYTORCH_NVML_BASED_CUDA_CHECK; put it back after each test."""
+    monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", "")
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK")
+
+
+def test_fabric_load_reads_it(tmp_path: Path) -> None:
+    from lightning.fabric import Fabric
+
+    model, opt = _trained()
+    path = torchplace.save(tmp_path / "checkpoint.ckpt", model=model, optimizer=opt, step=3)
+    fabric = Fabric(accelerator="cpu", devices=1)
+    target, target_opt = fabric.setup(*_trained(1))
+    rest = fabric.load(path, {"model": target, "optimizer": target_opt})
+    assert rest["step"] == 3 and torch.equal(target.module[0].weight, model[0].weight)
+
+
+def test_what_a_torch_save_file_cannot_hold_is_refused(tmp_path: Path) -> None:
+    model, _ = _trained()
+    with pytest.raises(CheckpointError, match=r"weights_only=True\) refuses .*Config.*Fix: save plain data"):
+        torchplace.save(tmp_path / "c.pt", model=model, config=Config())
+    with pytest.raises(CheckpointError, match="torch.save cannot write the state"):
+        torchplace.save(tmp_path / "c.pt", model=model, schedule=lambda step: step)
+    with pytest.raises(CheckpointError, match="keep_last= and latest= order a series.*Fix: name it .*c.safetensors"):
+        torchplace.save(tmp_path / "c.pt", model=model, keep_last=2)
+    with pytest.raises(CheckpointError, match="allow_pickle=True"):
+        torchplace.save(tmp_path / "c.pth", model=model, allow_pickle=True)
+    with pytest.raises(CheckpointError, match="save_async writes torchplace's own format"):
+        torchplace.save_async(tmp_path / "c.pt", model=model)
+    for name in ("model.safetensors", "pytorch_model.bin", "model-00001-of-00002.safetensors"):
+        with pytest.raises(CheckpointError, match="ckpt convert --weights-only"):
+            torchplace.save(tmp_path / name, model=model)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_lightning_module_in_a_ckpt_is_refused_with_the_fix(tmp_path: Path) -> None:
+    import lightning as L
+
+    class Lit(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(2, 2)
+
+    with pytest.raises(CheckpointError, match="trainer.save_checkpoint"):
+        torchplace.save(tmp_path / "lit.ckpt", model=Lit())
+    torchplace.save(tmp_path / "lit.pt", model=Lit())  # a .pt name promises torch.load only
+    assert list(torch.load(tmp_path / "lit.pt")["model"]) == ["net.weight", "net.bias"]
+
+
+def test_convert_to_a_torch_name_writes_the_torch_save_file(tmp_path: Path) -> None:
+    from torchplace.checkpoint import convert
+
+    model, opt = _trained()
+    src = torchplace.save(tmp_path / "src.safetensors", model=model, optimizer=opt)
+    convert(src, tmp_path / "out.pt")
+    assert torch.equal(torch.load(tmp_path / "out.pt")["model"]["0.weight"], model[0].weight)
+    with pytest.raises(CheckpointError, match="--weights-only writes a plain safetensors file"):
+        convert(src, tmp_path / "w.pt", weights_only=True)
