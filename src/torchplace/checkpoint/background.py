@@ -33,8 +33,9 @@ Errors: `SaveFuture.result()` raises the write's CheckpointError; an error nobod
 raised by the next save_async (which then saves nothing), and at interpreter exit pending saves
 are waited for (a sharded one at most SHARDED_EXIT_WAIT_S: its collectives need every rank, and a
 rank that died would hang the exit; what is abandoned is printed) and uncollected errors printed.
-In a process group every rank calls save_async; the RNG states are gathered at the call, rank 0
-copies and writes, the other ranks' futures are done at once (a sharded model: every rank writes
+In a process group rank 0 copies and writes and other ranks' calls return done futures, so a call
+under `if rank == 0:` works as it does for `save` (the file then holds rank 0's RNG states); with
+`all_ranks=True` every rank calls it and every rank's RNG states are gathered at the call (a sharded model: every rank writes
 its shards, and every future ends once rank 0 has published the folder; a failure at the call on
 any one rank is raised at the call on every rank, before any collective of the save), and a
 failure of any rank's write is raised on every rank at the next save_async. Call `result()`
@@ -265,7 +266,7 @@ def default_saver() -> BackgroundSaver:
 def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] | None = None,
                optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
                extra: Mapping[str, Any] | None = None, keep_last: int | None = None, latest: bool = False,
-               rng_state: bool = True, allow_pickle: bool = False, max_in_flight: int = 1,
+               rng_state: bool = True, allow_pickle: bool = False, all_ranks: bool = False, max_in_flight: int = 1,
                workers: int | None = None, **more_state: Any) -> SaveFuture:
     """`torchplace.save`, written in the background: return once the state is copied.
 
@@ -286,6 +287,9 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
         latest: as for `save`.
         rng_state: as for `save`.
         allow_pickle: as for `save`.
+        all_ranks: as for `save`: every rank calls it, every rank's RNG states are gathered and an
+            earlier failure of any rank's write is raised on every rank. Without it, in a process
+            group, rank 0 alone may call it (`if rank == 0:`) and other ranks' calls return done.
         max_in_flight: saves that may be writing at once (default 1: a call waits for the previous
             save to finish first).
         workers: writer threads (default: up to MAX_BACKGROUND_WORKERS, 4); they run at a CPU
@@ -324,13 +328,16 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
     saver = default_saver()
     rank, world_size = tpdist.world()
     rotate_after = keep_last is not None or latest
+    collective = world_size > 1 and (sharded is not None or all_ranks)
+    if collective:  # bounded: a call under `if rank == 0:` raises naming the absent ranks instead of hanging
+        tpdist.join_ranks(target, "saving a sharded model" if sharded is not None else "save_async(all_ranks=True)")
     staging: HostStaging | None = None
     waited = 0.0
     if rank == 0 or sharded is not None:  # the ranks that write
         staging, waited = saver.acquire(max_in_flight)
     try:
-        _raise_earlier_failure(saver, target, world_size)
-        rng_tree = capture_rng(rng_state, world_size)
+        _raise_earlier_failure(saver, target, world_size if collective else 1)
+        rng_tree = capture_rng(rng_state, world_size if collective else 1)
         fut = SaveFuture(target)
         fut.wait_s = waited
         if staging is None:  # another rank: rank 0 writes
@@ -338,7 +345,9 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
             fut._finish(None)
             return fut
         start = time.perf_counter()
-        info = {"world_size": world_size, "rotation": rotate_after}
+        info: dict[str, Any] = {"world_size": world_size, "rotation": rotate_after}
+        if world_size > 1 and not collective and rng_tree is not None:
+            info["rng_rank"] = rank  # only rank 0's generators: the others' are not in the file
         if sharded is not None:
             fut.sharded_rank = rank
             write = stage_sharded(fut, staging, target, sharded, optimizer,

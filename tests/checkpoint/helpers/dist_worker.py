@@ -175,9 +175,24 @@ def background(rank: int, root: Path) -> None:
     dist.barrier()
     ck = torchplace.load(path)
     assert ck.extra == {"rank": 0} and torch.equal(ck["model"]["weight"] + 1.0, model.module.weight.detach())
-    broken = torchplace.save_async(root / "missing-dir" / "c.safetensors", model=model)
+    if rank == 0:  # `if rank == 0: save_async(...)` (issue 32): rank 0 alone copies and writes, nothing hangs
+        alone = torchplace.save_async(root / "alone.safetensors", model=model, extra={"step": 7})
+        assert alone.result(timeout=120) == root / "alone.safetensors"
+        try:
+            torchplace.save_async(root / "all.safetensors", model=model, all_ranks=True)
+        except torchplace.CheckpointError as exc:
+            assert "called on rank 0 only" in str(exc) and "rank(s) 1" in str(exc), str(exc)
+        else:
+            raise AssertionError("save_async(all_ranks=True) on rank 0 only did not raise")
+        assert not (root / "all.safetensors").exists()
+    dist.barrier()
+    ck = torchplace.load(root / "alone.safetensors")
+    assert ck.extra == {"step": 7} and ck.metadata["rng_rank"] == 0
+    # all_ranks=True: every rank learns of rank 0's failed write at its next save_async
+    broken = torchplace.save_async(root / "missing-dir" / "c.safetensors", model=model, all_ranks=True)
     next_save_refused(broken, root / "next.safetensors",
-                      "does not exist" if rank == 0 else "rank 0's earlier background save failed", model=model)
+                      "does not exist" if rank == 0 else "rank 0's earlier background save failed", model=model,
+                      all_ranks=True)
     dist.barrier()
 
 
