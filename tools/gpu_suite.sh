@@ -22,6 +22,21 @@ case $part in
     for v in "" "1,0" "1" "0,0" "0,5" "GPU-"; do echo "== CUDA_VISIBLE_DEVICES='$v'"; CUDA_VISIBLE_DEVICES="$v" tp map --check-driver; done > "$R/map-$tag.txt" 2>&1
     timeout 560 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --timeout 240 "$@" 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -40
     ;;
+  twice)  # the whole GPU suite, default order, no filters, two runs one after the other (issue 28)
+    tp doctor --json > "$R/snapshot-h200-$tag.json"
+    for run in 1 2; do
+      echo "== run $run, $(date -u)"
+      timeout 280 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider --timeout 240 2>&1 \
+        | tee "$R/pytest-gpu-$tag-run$run.txt" | tail -6
+    done
+    ;;
+  exits)  # abort-at-exit counts on the GPU host's Python (issue 28), then the outside corpora on this GPU
+    timeout 330 python3 tools/exit_loop.py --runs 30 2>&1 | tee "$R/exit-loop-$tag.txt" | tail -4
+    for c in public heldout; do
+      timeout 120 python3 -m torchplace bench diagnose --corpus tests/checks/corpus_$c.py --out "$R/$c" 2>&1 \
+        | tee "$R/bench-diagnose-$c-$tag.txt" | tail -14
+    done
+    ;;
   final)
     tp doctor --json > "$R/snapshot-h200-$tag.json"
     tp doctor --check-driver > "$R/doctor-$tag.txt" 2>&1
