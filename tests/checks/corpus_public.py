@@ -372,12 +372,12 @@ class OneHotEye(nn.Module):
         self.proj = nn.Linear(W, C)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        onehot = torch.eye(C)[y]
-        return (self.proj(x) * onehot).sum()  # case: eye_indexed_by_gpu_labels
+        onehot = torch.eye(C)[y]  # case: eye_indexed_by_gpu_labels
+        return (self.proj(x) * onehot).sum()
 
 
-# one-hot labels by indexing torch.eye(C) (CPU) with labels on the GPU
-@R.mistake("hiyouga/LlamaFactory#6003", ("onehot", "torch.eye"), "model", pairs=GPU)
+# one-hot labels by indexing torch.eye(C) (CPU) with labels on the GPU: torch refuses the indexing itself
+@R.mistake("hiyouga/LlamaFactory#6003", ("torch.eye",), "model", pairs=GPU)
 def eye_indexed_by_gpu_labels(dev: torch.device, other: torch.device) -> Program:
     model = OneHotEye().to(dev)
     x, y = randn(4, W, device=dev), labels(4, dev)
@@ -668,11 +668,12 @@ class ClampMin(nn.Module):
         self.floor = torch.tensor(0.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.clamp(self.proj(x), min=self.floor)
+        return torch.clamp(self.proj(x), min=self.floor)  # case: zero_dim_attribute_bound
 
 
-# a 0-dim CPU tensor attribute used as a scalar bound: torch takes it with tensors on any device
-@R.legal("kornia/kornia#224")
+# a 0-dim CPU tensor attribute as clamp's bound: elementwise ops take a 0-dim CPU tensor with tensors on any
+# device, clamp's Tensor min does not (on an H200, torch 2.11: "min is on cpu, different from other tensors on cuda:0")
+@R.mistake("kornia/kornia#224", ("self.floor", "model.floor"), "model", pairs=GPU)
 def zero_dim_attribute_bound(dev: torch.device, other: torch.device) -> Program:
     model = ClampMin().to(dev)
     x = randn(4, W, device=dev)

@@ -22,6 +22,7 @@ import inspect
 import io
 import linecache
 import os
+import re
 import sysconfig
 import types
 import warnings
@@ -144,7 +145,19 @@ class _EagerChecks(TorchDispatchMode):
                     for t in value if isinstance(value, (list, tuple)) else [value]:
                         if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor):
                             raise _Unreachable(f"the step writes into a tensor explain() could not copy ({func})")
-        return func(*args, **kwargs)
+        try:
+            return func(*args, **kwargs)
+        except RuntimeError as exc:  # torch before 2.12 words fake tensors' device check its own way
+            found = _OLD_FAKE_MISMATCH.search(str(exc))
+            if found is None:
+                raise
+            raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                               f"{found[1]} and {found[2]}!") from None
+
+
+# FakeTensorMode's device check in torch < 2.12 (2.12 raises FakeTensorDeviceMismatchError with the eager text)
+_OLD_FAKE_MISMATCH = re.compile(r"Unhandled FakeTensor Device Propagation for \S+, found two different devices "
+                                r"([\w:]+), ([\w:]+)")
 
 
 class _Reachable(TorchFunctionMode):
