@@ -28,7 +28,7 @@ def test_no_error_or_warning_class_is_defined_elsewhere():
     allowed = {"UsageError", "StateError"}
     found = []
     for path in SRC.rglob("*.py"):
-        if path.name == "errors.py":
+        if path.name == "errors.py" or "_corpus" in path.parts:  # the corpus: user programs, with their own classes
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef) and node.name.endswith(("Error", "Warning")) and node.name not in allowed:

@@ -39,7 +39,7 @@ COMMANDS: dict[str, str] = {
     "ckpt": "torchplace.cli.ckpt",
     "bench": "torchplace.cli.bench",
 }
-EXIT_USAGE, EXIT_PIPE, EXIT_BUG = 2, 0, 70
+EXIT_USAGE, EXIT_PIPE, EXIT_NO_STDOUT, EXIT_BUG = 2, 0, 1, 70  # EXIT_PIPE: the reader had what it wanted
 MAX_MESSAGE = 1200  # characters of one error line
 
 #: An error found while `import torchplace` ran for this command (a bad TORCHPLACE_STRICT).
@@ -121,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _StdoutClosed:
         _say("torchplace: error: standard output is closed (the shell's >&-), so the output has nowhere to go. "
              "Fix: redirect it to a file or to /dev/null instead of closing it.")
-        return EXIT_PIPE
+        return EXIT_NO_STDOUT
     except OSError as exc:  # the system's answer about a path the user gave: not a bug
         where = f": {exc.filename!r}" if exc.filename else ""
         where += f" -> {exc.filename2!r}" if getattr(exc, "filename2", None) else ""
