@@ -108,10 +108,11 @@ def main(argv: list[str] | None = None) -> list[float]:
                 torch.distributed.all_reduce(total)
                 total /= rt.world_size
             losses.append(round(total.item() / count, 6))
-            # returns once the state is copied; the file holds this moment's state while training goes on
+            # returns once the state is copied; the file holds this moment's state while training goes on;
+            # all_ranks: every rank calls it, so each rank's RNG is saved and a restart resumes bit for bit
             pending = rt.save_async(ckpt_dir / f"epoch{epoch:03d}.tpck", model=model, optimizer=opt,
                                     scheduler=sched, scaler=scaler, extra={"epoch": epoch, "losses": losses},
-                                    keep_last=2)
+                                    keep_last=2, all_ranks=True)
             progress.advance(task)
             if rt.is_main:
                 progress.console.print(f"epoch {epoch}: loss {losses[-1]:.4f}")
