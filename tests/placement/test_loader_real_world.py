@@ -290,12 +290,11 @@ def test_a_workers_exception_reaches_the_loop_with_its_traceback_and_the_next_ep
 @pytest.mark.parametrize("background", BACKGROUND)
 def test_ctrl_c_in_the_loop_leaves_nothing_running(background):
     loader = DataLoader(list(range(2000)), batch_size=2, num_workers=2, persistent_workers=True)
-    timer = threading.Timer(0.3, _thread.interrupt_main)
-    timer.start()
     with pytest.raises(KeyboardInterrupt):
-        for _ in tp.DeviceLoader(loader, "cpu", background=background):
+        for i, _ in enumerate(tp.DeviceLoader(loader, "cpu", background=background)):
+            if i == 5:  # Ctrl-C once the loop runs (a timer raced the workers' start on a loaded machine)
+                _thread.interrupt_main()  # delivered at the next bytecode: this body or the loader's __next__
             time.sleep(0.005)
-    timer.join()
     assert len(list(tp.DeviceLoader(loader, "cpu", background=background))) == 1000
     del loader
 
