@@ -35,9 +35,9 @@ are waited for (a sharded one at most SHARDED_EXIT_WAIT_S: its collectives need 
 rank that died would hang the exit; what is abandoned is printed) and uncollected errors printed.
 In a process group rank 0 copies and writes and other ranks' calls return done futures, so a call
 under `if rank == 0:` works as it does for `save` (the file then holds rank 0's RNG states); with
-`all_ranks=True` every rank calls it and every rank's RNG states are gathered at the call (a sharded model: every rank writes
-its shards, and every future ends once rank 0 has published the folder; a failure at the call on
-any one rank is raised at the call on every rank, before any collective of the save), and a
+`all_ranks=True` every rank calls it and every rank's RNG states are gathered at the call (a sharded
+model: every rank writes its shards, and every future ends once rank 0 has published the folder; a
+failure at the call on any one rank is raised at the call on every rank, before any collective of the save), and a
 failure of any rank's write is raised on every rank at the next save_async. Call `result()`
 before destroying the process group: a sharded write needs it. A forked child (a DataLoader worker)
 neither writes nor waits for its parent's saves; its copies of their futures refuse result().

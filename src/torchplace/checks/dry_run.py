@@ -173,7 +173,8 @@ class _Reachable(TorchFunctionMode):
         for spec in specs:
             if isinstance(spec, (str, torch.device)) and str(spec).startswith("cuda"):
                 index = torch.device(spec).index or 0
-                if index >= (torch.cuda.device_count() if torch.cuda.is_available() else 0):  # cuda-only: the spec names cuda
+                gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0  # cuda-only: a cuda spec
+                if index >= gpus:
                     raise _Unreachable(f"{spec} is not a device of this machine")
         return func(*args, **kwargs)
 
