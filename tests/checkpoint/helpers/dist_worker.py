@@ -98,19 +98,23 @@ def rank0_saves(rank: int, root: Path) -> None:
 
     sharded_model = _sharded_model(0, init_device_mesh("cpu", (dist.get_world_size(),)))
     if rank == 0:
-        for call in (lambda: torchplace.save(root / "sharded", model=sharded_model),
-                     lambda: torchplace.save(root / "all.safetensors", model=model, all_ranks=True)):
-            try:
-                call()
-            except torchplace.CheckpointError as exc:
-                assert "called on rank 0 only" in str(exc) and "rank(s) 1" in str(exc), str(exc)
-                assert "Fix: call it on every rank" in str(exc), str(exc)
-            else:
-                raise AssertionError("a save that needs every rank, called on rank 0 only, did not raise")
+        refused_on_rank0_alone(lambda: torchplace.save(root / "sharded", model=sharded_model))
+        refused_on_rank0_alone(lambda: torchplace.save(root / "all.safetensors", model=model, all_ranks=True))
         assert sorted(p.name for p in root.iterdir()) == ["best.safetensors"]
     dist.barrier()
     torchplace.save(root / "sharded", model=sharded_model)  # every rank: the save after the refusal works
     assert (root / "sharded" / ".metadata").is_file()
+
+
+def refused_on_rank0_alone(call: Callable[[], object]) -> None:
+    """CALL, a save that needs every rank, made on rank 0 only: refused naming rank 1 and the fix."""
+    try:
+        call()
+    except torchplace.CheckpointError as exc:
+        assert "called on rank 0 only" in str(exc) and "rank(s) 1" in str(exc), str(exc)
+        assert "Fix: call it on every rank" in str(exc), str(exc)
+    else:
+        raise AssertionError("a save that needs every rank, called on rank 0 only, did not raise")
 
 
 def _sharded_model(seed: int, mesh) -> nn.Module:
@@ -178,12 +182,7 @@ def background(rank: int, root: Path) -> None:
     if rank == 0:  # `if rank == 0: save_async(...)` (issue 32): rank 0 alone copies and writes, nothing hangs
         alone = torchplace.save_async(root / "alone.safetensors", model=model, extra={"step": 7})
         assert alone.result(timeout=120) == root / "alone.safetensors"
-        try:
-            torchplace.save_async(root / "all.safetensors", model=model, all_ranks=True)
-        except torchplace.CheckpointError as exc:
-            assert "called on rank 0 only" in str(exc) and "rank(s) 1" in str(exc), str(exc)
-        else:
-            raise AssertionError("save_async(all_ranks=True) on rank 0 only did not raise")
+        refused_on_rank0_alone(lambda: torchplace.save_async(root / "all.safetensors", model=model, all_ranks=True))
         assert not (root / "all.safetensors").exists()
     dist.barrier()
     ck = torchplace.load(root / "alone.safetensors")
