@@ -18,6 +18,7 @@ import torch
 
 import torchplace as tp
 from torchplace.placement.transfer import pin_tensor
+from torchplace.shared.tree import map_tensors
 
 from .boxes import Boxes
 from .helpers import fingerprint, on_host
@@ -27,7 +28,7 @@ DEVICES = ["cpu", "meta"]
 
 def tensors(x: Any) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
-    tp.placement.traverse.map_tensors(x, lambda t: out.append(t) or t)
+    map_tensors(x, lambda t: out.append(t) or t)
     return out
 
 
@@ -282,7 +283,7 @@ def test_a_batch_that_holds_itself_is_named_not_recursed_forever(device: str) ->
     loop: list[Any] = [torch.ones(1)]
     loop.append(loop)
     with pytest.raises(ValueError, match=r"batch\[1\] is batch"):
-        tp.placement.traverse.map_tensors(loop, lambda t: t)
+        map_tensors(loop, lambda t: t)
 
 
 def test_a_deep_batch_without_a_cycle_keeps_its_recursion_error() -> None:

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import torchplace as tp
-from torchplace.placement.traverse import map_tensors
+from torchplace.shared.tree import map_tensors
 
 Foo = namedtuple("Foo", ["bar", "baz"])
 

@@ -19,7 +19,7 @@ from torchplace.placement import _hostcopy, _pack
 from torchplace.placement._inline import InlineIter
 from torchplace.placement._stage import Staged, Stager
 from torchplace.placement.loader import _BackgroundIter, image_transform
-from torchplace.placement.traverse import map_tensors
+from torchplace.shared.tree import map_tensors
 
 BACKGROUND = [pytest.param(False, id="inline"), pytest.param(True, id="background")]
 

@@ -11,7 +11,7 @@ from torch_calls import RecordStreamCalls  # tests/torch_calls.py (pythonpath = 
 
 import torchplace as tp
 from torchplace.placement.transfer import pin, pin_tensor, record_stream
-from torchplace.placement.traverse import map_tensors
+from torchplace.shared.tree import map_tensors
 
 pytestmark = pytest.mark.gpu
 

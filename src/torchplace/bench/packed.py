@@ -66,7 +66,7 @@ class BatchSource:
         return self.length
 
     def __getitem__(self, i: int) -> Any:
-        from ..placement.traverse import map_tensors
+        from ..shared.tree import map_tensors
 
         return map_tensors(self.batches[i % len(self.batches)], lambda t: t.clone())
 

@@ -296,7 +296,7 @@ def bulk_bandwidth(dev: Any, mib: int, env: Env) -> dict[str, float]:
 
 
 def _tensors(batch: Any) -> list:
-    from ..placement.traverse import map_tensors
+    from ..shared.tree import map_tensors
 
     found: list = []
     map_tensors(batch, lambda t: found.append(t) or t)

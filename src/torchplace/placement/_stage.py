@@ -27,7 +27,7 @@ import torch
 from . import _hostcopy, _pack, _slots
 from .collate import PackedBatch, pin_buffer, pin_slot
 from .transfer import _Mover, _other_to, pin_tensor
-from .traverse import _walk
+from ..shared.tree import walk
 
 _Tensor = torch.Tensor
 _strided = torch.strided
@@ -176,7 +176,7 @@ class Stager:
                     x = leaves[i]
                     moved[i] = _other_to(x, self.device, False) if self.streams else self._mover.other(x)
         replacements = iter(moved)
-        out = _walk(batch, lambda _: next(replacements), lambda _: next(replacements))
+        out = walk(batch, lambda _: next(replacements), lambda _: next(replacements))
         if wait is not None:
             wait()
             buf.copy_(staging, non_blocking=True)  # one copy; the pinned block is reused only after it
@@ -276,7 +276,7 @@ class Stager:
             leaves.append(x)
             return x
 
-        _walk(batch, tensor, other)
+        walk(batch, tensor, other)
         return leaves, small, key, big, others
 
     def _consumer_stream(self) -> contextlib.AbstractContextManager:
@@ -303,7 +303,7 @@ class Stager:
                     seen.setdefault(part.untyped_storage().data_ptr(), part)
             return t
 
-        _walk(batch, fn, None)
+        walk(batch, fn, None)
         return list(seen.values())
 
 

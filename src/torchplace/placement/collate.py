@@ -33,7 +33,7 @@ import torch
 from ..errors import PackingWarning
 from ..units import parse_size
 from . import _build, _hostcopy, _pack, _slots
-from .traverse import _walk, depth_error
+from ..shared.tree import walk, depth_error
 
 _Tensor = torch.Tensor
 _warned: set[str] = set()
@@ -130,7 +130,7 @@ class PackedBatch:
         def fn(t: torch.Tensor) -> Any:
             return nxt() if t is slot else tensor(t)
 
-        return _walk(self.skeleton, fn, other)
+        return walk(self.skeleton, fn, other)
 
 
 class PackedCollate:
@@ -288,7 +288,7 @@ def pack(batch: Any, max_tensor_bytes: int = _pack.MAX_TENSOR_BYTES, ring: _slot
         loose = True
         return x
 
-    skeleton = _walk(batch, fn, keep)
+    skeleton = walk(batch, fn, keep)
     note = None
     if left_out:
         reasons = "; ".join(f"{n} {why}" for why, n in left_out.items())

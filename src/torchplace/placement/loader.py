@@ -30,7 +30,7 @@ from ._stage import Staged, Stager
 from .collate import PackedBatch
 from .resolve import DeviceSpec
 from .transfer import target_device, to_device
-from .traverse import map_tensors
+from ..shared.tree import map_tensors
 
 T = TypeVar("T")
 _HOST_LIKE = ("cpu", "meta", "mps")  # nothing to overlap (host memory, no data, unified memory)

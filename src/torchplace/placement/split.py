@@ -19,7 +19,7 @@ from torch import nn
 from ..errors import DeviceError
 from .resolve import DeviceSpec
 from .transfer import target_device, to_device
-from .traverse import map_tensors
+from ..shared.tree import map_tensors
 
 
 @dataclass

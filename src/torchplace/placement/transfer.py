@@ -1,6 +1,6 @@
 """`to_device`: move every tensor of any nested batch, non-blocking only where that is safe.
 
-Every container is walked by `traverse.map_tensors`, which also serves pinning and
+Every container is walked by `shared.tree.map_tensors`, which also serves pinning and
 `record_stream` here. The one shortcut, `_move`, inlines `.to()` for plain dicts, lists and
 tuples and hands every other container to that traversal.
 
@@ -24,7 +24,7 @@ from ..errors import DeviceError
 from ..hardware.accelerator import accelerator_type, device_module, say_once
 from .resolve import DeviceSpec
 from .resolve import device as resolve_device
-from .traverse import _ATOMIC, _Tensor, _unchanged, _walk, depth_error, map_tensors
+from ..shared.tree import ATOMIC, _Tensor, unchanged, walk, depth_error, map_tensors
 
 T = TypeVar("T")
 
@@ -117,17 +117,17 @@ def _to_device(obj: Any, dev: torch.device, non_blocking: bool | None) -> Any:
         try:
             return _move(obj, dev, nb)
         except NotImplementedError:
-            _walk(obj, lambda t: _raise_if_meta(t, dev) if t.device != dev else t, None)
+            walk(obj, lambda t: _raise_if_meta(t, dev) if t.device != dev else t, None)
             raise
     mover = _Mover(dev, non_blocking)
-    out = _walk(obj, mover.tensor, mover.other)
+    out = walk(obj, mover.tensor, mover.other)
     if mover.pending:
         mover.finish()
     return out
 
 
 def _move(x: Any, dev: torch.device, nb: bool) -> Any:
-    """`_walk` with `t.to(dev, non_blocking=nb)` inlined for dicts, lists and tuples of tensors.
+    """`walk` with `t.to(dev, non_blocking=nb)` inlined for dicts, lists and tuples of tensors.
 
     Per tensor this costs what a hand-written comprehension costs: no call besides `.to()`.
     Only for destinations whose copies need no tracking (see `_Mover`).
@@ -137,13 +137,13 @@ def _move(x: Any, dev: torch.device, nb: bool) -> Any:
     cls = type(x)
     if cls is dict:
         new = {k: v.to(dev, non_blocking=nb) if isinstance(v, _Tensor) else _move(v, dev, nb) for k, v in x.items()}
-        return x if _unchanged(x.values(), new.values()) else new
+        return x if unchanged(x.values(), new.values()) else new
     if cls is list or cls is tuple:
         items = [v.to(dev, non_blocking=nb) if isinstance(v, _Tensor) else _move(v, dev, nb) for v in x]
-        return x if _unchanged(x, items) else cls(items)
-    if cls in _ATOMIC:
+        return x if unchanged(x, items) else cls(items)
+    if cls in ATOMIC:
         return x
-    return _walk(x, lambda t: t.to(dev, non_blocking=nb), lambda o: _other_to(o, dev, nb))
+    return walk(x, lambda t: t.to(dev, non_blocking=nb), lambda o: _other_to(o, dev, nb))
 
 
 def _move_compiled(obj: Any, device: torch.device | str, non_blocking: bool | None) -> Any:
@@ -300,7 +300,7 @@ def pin(obj: T) -> T:
     """
     def other(x: Any) -> Any:
         method = getattr(x, "pin_memory", None)
-        return method() if callable(method) else _walk(x, pin_tensor, None)
+        return method() if callable(method) else walk(x, pin_tensor, None)
 
     return map_tensors(obj, pin_tensor, other)
 

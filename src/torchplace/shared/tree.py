@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 # types that never hold a tensor: returned as they are without any further check
-_ATOMIC = frozenset({str, bytes, bytearray, int, float, bool, complex, type(None), type(...),
+ATOMIC = frozenset({str, bytes, bytearray, int, float, bool, complex, type(None), type(...),
                      torch.device, torch.dtype, torch.layout, torch.memory_format})
 _Tensor = torch.Tensor
 
@@ -48,7 +48,7 @@ def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any],
     tensors, for DeviceLoader) alive until the garbage collector happens to run.
     """
     try:
-        return _walk(obj, fn, other)
+        return walk(obj, fn, other)
     except RecursionError:
         raise depth_error(obj, "map_tensors") from None
 
@@ -82,8 +82,8 @@ def cycle_error(obj: Any, caller: str) -> ValueError | None:
 
 
 def _children(x: Any) -> list[tuple[str, Any]]:
-    """X's items as (how to reach it from X, item), in the containers `_walk` enters."""
-    if isinstance(x, _Tensor) or type(x) in _ATOMIC:
+    """X's items as (how to reach it from X, item), in the containers `walk` enters."""
+    if isinstance(x, _Tensor) or type(x) in ATOMIC:
         return []
     if isinstance(x, Mapping):
         return [(f"[{k!r}]", v) for k, v in x.items()]
@@ -122,28 +122,28 @@ def _find_cycle(obj: Any) -> tuple[str, str] | None:
     return None
 
 
-def _walk(x: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any] | None) -> Any:
+def walk(x: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any] | None) -> Any:
     if isinstance(x, _Tensor):
         return fn(x)
     cls = type(x)
-    if cls in _ATOMIC:
+    if cls in ATOMIC:
         return x
-    if cls is dict:  # the common containers first, each tensor item without a call to _walk
-        new = {k: fn(v) if isinstance(v, _Tensor) else _walk(v, fn, other) for k, v in x.items()}
-        return x if _unchanged(x.values(), new.values()) else new
+    if cls is dict:  # the common containers first, each tensor item without a call to walk
+        new = {k: fn(v) if isinstance(v, _Tensor) else walk(v, fn, other) for k, v in x.items()}
+        return x if unchanged(x.values(), new.values()) else new
     if cls is list or cls is tuple:
-        items = [fn(v) if isinstance(v, _Tensor) else _walk(v, fn, other) for v in x]
-        return x if _unchanged(x, items) else cls(items)
-    if other is not None and _has_to(x):
+        items = [fn(v) if isinstance(v, _Tensor) else walk(v, fn, other) for v in x]
+        return x if unchanged(x, items) else cls(items)
+    if other is not None and has_to(x):
         return other(x)
     if isinstance(x, Mapping):
-        return _rebuild_mapping(x, {k: _walk(v, fn, other) for k, v in x.items()})
+        return _rebuild_mapping(x, {k: walk(v, fn, other) for k, v in x.items()})
     if isinstance(x, (list, tuple)):
-        items = [_walk(v, fn, other) for v in x]
-        return x if _unchanged(x, items) else _rebuild_sequence(x, items)
+        items = [walk(v, fn, other) for v in x]
+        return x if unchanged(x, items) else _rebuild_sequence(x, items)
     if isinstance(x, (set, frozenset, deque)):
-        items = [_walk(v, fn, other) for v in x]
-        return x if _unchanged(x, items) else _rebuild_collection(x, items)
+        items = [walk(v, fn, other) for v in x]
+        return x if unchanged(x, items) else _rebuild_collection(x, items)
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         return _rebuild_fields(x, [f.name for f in dataclasses.fields(x)], fn, other)
     fields = getattr(cls, "__attrs_attrs__", None)  # an attrs class (attrs.define, attr.s)
@@ -152,12 +152,12 @@ def _walk(x: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any]
     return x
 
 
-def _has_to(x: Any) -> bool:
+def has_to(x: Any) -> bool:
     """True for an object (not a class) with a callable `.to`: it is moved by that method."""
     return callable(getattr(x, "to", None)) and not isinstance(x, type)
 
 
-def _unchanged(old: Any, new: Any) -> bool:
+def unchanged(old: Any, new: Any) -> bool:
     return all(a is b for a, b in zip(old, new))
 
 
@@ -171,7 +171,7 @@ def _rebuild_mapping(x: Mapping, new: dict) -> Any:
     refuses item assignment, a constructor that wants other arguments) becomes the constructor's
     result when that holds exactly the new items, else a plain dict.
     """
-    if _unchanged(x.values(), new.values()):
+    if unchanged(x.values(), new.values()):
         return x
     cls = type(x)
     if cls is OrderedDict:
@@ -215,7 +215,7 @@ def _rebuild_sequence(x: list | tuple, items: list) -> Any:
                 out = cls(*args)
             except Exception:  # noqa: BLE001 - the other form, then a plain tuple
                 continue
-            if type(out) is cls and len(out) == len(items) and _unchanged(out, items):
+            if type(out) is cls and len(out) == len(items) and unchanged(out, items):
                 return out
         return tuple(items)
     try:
@@ -270,7 +270,7 @@ def _rebuild_fields(x: Any, names: list[str], fn: Callable[[torch.Tensor], Any],
             value = getattr(x, name)
         except AttributeError:  # an init=False field that was never set
             continue
-        moved = _walk(value, fn, other)
+        moved = walk(value, fn, other)
         if moved is not value:
             changed[name] = moved
     if not changed:
