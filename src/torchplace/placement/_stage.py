@@ -24,10 +24,10 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..shared.tree import walk
 from . import _hostcopy, _pack, _slots
 from .collate import PackedBatch, pin_buffer, pin_slot
 from .transfer import _Mover, _other_to, pin_tensor
-from ..shared.tree import walk
 
 _Tensor = torch.Tensor
 _strided = torch.strided

@@ -31,9 +31,9 @@ from typing import Any
 import torch
 
 from ..errors import PackingWarning
+from ..shared.tree import depth_error, walk
 from ..units import parse_size
 from . import _build, _hostcopy, _pack, _slots
-from ..shared.tree import walk, depth_error
 
 _Tensor = torch.Tensor
 _warned: set[str] = set()

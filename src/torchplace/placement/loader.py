@@ -24,13 +24,13 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import torch
 
 from ..hardware.accelerator import device_module, has_streams, say_once
+from ..shared.tree import map_tensors
 from . import _fork, _slots  # noqa: F401  (_fork: its at-fork hooks)
 from ._inline import Epoch, InlineIter, close_upstream
 from ._stage import Staged, Stager
 from .collate import PackedBatch
 from .resolve import DeviceSpec
 from .transfer import target_device, to_device
-from ..shared.tree import map_tensors
 
 T = TypeVar("T")
 _HOST_LIKE = ("cpu", "meta", "mps")  # nothing to overlap (host memory, no data, unified memory)

@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from ..errors import DeviceError
+from ..shared.tree import map_tensors
 from .resolve import DeviceSpec
 from .transfer import target_device, to_device
-from ..shared.tree import map_tensors
 
 
 @dataclass

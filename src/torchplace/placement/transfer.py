@@ -22,9 +22,9 @@ import torch
 
 from ..errors import DeviceError
 from ..hardware.accelerator import accelerator_type, device_module, say_once
+from ..shared.tree import ATOMIC, _Tensor, depth_error, map_tensors, unchanged, walk
 from .resolve import DeviceSpec
 from .resolve import device as resolve_device
-from ..shared.tree import ATOMIC, _Tensor, unchanged, walk, depth_error, map_tensors
 
 T = TypeVar("T")
 
