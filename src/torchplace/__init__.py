@@ -94,6 +94,11 @@ def __dir__() -> list[str]:
     return sorted({*__all__, *(n for n in globals() if n.startswith("__") and n.endswith("__"))})
 
 
+#: An error found while `import torchplace` ran for the `torchplace` command (a bad TORCHPLACE_STRICT): the
+#: command reports it as one line (exit 2) instead of an import traceback.
+_startup_error: Exception | None = None
+
+
 def _strict_from_env() -> None:
     """TORCHPLACE_STRICT=1|warn|error[,factories][,syncs] turns strict mode on for the whole program."""
     import os
@@ -107,9 +112,8 @@ def _strict_from_env() -> None:
         except TorchplaceError as exc:
             if not _started_as_cli():
                 raise
-            from . import cli  # the command reports it as one line (exit 2) instead of an import traceback
-
-            cli.STARTUP_ERROR = exc
+            global _startup_error
+            _startup_error = exc
 
 
 def _started_as_cli() -> bool:

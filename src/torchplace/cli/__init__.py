@@ -42,9 +42,6 @@ COMMANDS: dict[str, str] = {
 EXIT_USAGE, EXIT_PIPE, EXIT_NO_STDOUT, EXIT_BUG = 2, 0, 1, 70  # EXIT_PIPE: the reader had what it wanted
 MAX_MESSAGE = 1200  # characters of one error line
 
-#: An error found while `import torchplace` ran for this command (a bad TORCHPLACE_STRICT).
-STARTUP_ERROR: Exception | None = None
-
 
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line usage errors that name the help to read."""
@@ -157,8 +154,10 @@ class _ClosedStdout(io.TextIOBase):
 
 
 def _main(argv: list[str]) -> int:
-    if STARTUP_ERROR is not None:
-        raise STARTUP_ERROR
+    from .. import _startup_error  # a bad TORCHPLACE_STRICT, found while `import torchplace` ran
+
+    if _startup_error is not None:
+        raise _startup_error
     parser = build_parser(argv[0] if argv else None)
     try:
         args = parser.parse_args(argv)
