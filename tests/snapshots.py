@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from torchplace.hardware.reference import SNAPSHOT_DIR as SNAPSHOTS
+from torchplace.hardware.snapshot import SNAPSHOT_DIR as SNAPSHOTS
 
 
 def snapshot_path(name: str) -> Path:

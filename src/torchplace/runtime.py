@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import torch
 
 from .errors import CheckpointError
-from .hardware.launch_env import LaunchEnv, read_launch_env
+from .hardware.launch import LaunchEnv, read_launch_env
 
 if TYPE_CHECKING:
     from .amp import PolicyAutocast, PrecisionPolicy

@@ -7,7 +7,7 @@ import pytest
 
 from torchplace.distributed.failures import explain, explained
 from torchplace.errors import DistributedError
-from torchplace.hardware.launch_env import read_launch_env
+from torchplace.hardware.launch import read_launch_env
 
 LAUNCH = read_launch_env({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "node0",
                           "MASTER_PORT": "29500"})

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from torchplace.distributed.join import ATTEMPTS_KEY, join
 from torchplace.errors import DistributedError
-from torchplace.hardware.launch_env import LaunchEnv
+from torchplace.hardware.launch import LaunchEnv
 
 
 def launch(rank: int, restarts: int = 0) -> LaunchEnv:

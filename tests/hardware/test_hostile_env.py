@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from torchplace.errors import DistributedError
-from torchplace.hardware.launch_env import MAX_WORLD_SIZE, check, expand_nodelist, parse_tasks_per_node, read_launch_env
+from torchplace.hardware.launch import MAX_WORLD_SIZE, check, expand_nodelist, parse_tasks_per_node, read_launch_env
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,4 +1,4 @@
-"""MPI and Lightning launch variables (launch_others.py) with garbage in them, as doctor and setup() see them.
+"""MPI and Lightning launch variables (launch.py) with garbage in them, as doctor and setup() see them.
 
 doctor read only the variables `relevant_env` keeps, and it kept none of MPI's: a process started by
 mpirun with OMPI_COMM_WORLD_SIZE=1e9 (or PMI_RANK past PMI_SIZE) got a clean report from doctor and a
@@ -16,8 +16,7 @@ import pytest
 
 from torchplace.errors import DistributedError
 from torchplace.hardware.facts import relevant_env
-from torchplace.hardware.launch_env import MAX_WORLD_SIZE, check, read_launch_env
-from torchplace.hardware.launch_others import read_mpi
+from torchplace.hardware.launch import MAX_WORLD_SIZE, check, read_launch_env, read_mpi
 
 pytestmark = pytest.mark.timeout(300)
 _LAUNCH_PREFIXES = ("OMPI_", "PMI_", "MV2_", "MPI_", "SLURM_", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_",

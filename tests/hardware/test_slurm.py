@@ -16,7 +16,7 @@ import pytest
 from ports import free_port  # tests/ports.py (pythonpath = tests)
 
 from torchplace.errors import DistributedError
-from torchplace.hardware.launch_env import (
+from torchplace.hardware.launch import (
     check,
     expand_nodelist,
     first_host,

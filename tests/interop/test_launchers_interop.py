@@ -15,7 +15,7 @@ from ports import free_port  # tests/ports.py (pythonpath = tests)
 
 import torchplace as tp
 from torchplace.errors import DistributedError
-from torchplace.hardware.launch_env import check, local_rank, read_launch_env
+from torchplace.hardware.launch import check, local_rank, read_launch_env
 
 OMPI = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
         "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "MASTER_ADDR": "node01", "MASTER_PORT": "29500"}

@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterator
 
 from ..errors import DistributedError
-from ..hardware.launch_env import LaunchEnv
+from ..hardware.launch import LaunchEnv
 
 
 def _where(launch: LaunchEnv | None) -> str:

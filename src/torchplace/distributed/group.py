@@ -7,7 +7,7 @@
     torchplace.dist.teardown()               # also runs at exit
 
 What `init` does, in order, and why:
-1. Reads RANK/WORLD_SIZE/LOCAL_RANK/... (`hardware.launch_env`) and checks them before any
+1. Reads RANK/WORLD_SIZE/LOCAL_RANK/... (`hardware.launch`) and checks them before any
    network call: a RANK past WORLD_SIZE would otherwise wait for a peer that never comes.
 2. Chooses this rank's device (cuda:LOCAL_RANK when GPUs are visible), checks LOCAL_RANK
    against the visible GPUs, and sets it as the current device explicitly.
@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 from ..errors import DistributedError
 from ..hardware.accelerator import accelerator
-from ..hardware.launch_env import LaunchEnv, check, read_launch_env
+from ..hardware.launch import LaunchEnv, check, read_launch_env
 from .failures import explain, explained
 from .group_state import LOCK, STATE, DistInfo, seconds
 from .health import HealthReport, StragglerReport, health_check, stragglers

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import DistributedError
-from ..hardware.launch_env import LaunchEnv
+from ..hardware.launch import LaunchEnv
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import DistributedError
-from ..hardware.launch_env import LaunchEnv
+from ..hardware.launch import LaunchEnv
 
 #: the store key counting attempts (rank 0 of each start of the group adds one)
 ATTEMPTS_KEY = "torchplace/attempts"

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from ..errors import DistributedError, TorchplaceError
-from ..hardware.launch_env import torchrun_options_from_slurm
+from ..hardware.launch import torchrun_options_from_slurm
 from .pick import Picked, pick_request
 from .pick_decision import PickRequest
 

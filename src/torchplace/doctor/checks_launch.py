@@ -1,13 +1,13 @@
 """Doctor checks about the distributed job this process is in: the rendezvous, read from the
-launcher's variables (torchrun's, SLURM's) through `hardware.launch_env`."""
+launcher's variables (torchrun's, SLURM's) through `hardware.launch`."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from ..errors import DistributedError
-from ..hardware.launch_env import LaunchEnv, read_launch_env
-from ..hardware.launch_env import check as check_launch_env
+from ..hardware.launch import LaunchEnv, read_launch_env
+from ..hardware.launch import check as check_launch_env
 from .registry import Finding, check
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def check_rendezvous(facts: Facts) -> list[Finding]:
     if not launch.launched:
         return []
     try:
-        if launch.launcher != "lightning":  # no RANK until Lightning's fit: not a mistake (launch_others.py)
+        if launch.launcher != "lightning":  # no RANK until Lightning's fit: not a mistake (launch.py)
             check_launch_env(launch)
     except DistributedError as exc:
         return [Finding("launch.inconsistent", "error", f"The {launch.launcher} launch environment is inconsistent",

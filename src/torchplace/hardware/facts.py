@@ -14,13 +14,13 @@ from typing import Any
 
 from .. import safeio
 from ..errors import SnapshotError
-from . import snapshot_keys
 from .host import HostFacts, read_host
-from .topology import SNAPSHOT_FIX, Topology, load_snapshot, read_topology
+from .snapshot import HOST_KEYS, SNAPSHOT_FIX, load_snapshot, upgrade
+from .topology import Topology, read_topology
 from .versions import Versions, read_versions
 from .visible import VisibleMap, map_visible
 
-# OMPI_/MV2_/PMI_/MPI_LOCAL and NODE_RANK: the launchers of launch_others.py (doctor reads the job from these)
+# OMPI_/MV2_/PMI_/MPI_LOCAL and NODE_RANK: the launchers of launch.py (doctor reads the job from these)
 ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH", "PYTORCH_", "OMP_", "MKL_", "LOCAL_", "SLURM_", "OMPI_COMM_WORLD_",
                 "OMPI_MCA_ess_base_jobid", "MV2_COMM_WORLD_", "PMI_", "MPI_LOCAL")
 ENV_NAMES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "GROUP_WORLD_SIZE",
@@ -83,7 +83,7 @@ class Facts:
                   env: dict[str, str] | None = None) -> Facts:
         topology = Topology.from_dict(data, source=source)
         try:
-            host = safeio.build(HostFacts, snapshot_keys.upgrade(data.get("host") or {}, snapshot_keys.HOST), "host")
+            host = safeio.build(HostFacts, upgrade(data.get("host") or {}, HOST_KEYS), "host")
             versions = safeio.build(Versions, data.get("versions") or {}, "versions")
         except ValueError as exc:
             raise SnapshotError(f"{source}: malformed snapshot ({exc}). {SNAPSHOT_FIX}") from None

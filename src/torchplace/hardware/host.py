@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import snapshot_keys
 from .container import container_kind
+from .snapshot import HOST_KEYS, upgrade, with_old_keys
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -137,12 +137,12 @@ class HostFacts:
     memlock_hard = property(lambda self: self.memlock_hard_bytes)
 
     def to_dict(self) -> dict[str, Any]:
-        return snapshot_keys.with_old_keys(asdict(self), snapshot_keys.HOST)
+        return with_old_keys(asdict(self), HOST_KEYS)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HostFacts:
         known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in snapshot_keys.upgrade(data, snapshot_keys.HOST).items() if k in known})
+        return cls(**{k: v for k, v in upgrade(data, HOST_KEYS).items() if k in known})
 
 
 def read_host() -> HostFacts:

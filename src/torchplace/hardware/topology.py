@@ -14,8 +14,8 @@ from typing import Any
 
 from .. import safeio
 from ..errors import SnapshotError
-from . import nvml, snapshot_keys
-from .reference import snapshot_file
+from . import nvml
+from .snapshot import GPU_KEYS, SNAPSHOT_FIX, load_snapshot, upgrade, with_old_keys
 
 SCHEMA_VERSION = 1
 
@@ -123,9 +123,6 @@ class Topology:
                 return item
         return None
 
-    def by_uuid(self, uuid: str) -> GpuRecord | None:
-        return next((g for g in self.gpus if g.uuid == uuid), None)
-
     def heterogeneous(self) -> bool:
         """True when the GPUs differ in name or capability (orderings may then disagree)."""
         kinds = {(g.name, tuple(g.compute_capability or ())) for g in self.gpus}
@@ -134,7 +131,7 @@ class Topology:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("source")
-        data["gpus"] = [snapshot_keys.with_old_keys(gpu, snapshot_keys.GPU) for gpu in data["gpus"]]
+        data["gpus"] = [with_old_keys(gpu, GPU_KEYS) for gpu in data["gpus"]]
         return {"schema": SCHEMA_VERSION, **data}
 
     @classmethod
@@ -153,7 +150,7 @@ class Topology:
             if count > MAX_SNAPSHOT_GPUS or len(raw_links) > pairs:
                 raise ValueError(f"it lists {count} GPUs and {len(raw_links)} links; a snapshot describes one host: "
                                  f"at most {MAX_SNAPSHOT_GPUS} GPUs, and one link per pair of them ({pairs} here)")
-            gpus = [safeio.build(GpuRecord, snapshot_keys.upgrade(raw, snapshot_keys.GPU), f"gpus[{i}]")
+            gpus = [safeio.build(GpuRecord, upgrade(raw, GPU_KEYS), f"gpus[{i}]")
                     for i, raw in enumerate(data["gpus"])]
             links = [safeio.build(Link, item, f"links[{i}]") for i, item in enumerate(raw_links)]
             fields_ = {k: safeio.build(_Strings, {"value": data.get(k)}, k).value
@@ -176,25 +173,7 @@ class _Strings:
     value: str | None = None
 
 
-SNAPSHOT_FIX = "Fix: capture it again with `torchplace doctor --json > snap.json` on the machine to describe."
-MAX_SNAPSHOT_BYTES = 16 * 2**20  # a snapshot of 8 GPUs is about 20 KiB
 MAX_SNAPSHOT_GPUS = 256  # GPUs of one host: 8 or 16 on the largest boards (doctor's checks compare pairs)
-
-
-def load_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a snapshot (a file, or a shipped one by name: snapshot_file) as a dict; errors name the file.
-
-    Only a regular file of at most MAX_SNAPSHOT_BYTES is read (a FIFO or /dev/urandom is refused at
-    once), and its JSON may nest at most safeio.MAX_JSON_DEPTH levels."""
-    p = snapshot_file(path)
-    raw = safeio.read_limited(p, MAX_SNAPSHOT_BYTES, SnapshotError, SNAPSHOT_FIX)
-    try:
-        data = safeio.loads(raw)
-    except ValueError as exc:
-        raise SnapshotError(f"Snapshot {p} could not be read as JSON: {exc}. {SNAPSHOT_FIX}") from None
-    if not isinstance(data, dict):
-        raise SnapshotError(f"Snapshot {p} holds a JSON {type(data).__name__}, not an object. {SNAPSHOT_FIX}")
-    return data
 
 
 def load_topology(snapshot: str | os.PathLike[str] | None = None, *, links: bool = True,

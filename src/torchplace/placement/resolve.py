@@ -17,7 +17,7 @@ from typing import Any, TypeAlias
 import torch
 
 from ..errors import DeviceError
-from ..hardware import launch_env
+from ..hardware import launch
 from ..hardware.accelerator import accelerator
 from ..hardware.facts import Facts
 from ..hardware.topology import Topology
@@ -54,7 +54,7 @@ class Machine:
             accel, accel_count = None, 0
         initialized = count and torch.cuda.is_initialized()  # cuda-only: maps onto CUDA_VISIBLE_DEVICES
         current = torch.cuda.current_device() if initialized else None  # cuda-only: maps onto CUDA_VISIBLE_DEVICES
-        return cls(count, visible, has_cuda, launch_env.local_rank(), accel, accel_count, current, notes)
+        return cls(count, visible, has_cuda, launch.local_rank(), accel, accel_count, current, notes)
 
     @classmethod
     def from_topology(cls, topology: Topology, cuda_visible_devices: str | None = None,

@@ -286,6 +286,6 @@ def _logical_index(gpu: Any) -> int:
                           "Fix: pass the GPU this process drives, e.g. torchplace.device().")
     if index:
         return int(index)
-    from ..hardware.launch_env import local_rank
+    from ..hardware.launch import local_rank
 
     return local_rank() or 0

@@ -1,11 +1,11 @@
-"""hardware.launch_env: reading what torchrun or srun set, and the consistency checks."""
+"""hardware.launch: reading what torchrun or srun set, and the consistency checks."""
 
 from __future__ import annotations
 
 import pytest
 
 from torchplace.errors import DistributedError
-from torchplace.hardware.launch_env import check, first_host, local_rank, parse_tasks_per_node, read_launch_env
+from torchplace.hardware.launch import check, first_host, local_rank, parse_tasks_per_node, read_launch_env
 
 TORCHRUN = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
             "MASTER_ADDR": "node0", "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "job7",
