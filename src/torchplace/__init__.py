@@ -30,7 +30,7 @@ _EXPORTS: dict[str, str] = {
     "read_facts": "torchplace.hardware.facts",
     "visible_devices": "torchplace.hardware.visible",
     # placement: resolve and scope (issue 2)
-    "device": "torchplace.placement.resolve",
+    "device": "torchplace.policy.devices",
     "on": "torchplace.placement.scope",
     "guard": "torchplace.placement.scope",
     # placement: moving data (issue 3)
@@ -158,10 +158,10 @@ if _typing.TYPE_CHECKING:  # static checkers see the real objects; at run time t
     from .memory import diagnose_oom, find_batch_size, memory_report, track_memory
     from .placement.collate import packed_collate
     from .placement.loader import DeviceLoader
-    from .placement.resolve import device
     from .placement.scope import guard, on
     from .placement.split import place
     from .placement.transfer import to_device
     from .policy.determinism import deterministic, seed_everything
+    from .policy.devices import device
     from .policy.threads import configure_threads
     from .runtime import Runtime, setup

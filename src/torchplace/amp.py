@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import torch
 
     from .checks.autocast import AutocastCheck
-    from .placement.resolve import DeviceSpec
+    from .policy.devices import DeviceSpec
 
 
 def cpu_features() -> tuple[bool, bool, str]:
@@ -212,7 +212,7 @@ def precision_for(device: DeviceSpec, dtype: str | torch.dtype | None = None, *,
         cc: tuple[int, int] | None = (int(capability[0]), int(capability[1]))
         plan = decide_cuda(cc, requested, name, tf32)
     else:
-        from .placement.resolve import device as resolve_device
+        from .policy.devices import device as resolve_device
 
         dev = resolve_device(device)
         cc = None

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from .checks.explain import Explanation
     from .distributed.group_state import DistInfo
     from .placement.loader import DeviceLoader
-    from .placement.resolve import DeviceSpec
+    from .policy.devices import DeviceSpec
     from .policy.threads import ThreadPlan
 
 T = TypeVar("T")
@@ -252,7 +252,7 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
         ```
     """
     from .amp import precision_for
-    from .placement.resolve import device as resolve_device
+    from .policy.devices import device as resolve_device
 
     decisions: list[str] = []
     launch = read_launch_env()

@@ -14,7 +14,7 @@ import torchplace as tp
 from torchplace.errors import DeviceError
 from torchplace.hardware.topology import Topology
 from torchplace.hardware.visible import map_visible
-from torchplace.placement.resolve import Machine, cuda_device_count, resolve
+from torchplace.policy.devices import Machine, cuda_device_count, resolve
 
 X2 = Topology.from_dict(load_snapshot_dict("h200x2"))
 U0, U1 = (g.uuid for g in X2.gpus)

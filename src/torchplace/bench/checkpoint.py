@@ -180,7 +180,7 @@ def _measure(size: int, dev: Any, root: str, repeats: int, state: dict[str, Any]
 def run(args: argparse.Namespace) -> BenchResult:
     import torch
 
-    from ..placement.resolve import device as resolve_device
+    from ..policy.devices import device as resolve_device
 
     dev = resolve_device(args.device or "auto")
     sizes = parse_sizes(args.sizes) if args.sizes else ([8 * 2**20, 32 * 2**20] if args.quick else [2**30, 10 * 2**30])

@@ -40,8 +40,8 @@ def run(args: argparse.Namespace) -> BenchResult:
     import torch
 
     from ..placement.loader import DeviceLoader
-    from ..placement.resolve import device as resolve_device
     from ..placement.transfer import pin
+    from ..policy.devices import device as resolve_device
 
     dev = resolve_device(args.device or "auto")
     quick = args.quick

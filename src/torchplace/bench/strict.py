@@ -56,7 +56,7 @@ class Case:
 def run(args: argparse.Namespace) -> BenchResult:
     import torch
 
-    from ..placement.resolve import device as resolve_device
+    from ..policy.devices import device as resolve_device
 
     dev = resolve_device(args.device or "auto")
     quick = args.quick

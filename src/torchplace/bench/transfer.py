@@ -56,8 +56,8 @@ def run(args: argparse.Namespace) -> BenchResult:
 
     from ..placement import _hostcopy
     from ..placement.loader import DeviceLoader
-    from ..placement.resolve import device as resolve_device
     from ..placement.transfer import pin, to_device
+    from ..policy.devices import device as resolve_device
     from . import packed as pk
 
     dev = resolve_device(args.device or "auto")

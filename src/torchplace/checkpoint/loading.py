@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
-from ..placement.resolve import DeviceSpec
+from ..policy.devices import DeviceSpec
 from . import distributed as tpdist
 from . import dry_load, fitting, foreign, keymap, rng, state_dicts
 from .dcp_reader import is_dcp_dir
@@ -124,7 +124,7 @@ MAX_RELISTS = 8  # how often load(DIR) lists the directory again when its newest
 def _resolve(device: Any) -> torch.device | None:
     if device is None:
         return None
-    from ..placement.resolve import device as resolve_device
+    from ..policy.devices import device as resolve_device
 
     return resolve_device(device)
 

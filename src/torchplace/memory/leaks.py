@@ -32,7 +32,7 @@ import torch
 
 from ..checks.strict_config import should_raise
 from ..errors import MemoryLeakError, MemoryLeakWarning
-from ..placement.resolve import DeviceSpec
+from ..policy.devices import DeviceSpec
 from ..units import format_bytes
 from .containers import containers_of
 from .holders import Growth, Holding, grown, holdings, name_holder, user_frames
@@ -293,7 +293,7 @@ def track_memory(device: DeviceSpec = None, *, tolerance_bytes: int | None = Non
         print(tracker.check())  # None: memory stayed flat
         ```
     """
-    from ..placement.resolve import device as resolve_device
+    from ..policy.devices import device as resolve_device
 
     if warmup_steps < 0:
         raise ValueError(f"warmup_steps={warmup_steps} must be 0 or more.")

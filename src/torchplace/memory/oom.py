@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..errors import TorchplaceError
-from ..placement.resolve import DeviceSpec
+from ..policy.devices import DeviceSpec
 from ..units import format_bytes, parse_size
 from .usage import MemoryReport, describe_tensors, device_memory, graph_holders, live_tensors
 

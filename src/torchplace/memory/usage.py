@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..hardware import host
-from ..placement.resolve import DeviceSpec
+from ..policy.devices import DeviceSpec
 from ..units import format_bytes
 from .containers import holder_of
 
@@ -151,7 +151,7 @@ def memory_report(device: DeviceSpec = None, *, top: int = 10) -> MemoryReport:
 
 def _devices(device: Any) -> list[torch.device]:
     if device is not None:
-        from ..placement.resolve import device as resolve_device
+        from ..policy.devices import device as resolve_device
 
         return [resolve_device(device)]
     out = [torch.device("cpu")]

@@ -24,12 +24,12 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import torch
 
 from ..hardware.accelerator import device_module, has_streams, say_once
+from ..policy.devices import DeviceSpec
 from ..shared.tree import map_tensors
 from . import _fork, _slots  # noqa: F401  (_fork: its at-fork hooks)
 from ._inline import Epoch, InlineIter, close_upstream
 from ._stage import Staged, Stager
 from .collate import PackedBatch
-from .resolve import DeviceSpec
 from .transfer import target_device, to_device
 
 T = TypeVar("T")

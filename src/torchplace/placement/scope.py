@@ -21,7 +21,7 @@ import torch
 
 from ..errors import DeviceLeakError, DeviceLeakWarning
 from ..hardware.accelerator import accelerator_type, current_index, device_module
-from .resolve import DeviceSpec
+from ..policy.devices import DeviceSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -60,7 +60,7 @@ class on(contextlib.ContextDecorator):
     """
 
     def __init__(self, device: DeviceSpec, *, factories: bool = False) -> None:
-        from .resolve import device as resolve_device
+        from ..policy.devices import device as resolve_device
 
         self.device = resolve_device(device)
         self.factories = factories

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from ..errors import DeviceError
+from ..policy.devices import DeviceSpec
 from ..shared.tree import map_tensors
-from .resolve import DeviceSpec
 from .transfer import target_device, to_device
 
 

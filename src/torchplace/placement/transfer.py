@@ -22,9 +22,9 @@ import torch
 
 from ..errors import DeviceError
 from ..hardware.accelerator import accelerator_type, device_module, say_once
+from ..policy.devices import DeviceSpec
+from ..policy.devices import device as resolve_device
 from ..shared.tree import ATOMIC, _Tensor, depth_error, map_tensors, unchanged, walk
-from .resolve import DeviceSpec
-from .resolve import device as resolve_device
 
 T = TypeVar("T")
 

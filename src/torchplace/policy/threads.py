@@ -24,7 +24,7 @@ from ..errors import DeviceError
 from ..hardware.host import HostFacts, cpu_cores, numa_nodes, read_host, usable_cpus
 
 if TYPE_CHECKING:
-    from ..placement.resolve import DeviceSpec
+    from .devices import DeviceSpec
 
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
