@@ -7,8 +7,9 @@ import copy
 import pytest
 from snapshots import load_snapshot_dict
 
-from torchplace.doctor.registry import CHECKS, Finding, check, run_checks
-from torchplace.hardware.facts import Facts
+from torchplace import Facts
+from torchplace.doctor.diagnose import run_checks
+from torchplace.doctor.registry import CHECKS, Finding, check
 from torchplace.hardware.topology import GpuProcess, MigInstance
 
 BASE = load_snapshot_dict("h200x2")

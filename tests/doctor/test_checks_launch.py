@@ -7,8 +7,8 @@ from pathlib import Path
 
 from snapshots import load_snapshot_dict
 
+from torchplace import Facts
 from torchplace.doctor.checks_launch import check_rendezvous
-from torchplace.hardware.facts import Facts
 
 SLURM = Path(__file__).parents[1] / "fixtures" / "slurm"
 #: a torchrun worker on node 1 of 2 (rank 3 of 4), restarted once

@@ -6,8 +6,8 @@ import copy
 
 from snapshots import load_snapshot_dict
 
+from torchplace import Facts
 from torchplace.doctor.checks_policy import check_bf16_emulated, check_numa_placement, check_thread_oversubscription
-from torchplace.hardware.facts import Facts
 
 
 def facts(env=None, capability=None, gpu_cpus=None, **host) -> Facts:

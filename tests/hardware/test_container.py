@@ -7,10 +7,10 @@ import copy
 import pytest
 from snapshots import load_snapshot_dict
 
+from torchplace import Facts
 from torchplace.cli import main
-from torchplace.doctor.registry import run_checks
+from torchplace.doctor.diagnose import run_checks
 from torchplace.hardware.container import container_kind
-from torchplace.hardware.facts import Facts
 
 X2 = load_snapshot_dict("h200x2")
 

@@ -7,8 +7,8 @@ import json
 import pytest
 from snapshots import load_snapshot_dict, snapshot_path
 
+from torchplace import Facts, read_facts
 from torchplace.errors import SnapshotError
-from torchplace.hardware.facts import Facts, read_facts
 from torchplace.hardware.host import cgroup_cpu_limit, parse_cfs, parse_cpu_max, usable_cpus
 from torchplace.hardware.snapshot import snapshot_names
 from torchplace.hardware.topology import Topology

@@ -2,13 +2,42 @@
 
 from __future__ import annotations
 
+import importlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..hardware.driver_probe import probe_driver
 from ..hardware.facts import Facts, read_facts
-from .registry import Finding, run_checks
+from .registry import CHECKS, SEVERITIES, Check, Finding
+
+# modules whose import registers checks
+CHECK_MODULES = (
+    "torchplace.doctor.checks_gpu",
+    "torchplace.doctor.checks_host",
+    "torchplace.doctor.checks_container",
+    "torchplace.doctor.checks_launch",
+    "torchplace.doctor.checks_policy",
+)
+
+
+def load_checks() -> list[Check]:
+    """Import every check module (each registers its checks with `@check`) and return the registered checks."""
+    for module in CHECK_MODULES:
+        importlib.import_module(module)
+    return CHECKS
+
+
+def run_checks(facts: Any) -> list[Finding]:
+    """Every registered check over `facts`, errors first. A crashing check becomes a finding."""
+    findings: list[Finding] = []
+    for fn in load_checks():
+        try:
+            findings.extend(fn(facts))
+        except Exception as exc:  # a check must never take doctor down
+            findings.append(Finding(f"internal.{fn.__name__}", "warning", f"check {fn.__name__} failed",
+                                    f"{type(exc).__name__}: {exc}", "Report this as a torchplace bug."))
+    return sorted(findings, key=lambda f: SEVERITIES.index(f.severity))
 
 
 @dataclass
