@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from .args import UsageError
+from .options import visible
 
 # subcommand -> module; each module defines register(subparsers) -> None
 COMMANDS: dict[str, str] = {
@@ -218,22 +219,6 @@ def _unknown_option(exc: UsageError, argv: list[str], parser: argparse.ArgumentP
     close = difflib.get_close_matches(found.group(1).split("=")[0], options, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else "."
     return UsageError(f"{str(exc).partition('. See `')[0]}{hint} See `{deepest.prog} --help`.")
-
-
-# C0 and C1 control characters but newline and tab, and the bidirectional overrides and isolates
-# (text that reads backwards): shown as escapes, never sent to a terminal as they are
-_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def has_controls(text: str) -> bool:
-    """True when TEXT holds a character `visible` escapes."""
-    return _CONTROLS.search(text) is not None
-
-
-def visible(text: str) -> str:
-    """TEXT with every control character written as an escape (ESC as \\x1b): text from files made
-    elsewhere (GPU names, tensor keys) is printed, never obeyed by the terminal."""
-    return _CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
 
 
 def _say(message: object) -> None:

@@ -1,4 +1,5 @@
-"""The options several commands share (--json, --snapshot) and the JSON that --json prints.
+"""The options several commands share (--json, --snapshot), the JSON that --json prints, and the
+escaping of control characters in anything a command prints (`visible`).
 
 One home, so every command spells them alike and prints JSON in one layout. Imports only the
 standard library: `pick` starts in under 100 ms.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -28,3 +30,19 @@ def add_snapshot(parser: argparse.ArgumentParser, text: str) -> None:
 def print_json(data: Any, *, default: Callable[[Any], Any] | None = None) -> None:
     """Print `data` as the commands' JSON: indented by one space; `default` as in json.dumps."""
     print(json.dumps(data, indent=1, default=default))
+
+
+# C0 and C1 control characters but newline and tab, and the bidirectional overrides and isolates
+# (text that reads backwards): shown as escapes, never sent to a terminal as they are
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def has_controls(text: str) -> bool:
+    """True when TEXT holds a character `visible` escapes."""
+    return _CONTROLS.search(text) is not None
+
+
+def visible(text: str) -> str:
+    """TEXT with every control character written as an escape (ESC as \\x1b): text from files made
+    elsewhere (GPU names, tensor keys) is printed, never obeyed by the terminal."""
+    return _CONTROLS.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)

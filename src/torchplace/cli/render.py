@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..units import format_bytes
-from . import has_controls, visible
+from .options import has_controls, visible
 
 #: The width of output that goes to a pipe or a file: no line is ever wrapped there.
 PIPE_WIDTH = 100_000
