@@ -161,10 +161,10 @@ def _top(module: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def _cycles() -> list[list[str]]:
+def _cycles(imports: list[Import]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan), each sorted."""
     graph: dict[str, set[str]] = {m: set() for m in MODULES}
-    for imp in RUNTIME_IMPORTS:
+    for imp in imports:
         graph[imp.source].add(imp.target)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -206,7 +206,7 @@ def test_every_module_has_a_layer():
 
 def test_no_import_cycles():
     report = []
-    for component in _cycles():
+    for component in _cycles(RUNTIME_IMPORTS):
         members = set(component)
         edges = sorted({f"    {imp.source} -> {imp.target}  ({imp.where()})" for imp in RUNTIME_IMPORTS
                         if imp.source in members and imp.target in members})
@@ -273,3 +273,29 @@ def test_the_library_reads_nothing_under_tests():
                 found.append(f"{_path(module)}:{node.lineno}: {node.value!r}")
     assert not found, "library files name a path under tests/ (a wheel has no tests/; move the file into " \
         "the package):\n" + "\n".join(found)
+
+
+def test_the_rules_catch_what_they_are_for():
+    """The checker itself, on made-up imports: each rule flags its case and lets the allowed ones pass."""
+    def imp(source: str, target: str) -> Import:
+        return Import(source, target, 1, False)
+
+    refused = [imp("torchplace.hardware.facts", "torchplace.policy.devices"),  # facts -> decisions
+               imp("torchplace.policy.devices", "torchplace.placement.scope"),  # decisions -> actions
+               imp("torchplace.shared.tree", "torchplace.hardware.facts"),  # shared -> facts
+               imp("torchplace.checks.strict", "torchplace.checkpoint.state_dicts"),  # another action's internals
+               imp("torchplace.memory.leaks", "torchplace"),  # an action -> the face
+               imp("torchplace.errors", "torchplace.shared.tree")]  # a leaf -> shared
+    allowed = [imp("torchplace.checks.strict", "torchplace.checkpoint"),  # another action's face
+               imp("torchplace.checks.strict", "torchplace.checks.frames"),  # its own package
+               imp("torchplace.placement.scope", "torchplace.policy.devices"),
+               imp("torchplace.policy.devices", "torchplace.hardware.launch"),
+               imp("torchplace.hardware.facts", "torchplace.safeio"),
+               imp("torchplace.shared.tree", "torchplace.errors"),
+               imp("torchplace.cli.map", "torchplace.checkpoint.loading")]  # a face may reach anywhere
+    assert all(_violation(i) for i in refused), [i for i in refused if not _violation(i)]
+    assert not any(_violation(i) for i in allowed), [(i, _violation(i)) for i in allowed if _violation(i)]
+    ring = [imp("torchplace.hardware.facts", "torchplace.hardware.host"),
+            imp("torchplace.hardware.host", "torchplace.hardware.facts")]
+    assert _cycles(ring) == [["torchplace.hardware.facts", "torchplace.hardware.host"]]
+    assert _cycles(ring[:1]) == []
