@@ -7,11 +7,11 @@ Three rules (issue 30; docs/architecture.md):
 3. no library file opens anything under tests/.
 
 What counts as an import of module M: `import M`, `from M import name` (M.name when that is a module:
-`from pkg import sub` depends on pkg.sub, not on pkg's __init__), relative imports resolved, at any
-depth (inside functions too), and a string constant naming M in a module that calls
-`importlib.import_module` (the lazy tables of torchplace/__init__, cli, doctor). Imports under
-`if TYPE_CHECKING:` never run, so they make no cycle and the cycle test leaves them out; the layering
-test counts them (an annotation is a dependency too).
+`from pkg import sub` depends on pkg.sub), relative imports resolved, at any depth (inside functions
+too), and a string constant naming M in a module that calls `importlib.import_module` (the lazy tables
+of cli and doctor). The cycle test adds the pkg/__init__.py that importing pkg.sub runs first, unless
+the importer is inside pkg. Imports under `if TYPE_CHECKING:` never run, so they make no cycle and the
+cycle test leaves them out; the layering test counts them (an annotation is a dependency too).
 """
 
 from __future__ import annotations
@@ -60,10 +60,11 @@ class Import:
     line: int
     lazy: bool  # inside a function
     typing_only: bool = False  # under `if TYPE_CHECKING:`
+    via_package: bool = False  # the package __init__ that importing one of its modules runs first
 
     def where(self) -> str:
         how = " (lazy)" if self.lazy else " (TYPE_CHECKING)" if self.typing_only else ""
-        return f"{_path(self.source)}:{self.line}{how}"
+        return f"{_path(self.source)}:{self.line}{how}{' (its package)' if self.via_package else ''}"
 
 
 def _modules() -> dict[str, Path]:
@@ -152,7 +153,23 @@ def _imports_of(module: str) -> list[Import]:
 
 
 IMPORTS = [imp for module in MODULES for imp in _imports_of(module)]
-RUNTIME_IMPORTS = [imp for imp in IMPORTS if not imp.typing_only]
+
+
+def _with_packages(imports: list[Import]) -> list[Import]:
+    """IMPORTS plus the package __init__ each import runs first: importing torchplace.memory.leaks from
+    outside memory/ runs memory/__init__.py, which may import more (a package's own modules are left out:
+    their package is already being imported)."""
+    out = list(imports)
+    for imp in imports:
+        parts = imp.target.split(".")
+        for end in range(2, len(parts)):
+            package = ".".join(parts[:end])
+            if package in MODULES and not (imp.source == package or imp.source.startswith(package + ".")):
+                out.append(Import(imp.source, package, imp.line, imp.lazy, via_package=True))
+    return out
+
+
+RUNTIME_IMPORTS = _with_packages([imp for imp in IMPORTS if not imp.typing_only])
 
 
 def _top(module: str) -> str:
