@@ -8,10 +8,11 @@ Three rules (issue 30; docs/architecture.md):
 
 What counts as an import of module M: `import M`, `from M import name` (M.name when that is a module:
 `from pkg import sub` depends on pkg.sub), relative imports resolved, at any depth (inside functions
-too), and a string constant naming M in a module that calls `importlib.import_module` (the lazy tables
-of cli and doctor). The cycle test adds the pkg/__init__.py that importing pkg.sub runs first, unless
-the importer is inside pkg. Imports under `if TYPE_CHECKING:` never run, so they make no cycle and the
-cycle test leaves them out; the layering test counts them (an annotation is a dependency too).
+too), and a string constant naming M in a module that calls `importlib.import_module` (the lazy
+tables of torchplace/__init__, cli and doctor). The cycle test adds the pkg/__init__.py that importing
+pkg.sub runs first, unless the importer is inside pkg. Imports under `if TYPE_CHECKING:` never run, so
+they make no cycle and the cycle test leaves them out; the layering test counts them (an annotation is
+a dependency too).
 """
 
 from __future__ import annotations
