@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ..shared.wrappers import unwrap
 from . import frames as fr
 from .layout import iter_tensors, own_tensors, plain_attributes
 from .mismatch_text import device_named_in
@@ -90,8 +91,6 @@ def root_of(model: torch.nn.Module | None, chain: list[torch.nn.Module]) -> tupl
     """The module paths' root: the given model ("model"), else the outermost running module (its class).
     A wrapper (DDP, DataParallel, torch.compile, Lightning Fabric's _FabricModule) is seen through, so
     paths read `model.encoder.0`, as the user's class names it, not `model._forward_module.encoder.0`."""
-    from ..checkpoint.state_dicts import unwrap
-
     if model is not None:
         return unwrap(model), "model"
     if chain:
@@ -108,8 +107,6 @@ class ModuleNames:
         self.root, self.root_label, self.user_frames = root, root_label, user_frames
 
     def path(self, target: torch.nn.Module) -> str | None:
-        from ..checkpoint.state_dicts import unwrap
-
         if self.root is not None:
             found = _find_module(self.root, self.root_label, target)
             if found:

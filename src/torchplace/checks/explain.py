@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from ..shared.wrappers import unwrap
 from . import dry_run
 from .layout import _MODULE_INTERNALS, iter_tensors, model_devices, module_groups, own_tensors, plain_attributes
 from .meta import annotate as annotate_meta
@@ -105,8 +106,6 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
                         "Fix: explain(model, batch, optimizer=opt).")
     if dry_run.running() is not None:  # explain()'s own re-run of the step that called it: the report being made
         return dry_run.running()  # type: ignore[no-any-return]
-    from ..checkpoint.state_dicts import unwrap
-
     problems: list[dict[str, str]] = []
     inner = unwrap(model)  # through DDP, DataParallel, torch.compile, Fabric: the paths the user's class has
     devices = model_devices(inner)
