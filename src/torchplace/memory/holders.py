@@ -24,7 +24,6 @@ import inspect
 import linecache
 import os
 import re
-import sysconfig
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,14 +31,14 @@ from typing import Any
 
 import torch
 
+from ..shared import frames as user_code
 from ..units import format_bytes
 from .containers import _key_text
 
 _CONTAINERS = (dict, list, set, frozenset, tuple, collections.deque)
 _SKIP = (types.FrameType, types.FunctionType, types.CodeType, types.ModuleType, type)
-_LIBRARIES = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep,
-              os.path.dirname(os.__file__) + os.sep,
-              *{sysconfig.get_paths()[k] + os.sep for k in ("purelib", "platlib")})  # installed packages
+# torch, torchplace, the standard library and installed packages (a test runner's, a trainer library's)
+_LIBRARIES = (*user_code.LIBRARY, user_code.STDLIB_DIR, *user_code.SITE_DIRS)
 
 
 @dataclass(frozen=True)
@@ -181,12 +180,7 @@ def grown(before: dict[int, Holding], after: dict[int, Holding], min_bytes: int)
 def user_frames(frame: types.FrameType | None) -> list[types.FrameType]:
     """FRAME and its callers, without the frames of torch, torchplace, the standard library and
     installed packages (a test runner's, a trainer library's)."""
-    out = []
-    while frame is not None:
-        if not frame.f_code.co_filename.startswith(_LIBRARIES):
-            out.append(frame)
-        frame = frame.f_back
-    return out
+    return list(user_code.outside(frame, _LIBRARIES))
 
 
 def name_holder(obj: Any, frames: list[types.FrameType], ignore: set[int]) -> tuple[str, str | None]:

@@ -9,9 +9,8 @@ previous device, and warns or raises. Both are per thread, like the CUDA runtime
 from __future__ import annotations
 
 import contextlib
-import os
+import sys
 import threading
-import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ import torch
 
 from ..errors import DeviceLeakError, DeviceLeakWarning
 from ..hardware.accelerator import accelerator_type, current_index, device_module
+from ..shared import frames as user_code
 from .resolve import DeviceSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -102,17 +102,11 @@ class _Recorder:
 
 
 _recorder = _Recorder()
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # torchplace's own frames
 
 
 def _caller_site() -> str:
     """'file:line in function' of the first frame outside torch and torchplace."""
-    for frame in reversed(traceback.extract_stack()[:-2]):
-        name = frame.filename.replace("\\", "/")
-        if "/torch/" in name or frame.filename.startswith(_PACKAGE_DIR):
-            continue
-        return f"{frame.filename}:{frame.lineno} in {frame.name}"
-    return "unknown location"
+    return user_code.site(user_code.user_frame(sys._getframe(2)))
 
 
 def _setters() -> list[str]:
