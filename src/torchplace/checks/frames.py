@@ -28,7 +28,9 @@ from ..shared.frames import PACKAGE_DIR, TORCH_DIR, is_installed, is_user, user_
 _MODULE_PY = TORCH_DIR + os.path.join("nn", "modules", "module.py")
 _CHECKS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _PLACEMENT_DIR = os.path.join(PACKAGE_DIR, "placement") + os.sep
-_SKIPPED = (_CHECKS_DIR, _PLACEMENT_DIR, TORCH_DIR)  # torchplace's own wrappers and scopes: never the culprit
+_SHARED_DIR = os.path.join(PACKAGE_DIR, "shared") + os.sep
+# torchplace's own wrappers, scopes and setter recorder: never the culprit
+_SKIPPED = (_CHECKS_DIR, _PLACEMENT_DIR, _SHARED_DIR, TORCH_DIR)
 _PLUMBING = frozenset({"_wrapped_call_impl", "_call_impl", "inner"})
 _UNKNOWN = object()
 
@@ -194,7 +196,7 @@ def stack_entries(start: FrameType | None) -> list[tuple[FrameType, int, int]]:
 
 
 def caller_frame() -> FrameType | None:
-    """The nearest frame outside torch and torchplace's checks and scopes."""
+    """The nearest frame outside torch and torchplace's checks, scopes and shared plumbing."""
     return user_frame(sys._getframe(1), _SKIPPED)
 
 

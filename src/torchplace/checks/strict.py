@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from ..errors import TorchplaceError
+from ..shared import setters
 from . import autocast as autocast_check
 from . import boundary, deferred, meta, strict_config
 from . import leaks as leak_check
@@ -45,7 +46,7 @@ from .strict_config import ACTIONS, Action, StrictConfig
 ENV = "TORCHPLACE_STRICT"
 Check = bool | str | None
 
-_PATCHES = PatchSet(lambda: placement_check.patches() + autocast_check.patches() + leak_check.patches())
+_PATCHES = PatchSet(lambda: placement_check.patches() + autocast_check.patches())
 _BOUNDARY = PatchSet(boundary.patches)
 
 
@@ -65,6 +66,7 @@ class Strict(ContextDecorator):
     def __enter__(self) -> Strict:
         strict_config.push(self.config)
         _PATCHES.acquire()
+        setters.watch(leak_check.on_set)
         if self.config.leaks:
             self._entry, self._seq = leak_check.snapshot(), leak_check.next_seq()
         self._sync_mode = _set_sync_mode(self.config.syncs)
@@ -85,6 +87,7 @@ class Strict(ContextDecorator):
         finally:
             strict_config.pop(self.config)
             _PATCHES.release()
+            setters.unwatch(leak_check.on_set)
             if strict_config.active() is None:
                 deferred.cancel_all()  # an autocast block that never reached a module: no one to check now
         if exc is not None and is_device_mismatch(exc):
@@ -198,6 +201,7 @@ def enable(config: StrictConfig) -> None:
         disable()
     strict_config.set_process(config)
     _PATCHES.acquire()
+    setters.watch(leak_check.on_set)
     _BOUNDARY.acquire()
     _set_sync_mode(config.syncs)
 
@@ -211,6 +215,7 @@ def disable() -> None:
     if config.syncs and torch.cuda.is_available():  # cuda-only: sync debug mode exists for CUDA alone in torch
         torch.cuda.set_sync_debug_mode(0)  # cuda-only: sync debug mode exists for CUDA alone in torch
     _BOUNDARY.release()
+    setters.unwatch(leak_check.on_set)
     _PATCHES.release()
 
 
