@@ -17,7 +17,6 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .checks.strict_config import should_raise
 from .errors import DeviceError, PrecisionError, PrecisionWarning
 from .hardware.accelerator import device_module
 from .policy.precision import (
@@ -30,6 +29,7 @@ from .policy.precision import (
     decide_rocm,
     normalize_dtype,
 )
+from .shared.strict_switch import should_raise
 
 if TYPE_CHECKING:
     import torch

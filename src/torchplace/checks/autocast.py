@@ -27,10 +27,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..errors import DeviceMismatchError, PrecisionError, PrecisionWarning
+from ..shared.strict_switch import active
 from . import deferred
 from . import frames as fr
 from .layout import iter_tensors
-from .strict_config import active
 from .warn_or_raise import warn_or_raise
 
 

@@ -30,9 +30,9 @@ from ..errors import DeviceLeakError, DeviceLeakWarning
 from ..hardware.accelerator import accelerator_type, current_index, device_module
 from ..shared import setters
 from ..shared.setters import DEFAULT, leak_message
+from ..shared.strict_switch import active
 from . import deferred
 from . import frames as fr
-from .strict_config import active
 from .warn_or_raise import warn_or_raise
 
 

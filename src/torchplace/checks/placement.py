@@ -20,8 +20,8 @@ import torch
 
 from ..errors import DeviceError
 from ..hardware.accelerator import current_index
+from ..shared.strict_switch import active
 from . import frames as fr
-from .strict_config import active
 from .warn_or_raise import warn_or_raise
 
 INDEX_FREE = frozenset({"cpu", "meta", "mps"})  # one device of the type: no index to get wrong

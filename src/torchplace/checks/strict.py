@@ -33,15 +33,15 @@ from typing import Any
 import torch
 
 from ..errors import TorchplaceError
-from ..shared import setters
+from ..shared import setters, strict_switch
+from ..shared.strict_switch import ACTIONS, Action, StrictConfig
 from . import autocast as autocast_check
-from . import boundary, deferred, meta, strict_config
+from . import boundary, deferred, meta
 from . import leaks as leak_check
 from . import placement as placement_check
 from .factories import FactoryCheck
 from .mismatch import is_device_mismatch, to_error
 from .patches import PatchSet
-from .strict_config import ACTIONS, Action, StrictConfig
 
 ENV = "TORCHPLACE_STRICT"
 Check = bool | str | None
@@ -64,7 +64,7 @@ class Strict(ContextDecorator):
         return Strict(self.config)
 
     def __enter__(self) -> Strict:
-        strict_config.push(self.config)
+        strict_switch.push(self.config)
         _PATCHES.acquire()
         setters.watch(leak_check.on_set)
         if self.config.leaks:
@@ -85,10 +85,10 @@ class Strict(ContextDecorator):
             if self.config.leaks:  # while an error is already propagating, a leak is only a warning
                 leak_check.check_block(self._entry, self._seq, self.config.leaks if exc is None else "warn")
         finally:
-            strict_config.pop(self.config)
+            strict_switch.pop(self.config)
             _PATCHES.release()
             setters.unwatch(leak_check.on_set)
-            if strict_config.active() is None:
+            if strict_switch.active() is None:
                 deferred.cancel_all()  # an autocast block that never reached a module: no one to check now
         if exc is not None and is_device_mismatch(exc):
             raise to_error(exc, self.config.model) from exc
@@ -197,9 +197,9 @@ def enable_from_env(environ: Mapping[str, str] | None = None) -> StrictConfig | 
 
 def enable(config: StrictConfig) -> None:
     """Strict mode for every thread without a strict() block of its own, until disable()."""
-    if strict_config._process is not None:
+    if strict_switch._process is not None:
         disable()
-    strict_config.set_process(config)
+    strict_switch.set_process(config)
     _PATCHES.acquire()
     setters.watch(leak_check.on_set)
     _BOUNDARY.acquire()
@@ -208,10 +208,10 @@ def enable(config: StrictConfig) -> None:
 
 def disable() -> None:
     """Undo enable()."""
-    config = strict_config._process
+    config = strict_switch._process
     if config is None:
         return
-    strict_config.set_process(None)
+    strict_switch.set_process(None)
     if config.syncs and torch.cuda.is_available():  # cuda-only: sync debug mode exists for CUDA alone in torch
         torch.cuda.set_sync_debug_mode(0)  # cuda-only: sync debug mode exists for CUDA alone in torch
     _BOUNDARY.release()
@@ -221,7 +221,7 @@ def disable() -> None:
 
 def is_enabled() -> bool:
     """True when strict mode is on for this thread (a block or the environment switch)."""
-    return strict_config.active() is not None
+    return strict_switch.active() is not None
 
 
 def _set_sync_mode(action: str | None) -> int | None:

@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from ..checks.strict_config import should_raise
 from ..errors import MemoryLeakError, MemoryLeakWarning
 from ..placement.resolve import DeviceSpec
+from ..shared.strict_switch import should_raise
 from ..units import format_bytes
 from .containers import containers_of
 from .holders import Growth, Holding, grown, holdings, name_holder, user_frames
