@@ -31,7 +31,7 @@ from torch import nn
 
 import torchplace as tp
 from torchplace.checks import StrictWarning, deferred
-from torchplace.checks.placement import implicit_device
+from torchplace.checks.implicit_device import implicit_device
 from torchplace.checks.strict import config_from_env, disable, enable_from_env, make_config
 from torchplace.placement.scope import DeviceLeakWarning
 from torchplace.shared import strict_switch

@@ -5,7 +5,6 @@ the user wrote, and optimizer state left on another device. Runs only after an e
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
@@ -16,7 +15,6 @@ import torch
 from ..shared.wrappers import unwrap
 from . import frames as fr
 from .layout import iter_tensors, own_tensors, plain_attributes
-from .mismatch_text import device_named_in
 
 ErrorT = TypeVar("ErrorT", bound=Exception)
 
@@ -295,24 +293,3 @@ def _info(label: str, tensor: torch.Tensor, origins: dict[int, tuple[str, str]])
     return Operand(label=label, device=str(tensor.device), dtype=str(tensor.dtype).removeprefix("torch."),
                       shape=tuple(tensor.shape), kind=kind, origin=origin,
                       scalar=tensor.device.type == "cpu" and tensor.dim() == 0)
-
-
-def expected_device(tensors: list[Operand], root: torch.nn.Module | None, text: str) -> str | None:
-    """Where the op should have run: where most of the model is, else where PyTorch expected it."""
-    present = {t.device for t in tensors if not t.scalar}
-    if root is not None:
-        weight: Counter[str] = Counter()
-        for _, _, tensor in (item for m in root.modules() for item in own_tensors(m)):
-            weight[str(tensor.device)] += tensor.numel() * tensor.element_size()
-        if weight:
-            device = weight.most_common(1)[0][0]
-            if device in present:
-                return device
-    said = device_named_in(text)
-    if said in present:
-        return said
-    counts = Counter(t.device for t in tensors if not t.scalar)
-    if len(counts) < 2:
-        return None
-    (first, n1), (_, n2) = counts.most_common(2)
-    return first if n1 > n2 else None

@@ -18,7 +18,7 @@ note, not an alarm, when the forward ran. Problems looked for:
   the inputs (a loss, a metric, a scheduler: any module or object holding tensors) that sit on
   another device than the model.
 
-Called inside the user's training step, it also runs that step again on fake tensors (dry_run.py):
+Called inside the user's training step, it also runs that step again on fake tensors (_dry_run.py):
 what torch itself refuses there (a loss, metric, labels or a tensor made without a device) is named
 as watch() names it, with the step's line; the line that calls the model; the optimizer that steps.
 
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from ..shared.wrappers import unwrap
-from . import dry_run
+from . import _dry_run as dry_run
 from .layout import _MODULE_INTERNALS, iter_tensors, model_devices, module_groups, own_tensors, plain_attributes
 from .meta import annotate as annotate_meta
 

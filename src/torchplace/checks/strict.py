@@ -5,13 +5,13 @@
 
 checks, each "error" (default), "warn", or off:
 - placement: `.cuda()` without an index, `.to("cuda")`, `.to(torch.device("cuda"))`: where
-  they land depends on the thread's current device (placement.py);
+  they land depends on the thread's current device (implicit_device.py);
 - factories (off by default: it runs a per-op mode, for debugging runs): factory calls that
-  omit the device, or give one without an index (factories.py);
+  omit the device, or give one without an index (implicit_device.py);
 - mismatch: an op mixing devices raises DeviceMismatchError naming the op, each tensor (device,
   dtype, shape, parameter/buffer/batch key) and the module path (mismatch.py); always on;
 - leaks: a function that changes the current (or default) device and returns without
-  restoring it, named with file and line (leaks.py);
+  restoring it, named with file and line (device_leaks.py);
 - autocast: `torch.autocast` for a device type none of the wrapped tensors are on (autocast.py);
 - syncs (off by default): host-device synchronizations inside the block, through torch's own
   CUDA sync debug mode (so mark the hot loop: `with torchplace.strict(syncs=True): ...`).
@@ -36,17 +36,14 @@ from ..errors import TorchplaceError
 from ..shared import setters, strict_switch
 from ..shared.strict_switch import ACTIONS, Action, StrictConfig
 from . import autocast as autocast_check
-from . import boundary, deferred, meta
-from . import leaks as leak_check
-from . import placement as placement_check
-from .factories import FactoryCheck
+from . import boundary, deferred, device_leaks, implicit_device, meta
 from .mismatch import is_device_mismatch, to_error
 from .patches import PatchSet
 
 ENV = "TORCHPLACE_STRICT"
 Check = bool | str | None
 
-_PATCHES = PatchSet(lambda: placement_check.patches() + autocast_check.patches())
+_PATCHES = PatchSet(lambda: implicit_device.patches() + autocast_check.patches())
 _BOUNDARY = PatchSet(boundary.patches)
 
 
@@ -58,7 +55,7 @@ class Strict(ContextDecorator):
         self._entry: dict[str, Any] = {}
         self._seq = 0
         self._sync_mode: int | None = None
-        self._factories: FactoryCheck | None = None
+        self._factories: implicit_device.FactoryCheck | None = None
 
     def _recreate_cm(self) -> Strict:  # a decorated function gets a fresh context per call
         return Strict(self.config)
@@ -66,12 +63,12 @@ class Strict(ContextDecorator):
     def __enter__(self) -> Strict:
         strict_switch.push(self.config)
         _PATCHES.acquire()
-        setters.watch(leak_check.on_set)
+        setters.watch(device_leaks.on_set)
         if self.config.leaks:
-            self._entry, self._seq = leak_check.snapshot(), leak_check.next_seq()
+            self._entry, self._seq = device_leaks.snapshot(), device_leaks.next_seq()
         self._sync_mode = _set_sync_mode(self.config.syncs)
         if self.config.factories:
-            self._factories = FactoryCheck(self.config.placement, self.config.factories)
+            self._factories = implicit_device.FactoryCheck(self.config.placement, self.config.factories)
             self._factories.__enter__()
         return self
 
@@ -83,11 +80,11 @@ class Strict(ContextDecorator):
             if self._sync_mode is not None:
                 torch.cuda.set_sync_debug_mode(self._sync_mode)  # cuda-only: sync debug mode is CUDA's alone
             if self.config.leaks:  # while an error is already propagating, a leak is only a warning
-                leak_check.check_block(self._entry, self._seq, self.config.leaks if exc is None else "warn")
+                device_leaks.check_block(self._entry, self._seq, self.config.leaks if exc is None else "warn")
         finally:
             strict_switch.pop(self.config)
             _PATCHES.release()
-            setters.unwatch(leak_check.on_set)
+            setters.unwatch(device_leaks.on_set)
             if strict_switch.active() is None:
                 deferred.cancel_all()  # an autocast block that never reached a module: no one to check now
         if exc is not None and is_device_mismatch(exc):
@@ -201,7 +198,7 @@ def enable(config: StrictConfig) -> None:
         disable()
     strict_switch.set_process(config)
     _PATCHES.acquire()
-    setters.watch(leak_check.on_set)
+    setters.watch(device_leaks.on_set)
     _BOUNDARY.acquire()
     _set_sync_mode(config.syncs)
 
@@ -215,7 +212,7 @@ def disable() -> None:
     if config.syncs and torch.cuda.is_available():  # cuda-only: sync debug mode exists for CUDA alone in torch
         torch.cuda.set_sync_debug_mode(0)  # cuda-only: sync debug mode exists for CUDA alone in torch
     _BOUNDARY.release()
-    setters.unwatch(leak_check.on_set)
+    setters.unwatch(device_leaks.on_set)
     _PATCHES.release()
 
 
