@@ -12,9 +12,10 @@ from typing import Any, TypeVar
 
 import torch
 
+from ..shared.tree import tensors_with_paths
 from ..shared.wrappers import unwrap
 from . import frames as fr
-from .layout import iter_tensors, own_tensors, plain_attributes
+from .layout import own_tensors, plain_attributes
 
 ErrorT = TypeVar("ErrorT", bound=Exception)
 
@@ -234,7 +235,8 @@ def contains(root: torch.nn.Module, module: torch.nn.Module) -> bool:
 
 def _flatten(value: Any, path: str, depth: int = 4) -> Iterator[tuple[str, torch.Tensor]]:
     """Tensors in nested containers, leaving out parameters (those are named by the model)."""
-    return ((p, t) for p, t in iter_tensors(value, path, depth) if not isinstance(t, torch.nn.Parameter))
+    found = tensors_with_paths(value, path, depth=depth, items=256)
+    return ((p, t) for p, t in found if not isinstance(t, torch.nn.Parameter))
 
 
 def operands(op_frame: FrameType, expression: str | None, user: tuple[FrameType, int, int] | None,

@@ -34,9 +34,10 @@ from typing import Any
 
 import torch
 
+from ..shared.tree import tensors_with_paths
 from ..shared.wrappers import unwrap
 from . import _dry_run as dry_run
-from .layout import _MODULE_INTERNALS, iter_tensors, model_devices, module_groups, own_tensors, plain_attributes
+from .layout import _MODULE_INTERNALS, model_devices, module_groups, own_tensors, plain_attributes
 from .meta import annotate as annotate_meta
 
 _CPU = torch.device("cpu")
@@ -341,7 +342,7 @@ def _check_attributes(model: torch.nn.Module, problems: list[dict[str, str]]) ->
 
 def _check_inputs(inputs: tuple[Any, ...], devices: list[str], problems: list[dict[str, str]]) -> list[dict[str, Any]]:
     out = []
-    for path, tensor in iter_tensors(list(inputs), "inputs"):
+    for path, tensor in tensors_with_paths(list(inputs), "inputs", depth=4, items=256):
         entry = {"path": path, **describe(tensor)}
         out.append(entry)
         scalar = tensor.device == _CPU and tensor.dim() == 0
