@@ -33,7 +33,7 @@ import torchplace as tp
 from torchplace.checks import StrictWarning, deferred
 from torchplace.checks.implicit_device import implicit_device
 from torchplace.checks.strict import config_from_env, disable, enable_from_env, make_config
-from torchplace.placement.scope import DeviceLeakWarning
+from torchplace.errors import DeviceLeakWarning
 from torchplace.shared import strict_switch
 
 PLACEMENT = [

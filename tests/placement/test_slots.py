@@ -18,9 +18,8 @@ from torch.utils.data import DataLoader, Dataset, default_collate, default_conve
 
 import torchplace as tp
 from torchplace.errors import PackingError, PackingWarning
-from torchplace.placement import _build, _slots, collate
+from torchplace.placement import PackedBatch, _build, _slots, collate, pack, packed_collate
 from torchplace.placement import loader as loader_module
-from torchplace.placement.collate import PackedBatch, pack, packed_collate
 
 
 class Numbered(Dataset):
