@@ -34,8 +34,7 @@ from ..errors import MemoryLeakError, MemoryLeakWarning
 from ..placement.resolve import DeviceSpec
 from ..shared.strict_switch import should_raise
 from ..units import format_bytes
-from .containers import containers_of
-from .holders import Growth, Holding, grown, holdings, name_holder, user_frames
+from .holders import Growth, Holding, containers_of, grown, holdings, name_holder, user_frames
 from .usage import LiveTensor, cuda_origins, graph_holders, live_tensors, tensor_info
 
 CPU_TOLERANCE = 16 * 2**20  # heap noise (glibc arenas, thread caches); the resident set is noisier still

@@ -26,7 +26,7 @@ import torch
 from ..hardware import host
 from ..placement.resolve import DeviceSpec
 from ..units import format_bytes
-from .containers import holder_of
+from .holders import holder_of
 
 _MAX_GRAPH_NODES = 20_000
 
