@@ -60,7 +60,7 @@ def is_device_mismatch(exc: BaseException) -> bool:
     if _MISMATCH.search(text):
         return True
     conv = _CONV_TYPES.search(text)
-    return bool(conv) and (".cuda." in conv.group(1)) != (".cuda." in conv.group(2))
+    return conv is not None and (".cuda." in conv.group(1)) != (".cuda." in conv.group(2))
 
 
 def device_named_in(text: str) -> str | None:

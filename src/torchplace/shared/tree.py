@@ -221,11 +221,11 @@ def _rebuild_mapping(x: Mapping, new: dict) -> Any:
         except Exception:  # noqa: BLE001 - the items are moved already; try the constructor
             pass
     try:
-        out = cls(new)  # type: ignore[call-arg]
+        built: Any = cls(new)  # type: ignore[call-arg]
     except Exception:  # noqa: BLE001 - a constructor with other arguments: a plain dict below
         return new
-    if type(out) is cls and len(out) == len(new) and all(out[k] is v for k, v in new.items()):
-        return out
+    if type(built) is cls and len(built) == len(new) and all(built[k] is v for k, v in new.items()):
+        return built
     return new
 
 
@@ -313,9 +313,9 @@ def _rebuild_fields(x: Any, names: list[str], fn: Callable[[torch.Tensor], Any],
     for name, value in changed.items():
         object.__setattr__(out, name, value)  # works on frozen dataclasses and attrs classes too
     cached = _cached_properties(type(x))
-    if cached:
-        state = getattr(out, "__dict__", None)  # copy.copy gave the copy its own
-        for name in cached if state is not None else ():
+    state = getattr(out, "__dict__", None) if cached else None  # copy.copy gave the copy its own
+    if state is not None:
+        for name in cached:
             state.pop(name, None)
     return out
 
