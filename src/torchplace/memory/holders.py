@@ -13,7 +13,9 @@ local or global variable of the user's frames (`seen`), an attribute path (`trai
 
 A container holding another anonymous container that holds tensors (`cache.append((x, y))`)
 is credited with what its entries hold, one level down. Tensors held only by local variables
-of running frames, or only inside autograd graphs, have no holder here.
+of running frames have no holder here; tensors saved only inside an autograd graph (a running
+total summed without `.item()`) are named, when no holder grew, by the tensor at the graph's root
+that the user keeps (`graph_roots`, `name_root`): "autograd graph of tensor `total`".
 
 These walks cost a pass over the heap (about 0.1 s per 200k objects): `track_memory` runs them
 at its baseline and, at the end, only when memory grew.
@@ -40,6 +42,7 @@ from ..units import format_bytes
 _CONTAINERS = (dict, list, set, frozenset, tuple, collections.deque)
 _SKIP = (types.FrameType, types.FunctionType, types.CodeType, types.ModuleType, type)
 # torch, torchplace, the standard library and installed packages (a test runner's, a trainer library's)
+_MAX_GRAPH_NODES = 20_000  # an autograd graph is walked this far at most
 _LIBRARIES = (*user_code.LIBRARY, user_code.STDLIB_DIR, *user_code.SITE_DIRS)
 
 
@@ -176,6 +179,58 @@ def grown(before: dict[int, Holding], after: dict[int, Holding], min_bytes: int)
     return sorted(out.values(), key=lambda item: item[1], reverse=True)
 
 
+def graph_saved(t: torch.Tensor, keep: Callable[[torch.Tensor], bool] | None = None,
+                nodes: set[int] | None = None) -> dict[int, int]:
+    """Storage address -> bytes of the tensors T's autograd graph still saves (none once backward freed
+    them), those KEEP accepts; NODES, when given, receives the ids of the graph's nodes."""
+    seen: set[int] = set() if nodes is None else nodes
+    saved: dict[int, int] = {}
+    stack = [t.grad_fn] if t.grad_fn is not None else []
+    while stack and len(seen) < _MAX_GRAPH_NODES:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        for name in dir(node):
+            if not name.startswith("_saved_"):
+                continue
+            try:
+                value = getattr(node, name)
+            except RuntimeError:  # freed by backward
+                continue
+            for item in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(item, torch.Tensor) and (keep is None or keep(item)):
+                    ptr = item.untyped_storage().data_ptr()
+                    if ptr and ptr not in saved:
+                        saved[ptr] = _nbytes(item)
+        stack.extend(fn for fn, _ in node.next_functions)
+    return saved
+
+
+def graph_roots(keep: Callable[[torch.Tensor], bool], min_bytes: int, own: set[int] = frozenset(),  # type: ignore[assignment]
+                top: int = 3) -> list[tuple[torch.Tensor, dict[int, int]]]:
+    """(tensor, what its graph saves) for the TOP live tensors whose autograd graphs save MIN_BYTES or more
+    of KEEP's tensors, most first: memory that no Python object holds, only the graph of a tensor the
+    user keeps (a running total summed without `.item()`). A tensor inside another one's graph is not a
+    root: the outer one holds it."""
+    heap = gc.get_objects()
+    try:
+        candidates = [o for o in heap if issubclass(type(o), torch.Tensor) and id(o) not in own
+                      and o.grad_fn is not None and keep(o)]
+    finally:
+        heap.clear()
+    graphs = []
+    for t in candidates:
+        nodes: set[int] = set()
+        saved = graph_saved(t, keep, nodes)
+        graphs.append((t, saved, nodes - {id(t.grad_fn)}))
+    inner = set().union(*(nodes for _, _, nodes in graphs))
+    roots = [(t, saved) for t, saved, _ in graphs if id(t.grad_fn) not in inner and sum(saved.values()) >= min_bytes]
+    candidates.clear()
+    graphs.clear()
+    return sorted(roots, key=lambda item: sum(item[1].values()), reverse=True)[:top]
+
+
 # --------------------------------------------------------------------------- names
 
 
@@ -202,6 +257,16 @@ def name_holder(obj: Any, frames: list[types.FrameType], ignore: set[int]) -> tu
     if best is None:
         return f"{kind} {owner}", None
     return f"tensor `{path}.{best}`" if path else f"tensor {kind}.{best}", _growth_line(best, type(obj), frames)
+
+
+def name_root(t: torch.Tensor, frames: list[types.FrameType], ignore: set[int]) -> tuple[str, str | None]:
+    """The user's name for the tensor at the root of a graph that holds memory ("autograd graph of tensor
+    `total`") and the line that grows it, else one that describes it."""
+    path, _, origin = _path(t, frames, ignore | {id(frames)}, depth=3)
+    if path is None:
+        made = type(t.grad_fn).__name__
+        return f"autograd graph of a {str(t.dtype).removeprefix('torch.')} {list(t.shape)} tensor made by {made}", None
+    return f"autograd graph of tensor `{path}`", _growth_line(path.rsplit(".", 1)[-1].split("[")[0], origin, frames)
 
 
 def _path(obj: Any, frames: list[types.FrameType], ignore: set[int], depth: int) -> tuple[str | None, str | None, Any]:
@@ -269,10 +334,10 @@ _GROWS = (r"(\[[^\]]*\]\s*=[^=]|\.(append|appendleft|add|extend|update|insert|se
 
 
 def _growth_line(name: str, origin: Any, frames: list[types.FrameType]) -> str | None:
-    """'file:line' of the first source line that grows NAME (`name[k] = `, `name.append(`, ...),
+    """'file:line' of the first source line that grows NAME (`name[k] = `, `name.append(`, `name += `, ...),
     searched in ORIGIN (a frame or a class) and then in the user's frames; else where NAME is
     assigned in ORIGIN."""
-    grows = re.compile(rf"\b{re.escape(name)}{_GROWS}")
+    grows = re.compile(rf"\b{re.escape(name)}(?:{_GROWS}|\s*=\s*{re.escape(name)}\s*\+)")  # or `total = total + x`
     assigned = re.compile(rf"\b{re.escape(name)}\s*=[^=]")
     places = [origin] + [f for f in frames if f is not origin]
     for pattern in (grows, assigned):
