@@ -12,7 +12,7 @@ Names load on first use (PEP 562), so importing one module of the package does n
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 _EXPORTS = {
     "on": "scope", "guard": "scope", "Guard": "scope",
@@ -23,8 +23,7 @@ _EXPORTS = {
     "packed_collate": "collate", "PackedBatch": "collate", "PackedCollate": "collate", "pack": "collate",
 }
 
-__all__ = ["DeviceLoader", "Guard", "PackedBatch", "PackedCollate", "Placement", "guard", "image_transform", "on",
-           "pack", "packed_collate", "pin", "pin_tensor", "place", "record_stream", "target_device", "to_device"]
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
@@ -35,10 +34,3 @@ def __getattr__(name: str) -> Any:
     globals()[name] = value
     return value
 
-
-if TYPE_CHECKING:
-    from .collate import PackedBatch, PackedCollate, pack, packed_collate
-    from .loader import DeviceLoader, image_transform
-    from .scope import Guard, guard, on
-    from .split import Placement, place
-    from .transfer import pin, pin_tensor, record_stream, target_device, to_device

@@ -21,6 +21,7 @@ import torch
 CUDA = "cuda"  # torch._C._cuda_setDevice
 ACCELERATOR = "accelerator"  # torch._C._accelerator_setDeviceIndex: whichever accelerator this torch drives
 DEFAULT = "default"  # torch.set_default_device: the device of factory calls without one
+_LOWEST = (("_cuda_setDevice", CUDA), ("_accelerator_setDeviceIndex", ACCELERATOR))
 
 # called before a setter runs, with the setter's kind; what it returns (if anything) is called after
 Watcher = Callable[[str], Callable[[], None] | None]
@@ -33,10 +34,8 @@ _local = threading.local()
 
 def _targets() -> list[tuple[Any, str, str]]:
     """(owner, attribute, kind) of the setters this torch has."""
-    out = [(torch._C, name, kind) for name, kind in (("_cuda_setDevice", CUDA), ("_accelerator_setDeviceIndex",
-                                                                                ACCELERATOR))
-           if hasattr(torch._C, name)]
-    return out + [(torch, "set_default_device", DEFAULT)]
+    low = [(torch._C, name, kind) for name, kind in _LOWEST if hasattr(torch._C, name)]
+    return [*low, (torch, "set_default_device", DEFAULT)]
 
 
 def watch(watcher: Watcher) -> None:
