@@ -165,7 +165,8 @@ def _run_cli_fixture():
 @pytest.fixture
 def strict_leaves_nothing_behind():
     """Every test must leave torch as it found it: no patches, hooks or default device left over."""
-    from torchplace.checks import deferred, strict_config
+    from torchplace.checks import deferred
+    from torchplace.shared import strict_switch
 
     yield
     leftovers = []
@@ -175,7 +176,7 @@ def strict_leaves_nothing_behind():
         leftovers.append("nn.Module.__call__ still wrapped")
     if deferred.pending() or torch.nn.modules.module._global_forward_pre_hooks:
         leftovers.append("a module hook is still registered")
-    if strict_config.active() is not None:
+    if strict_switch.active() is not None:
         leftovers.append("strict mode still active")
     if torch.get_default_device() != torch.device("cpu"):
         torch.set_default_device(None)

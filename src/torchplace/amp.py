@@ -5,7 +5,7 @@ torch's answer on ROCm), takes the decision from `policy.precision` (pure, torch
 (`PrecisionWarning`) or, under strict mode, raises (`PrecisionError`) when an explicit request
 cannot run well here. The policy enters `torch.autocast` for the right device type, makes the
 GradScaler and sets TF32. On its first entry only, `autocast()` runs the first-step check of
-checks/autocast.py, which counts the ops that ran by dtype and flags tensors on another device
+checks' face (checks/autocast.py), which counts the ops that ran by dtype and flags tensors on another device
 type (CPU tensors under CUDA autocast run in fp32 without a word). Later entries are plain
 `torch.autocast`: zero steady-state cost.
 """
@@ -17,7 +17,6 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .checks.strict_config import should_raise
 from .errors import DeviceError, PrecisionError, PrecisionWarning
 from .hardware.accelerator import device_module
 from .policy.precision import (
@@ -30,11 +29,12 @@ from .policy.precision import (
     decide_rocm,
     normalize_dtype,
 )
+from .shared.strict_switch import should_raise
 
 if TYPE_CHECKING:
     import torch
 
-    from .checks.autocast import AutocastCheck
+    from .checks import AutocastCheck
     from .policy.devices import DeviceSpec
 
 
@@ -249,7 +249,7 @@ class PolicyAutocast:
         mode = None
         if self.check and not policy._checked:
             policy._checked = True
-            from .checks.autocast import FirstStepCheck
+            from .checks import FirstStepCheck
 
             mode = FirstStepCheck(policy.device.type, str(policy.dtype).removeprefix("torch."),
                                   policy.autocast_enabled)
@@ -268,7 +268,7 @@ class PolicyAutocast:
             mode.__exit__(*exc)
         ctx.__exit__(*exc)
         if mode is not None and exc[0] is None:
-            from .checks.autocast import report_first_step
+            from .checks import report_first_step
 
             self.policy.last_check = mode.result()
             strict = self.strict if self.strict is not None else self.policy.strict

@@ -117,10 +117,10 @@ def test_the_corpus_ships_in_the_package_and_reads_as_user_code():
 def test_explain_names_every_mistake_in_full_when_torchplace_is_installed(monkeypatch):
     """From a wheel the corpus sits in site-packages, where explain() skipped classes as library code:
     28/30 in full there (the line of criterions_in_list and scheduler_sigmas was missing)."""
-    from torchplace.checks import frames
+    from torchplace.shared import frames
 
     installed_at = str(Path(torchplace.__file__).parent.parent) + "/"
-    monkeypatch.setattr(frames, "_SITE_DIRS", (*frames._SITE_DIRS, installed_at))
+    monkeypatch.setattr(frames, "SITE_DIRS", (*frames.SITE_DIRS, installed_at))
     assert frames.is_installed(diagnose.__file__) and not frames.is_installed(BY_NAME["scheduler_sigmas"].file)
     missed = [c.name for c in MISTAKES if not diagnose.score(c, PAIR, "explain", corpus).full]
     assert not missed

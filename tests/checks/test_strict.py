@@ -30,10 +30,11 @@ from checks_programs import (
 from torch import nn
 
 import torchplace as tp
-from torchplace.checks import StrictWarning, deferred, strict_config
-from torchplace.checks.placement import implicit_device
+from torchplace.checks import StrictWarning, deferred
+from torchplace.checks.implicit_device import implicit_device
 from torchplace.checks.strict import config_from_env, disable, enable_from_env, make_config
-from torchplace.placement.scope import DeviceLeakWarning
+from torchplace.errors import DeviceLeakWarning
+from torchplace.shared import strict_switch
 
 PLACEMENT = [
     (cuda_without_index, "cuda-no-index", "`t.cuda()`"),
@@ -275,16 +276,16 @@ def test_off_means_torchs_own_functions():
     with tp.strict():
         assert "to" in vars(torch.Tensor) and torch.nn.Module.to is not originals[0]
     assert (torch.nn.Module.to, torch.nn.Module.cuda, torch.autocast.__enter__) == originals
-    assert "to" not in vars(torch.Tensor) and strict_config.active() is None
+    assert "to" not in vars(torch.Tensor) and strict_switch.active() is None
 
 
 def test_strict_is_per_thread():
     seen = {}
     with tp.strict():
-        worker = threading.Thread(target=lambda: seen.setdefault("worker", strict_config.active()))
+        worker = threading.Thread(target=lambda: seen.setdefault("worker", strict_switch.active()))
         worker.start()
         worker.join()
-        seen["main"] = strict_config.active()
+        seen["main"] = strict_switch.active()
     assert seen["worker"] is None and seen["main"] is not None
 
 
@@ -348,8 +349,8 @@ def test_env_switch_covers_code_outside_any_block():
             model(torch.ones(1, 8, device="meta"))
     finally:
         disable()
-    assert strict_config.active() is None and torch.nn.Module.__call__ is torch.nn.Module._wrapped_call_impl
+    assert strict_switch.active() is None and torch.nn.Module.__call__ is torch.nn.Module._wrapped_call_impl
 
 
 def test_env_switch_unset_does_nothing():
-    assert enable_from_env({}) is None and strict_config.active() is None
+    assert enable_from_env({}) is None and strict_switch.active() is None

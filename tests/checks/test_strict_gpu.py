@@ -27,7 +27,7 @@ from checks_programs import (
 import torchplace as tp
 from torchplace.checks import StrictWarning
 from torchplace.checks.strict import disable, enable_from_env
-from torchplace.placement.scope import DeviceLeakWarning
+from torchplace.errors import DeviceLeakWarning
 
 pytestmark = pytest.mark.gpu
 CUDA0, CUDA1 = torch.device("cuda:0"), torch.device("cuda:1")

@@ -282,3 +282,19 @@ def test_batch_search_limits_and_errors():
         find_batch_size(lambda b: 1 / 0, 4)
     with pytest.raises(ValueError, match="1 <= start <= max_size"):
         find_batch_size(capped(5, []), 0)
+
+
+def test_memory_held_only_through_an_autograd_graph_is_named_by_the_graphs_root():
+    """Validation without no_grad summed into a running total: each step's activations stay saved in the
+    total's graph, which no Python container holds; the total, the graph's root, is named (issue 31)."""
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Tanh(), torch.nn.Linear(1024, 1))
+    total = torch.zeros(())
+    with pytest.warns(MemoryLeakWarning) as caught:
+        with track_memory("cpu") as tracker:
+            for _ in range(20):
+                total = total + model(torch.randn(1024, 1024)).mean()  # the leak: should be .item()
+                tracker.step()
+    grew = tracker.report.grew
+    assert [(g.name, g.where) for g in grew] == [("autograd graph of tensor `total`", line_of("total = total +"))]
+    assert grew[0].growth_bytes > 16 * 2**20 and grew[0].tensors >= 18
+    assert "autograd graph of tensor `total`" in str(caught[0].message)

@@ -14,8 +14,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate, default_conve
 
 import torchplace as tp
 from torchplace.errors import PackingWarning
-from torchplace.placement import _pack, collate
-from torchplace.placement.collate import PackedBatch, pack, packed_collate
+from torchplace.placement import PackedBatch, _pack, collate, pack, packed_collate
 
 Pair = namedtuple("Pair", "image label")
 

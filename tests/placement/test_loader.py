@@ -15,10 +15,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import torchplace as tp
 from torchplace.errors import PackingError
-from torchplace.placement import _hostcopy, _pack
+from torchplace.placement import _hostcopy, _pack, image_transform
 from torchplace.placement._inline import InlineIter
 from torchplace.placement._stage import Staged, Stager
-from torchplace.placement.loader import _BackgroundIter, image_transform
+from torchplace.placement.loader import _BackgroundIter
 from torchplace.shared.tree import map_tensors
 
 BACKGROUND = [pytest.param(False, id="inline"), pytest.param(True, id="background")]

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import torchplace as tp
-from torchplace.placement.loader import image_transform
+from torchplace.placement import image_transform
 
 pytestmark = pytest.mark.gpu
 

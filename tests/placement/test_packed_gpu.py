@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, default_collate
 from torch.utils.data._utils.pin_memory import pin_memory
 
 import torchplace as tp
-from torchplace.placement.collate import PackedBatch, pack
+from torchplace.placement import PackedBatch, pack
 
 pytestmark = pytest.mark.gpu
 

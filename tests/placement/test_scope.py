@@ -9,7 +9,9 @@ import pytest
 import torch
 
 import torchplace as tp
-from torchplace.placement.scope import DeviceLeakWarning, guard, leak_message
+from torchplace.errors import DeviceLeakWarning
+from torchplace.placement import guard
+from torchplace.shared.setters import leak_message
 
 
 def test_on_cpu_returns_the_device_and_changes_nothing():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import torchplace as tp
-from torchplace.placement.scope import DeviceLeakWarning
+from torchplace.errors import DeviceLeakWarning
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multigpu]
 

@@ -18,9 +18,8 @@ from torch.utils.data import DataLoader, Dataset, default_collate, default_conve
 
 import torchplace as tp
 from torchplace.errors import PackingError, PackingWarning
-from torchplace.placement import _build, _slots, collate
+from torchplace.placement import PackedBatch, _build, _slots, collate, pack, packed_collate
 from torchplace.placement import loader as loader_module
-from torchplace.placement.collate import PackedBatch, pack, packed_collate
 
 
 class Numbered(Dataset):
@@ -280,7 +279,7 @@ def test_the_oldest_held_buffer_is_dropped_outside_the_lock():
     _slots.settle()
     locked = []
     first = torch.zeros(4)
-    weakref.finalize(first, lambda: locked.append(_slots._held_lock.locked()))  # as a slot's Lease.__del__ would run
+    weakref.finalize(first, lambda: locked.append(_slots._held_lock.locked()))  # as a slot's SlotHold.__del__ would run
     _slots.hold_until(_Pending(), first)
     del first
     for _ in range(_slots._HOLD_MAX):  # one more than are kept: the oldest is waited for and let go

@@ -113,8 +113,8 @@ def test_packed_batches_are_staged_on_the_loops_thread_and_follow_the_device(dev
     steps without waiting still holds no more than a few batches on the device."""
     import threading
 
+    from torchplace.placement import pack
     from torchplace.placement._inline import InlineIter
-    from torchplace.placement.collate import pack
     from torchplace.placement.loader import _BackgroundIter
 
     batch_bytes = 64 * 2**16 * 4  # 64 tensors of 256 KiB: small enough to pack

@@ -17,7 +17,8 @@ from torch_calls import RecordStreamCalls  # tests/torch_calls.py (pythonpath = 
 
 import torchplace as tp
 from torchplace.errors import DeviceError
-from torchplace.placement.transfer import _dense, _Mover, record_stream, target_device
+from torchplace.placement import record_stream, target_device
+from torchplace.placement.transfer import _dense, _Mover
 from torchplace.shared.tree import map_tensors
 
 

@@ -10,7 +10,7 @@ import torch
 from torch_calls import RecordStreamCalls  # tests/torch_calls.py (pythonpath = tests)
 
 import torchplace as tp
-from torchplace.placement.transfer import pin, pin_tensor, record_stream
+from torchplace.placement import pin, pin_tensor, record_stream
 from torchplace.shared.tree import map_tensors
 
 pytestmark = pytest.mark.gpu

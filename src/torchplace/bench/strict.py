@@ -157,9 +157,9 @@ def _env_strict(value: str | None) -> Iterator[None]:
 
 def _untouched(torch: Any) -> bool:
     """Strict mode off: torch's own Tensor.to/cuda, Module.__call__/to/cuda and autocast are in place."""
-    from ..checks import strict_config
+    from ..shared import strict_switch
 
-    return (strict_config.active() is None and "to" not in vars(torch.Tensor) and "cuda" not in vars(torch.Tensor)
+    return (strict_switch.active() is None and "to" not in vars(torch.Tensor) and "cuda" not in vars(torch.Tensor)
             and torch.nn.Module.__call__ is torch.nn.Module._wrapped_call_impl
             and not torch.nn.modules.module._global_forward_pre_hooks)
 

@@ -18,6 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..shared.wrappers import meta_names as meta_names  # re-exported: loading and fitting call state_dicts.meta_names
+from ..shared.wrappers import unwrap
+
 MAPPING_ENTRIES = ("model", "optimizer", "scheduler", "scaler", "rng")
 
 
@@ -40,22 +43,6 @@ def layout_problem(state: Any) -> str | None:
         return (f"the model's state has a key {odd[0]!r:.60} of type {type(odd[0]).__name__}; "
                 "state dict keys are strings")
     return None
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The module inside DataParallel / DistributedDataParallel / torch.compile / Fabric wrappers."""
-    while True:
-        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-            inner = model.module
-        elif type(model).__name__ == "OptimizedModule":
-            inner = getattr(model, "_orig_mod", None)
-        elif type(model).__name__ == "_FabricModule":  # Lightning Fabric's wrapper (around DDP, FSDP, ...)
-            inner = getattr(model, "_original_module", None)
-        else:
-            return model
-        if not isinstance(inner, nn.Module):
-            return model
-        model = inner
 
 
 def state_of(obj: Any, what: str) -> Any:
@@ -248,13 +235,6 @@ def fill_tied(sd: Mapping[str, Any], model: nn.Module) -> tuple[Mapping[str, Any
     more = f" and {len(filled) - 4} more" if len(filled) > 4 else ""
     return out, [f"tied weights: {len(filled)} key(s) not in the file are one tensor with a saved key in the model, "
                  f"filled from it ({shown}{more})"], differ
-
-
-def meta_names(model: nn.Module) -> list[str]:
-    """MODEL's parameters and buffers (non-persistent ones too) that live on the meta device: a model
-    built under `torch.device("meta")` or accelerate's init_empty_weights, waiting for its weights."""
-    named = list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False))
-    return [name for name, t in named if t.is_meta]
 
 
 def for_assign(sd: Mapping[str, Any], model: nn.Module) -> OrderedDict[str, Any]:

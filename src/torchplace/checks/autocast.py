@@ -27,10 +27,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..errors import DeviceMismatchError, PrecisionError, PrecisionWarning
+from ..shared.strict_switch import active
+from ..shared.tree import tensors_with_paths
 from . import deferred
 from . import frames as fr
-from .layout import iter_tensors
-from .strict_config import active
 from .warn_or_raise import warn_or_raise
 
 
@@ -85,7 +85,7 @@ class _Check:
 
 
 def _tensors(args: tuple[Any, ...]) -> list[torch.Tensor]:
-    return [t for _, t in iter_tensors(args, "args", 3)]
+    return [t for _, t in tensors_with_paths(args, "args", depth=3, items=256)]
 
 
 def _wrapped_scalar(tensor: torch.Tensor) -> bool:

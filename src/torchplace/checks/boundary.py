@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
+from ..shared.strict_switch import active
 from . import meta
 from .mismatch import is_device_mismatch, to_error
-from .strict_config import active
 
 
 def patches() -> list[tuple[Any, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:

@@ -5,7 +5,6 @@ the user wrote, and optimizer state left on another device. Runs only after an e
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
@@ -13,9 +12,10 @@ from typing import Any, TypeVar
 
 import torch
 
+from ..shared.tree import tensors_with_paths
+from ..shared.wrappers import unwrap
 from . import frames as fr
-from .layout import iter_tensors, own_tensors, plain_attributes
-from .mismatch_text import device_named_in
+from .layout import own_tensors, plain_attributes
 
 ErrorT = TypeVar("ErrorT", bound=Exception)
 
@@ -90,8 +90,6 @@ def root_of(model: torch.nn.Module | None, chain: list[torch.nn.Module]) -> tupl
     """The module paths' root: the given model ("model"), else the outermost running module (its class).
     A wrapper (DDP, DataParallel, torch.compile, Lightning Fabric's _FabricModule) is seen through, so
     paths read `model.encoder.0`, as the user's class names it, not `model._forward_module.encoder.0`."""
-    from ..checkpoint.state_dicts import unwrap
-
     if model is not None:
         return unwrap(model), "model"
     if chain:
@@ -108,8 +106,6 @@ class ModuleNames:
         self.root, self.root_label, self.user_frames = root, root_label, user_frames
 
     def path(self, target: torch.nn.Module) -> str | None:
-        from ..checkpoint.state_dicts import unwrap
-
         if self.root is not None:
             found = _find_module(self.root, self.root_label, target)
             if found:
@@ -239,7 +235,8 @@ def contains(root: torch.nn.Module, module: torch.nn.Module) -> bool:
 
 def _flatten(value: Any, path: str, depth: int = 4) -> Iterator[tuple[str, torch.Tensor]]:
     """Tensors in nested containers, leaving out parameters (those are named by the model)."""
-    return ((p, t) for p, t in iter_tensors(value, path, depth) if not isinstance(t, torch.nn.Parameter))
+    found = tensors_with_paths(value, path, depth=depth, items=256)
+    return ((p, t) for p, t in found if not isinstance(t, torch.nn.Parameter))
 
 
 def operands(op_frame: FrameType, expression: str | None, user: tuple[FrameType, int, int] | None,
@@ -298,24 +295,3 @@ def _info(label: str, tensor: torch.Tensor, origins: dict[int, tuple[str, str]])
     return Operand(label=label, device=str(tensor.device), dtype=str(tensor.dtype).removeprefix("torch."),
                       shape=tuple(tensor.shape), kind=kind, origin=origin,
                       scalar=tensor.device.type == "cpu" and tensor.dim() == 0)
-
-
-def expected_device(tensors: list[Operand], root: torch.nn.Module | None, text: str) -> str | None:
-    """Where the op should have run: where most of the model is, else where PyTorch expected it."""
-    present = {t.device for t in tensors if not t.scalar}
-    if root is not None:
-        weight: Counter[str] = Counter()
-        for _, _, tensor in (item for m in root.modules() for item in own_tensors(m)):
-            weight[str(tensor.device)] += tensor.numel() * tensor.element_size()
-        if weight:
-            device = weight.most_common(1)[0][0]
-            if device in present:
-                return device
-    said = device_named_in(text)
-    if said in present:
-        return said
-    counts = Counter(t.device for t in tensors if not t.scalar)
-    if len(counts) < 2:
-        return None
-    (first, n1), (_, n2) = counts.most_common(2)
-    return first if n1 > n2 else None

@@ -18,7 +18,7 @@ note, not an alarm, when the forward ran. Problems looked for:
   the inputs (a loss, a metric, a scheduler: any module or object holding tensors) that sit on
   another device than the model.
 
-Called inside the user's training step, it also runs that step again on fake tensors (dry_run.py):
+Called inside the user's training step, it also runs that step again on fake tensors (_dry_run.py):
 what torch itself refuses there (a loss, metric, labels or a tensor made without a device) is named
 as watch() names it, with the step's line; the line that calls the model; the optimizer that steps.
 
@@ -34,8 +34,10 @@ from typing import Any
 
 import torch
 
-from . import dry_run
-from .layout import _MODULE_INTERNALS, iter_tensors, model_devices, module_groups, own_tensors, plain_attributes
+from ..shared.tree import tensors_with_paths
+from ..shared.wrappers import unwrap
+from . import _dry_run as dry_run
+from .layout import _MODULE_INTERNALS, model_devices, module_groups, own_tensors, plain_attributes
 from .meta import annotate as annotate_meta
 
 _CPU = torch.device("cpu")
@@ -105,8 +107,6 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
                         "Fix: explain(model, batch, optimizer=opt).")
     if dry_run.running() is not None:  # explain()'s own re-run of the step that called it: the report being made
         return dry_run.running()  # type: ignore[no-any-return]
-    from ..checkpoint.state_dicts import unwrap
-
     problems: list[dict[str, str]] = []
     inner = unwrap(model)  # through DDP, DataParallel, torch.compile, Fabric: the paths the user's class has
     devices = model_devices(inner)
@@ -342,7 +342,7 @@ def _check_attributes(model: torch.nn.Module, problems: list[dict[str, str]]) ->
 
 def _check_inputs(inputs: tuple[Any, ...], devices: list[str], problems: list[dict[str, str]]) -> list[dict[str, Any]]:
     out = []
-    for path, tensor in iter_tensors(list(inputs), "inputs"):
+    for path, tensor in tensors_with_paths(list(inputs), "inputs", depth=4, items=256):
         entry = {"path": path, **describe(tensor)}
         out.append(entry)
         scalar = tensor.device == _CPU and tensor.dim() == 0

@@ -15,7 +15,6 @@ import inspect
 import linecache
 import os
 import sys
-import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import FrameType, TracebackType
@@ -23,12 +22,15 @@ from typing import Any
 
 import torch
 
-TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+from ..shared import frames as user_code
+from ..shared.frames import PACKAGE_DIR, TORCH_DIR, is_installed, is_user, user_frame
+
 _MODULE_PY = TORCH_DIR + os.path.join("nn", "modules", "module.py")
 _CHECKS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_PLACEMENT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "placement") + os.sep
-_SKIPPED = (_CHECKS_DIR, _PLACEMENT_DIR)  # torchplace's own wrappers and scopes: never the culprit
-_SITE_DIRS = tuple(p + os.sep for p in {sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
+_PLACEMENT_DIR = os.path.join(PACKAGE_DIR, "placement") + os.sep
+_SHARED_DIR = os.path.join(PACKAGE_DIR, "shared") + os.sep
+# torchplace's own wrappers, scopes and setter recorder: never the culprit
+_SKIPPED = (_CHECKS_DIR, _PLACEMENT_DIR, _SHARED_DIR, TORCH_DIR)
 _PLUMBING = frozenset({"_wrapped_call_impl", "_call_impl", "inner"})
 _UNKNOWN = object()
 
@@ -53,7 +55,7 @@ class Site:
 
 def short_path(filename: str) -> str:
     """A path as a reader wants it: relative to the working directory or to site-packages."""
-    for base in _SITE_DIRS:
+    for base in user_code.SITE_DIRS:
         if filename.startswith(base):
             return filename[len(base):]
     try:
@@ -88,25 +90,8 @@ def is_library(filename: str) -> bool:
     return filename.startswith(TORCH_DIR) or filename.startswith(_CHECKS_DIR)
 
 
-_PACKAGE_DIR = os.path.dirname(_CHECKS_DIR.rstrip(os.sep)) + os.sep
 _FACTORIES = frozenset({"tensor", "as_tensor", "asarray", "empty", "zeros", "ones", "full", "rand", "randn", "randint",
                         "randperm", "arange", "linspace", "logspace", "eye", "from_numpy", "scalar_tensor"})
-
-
-# bench diagnose's corpus: programs written as users write them, shipped in the package to be read as theirs
-_SPECIMENS = os.path.join(_PACKAGE_DIR, "bench", "_corpus") + os.sep
-
-
-def is_user(filename: str) -> bool:
-    """The user's code: neither torch nor any part of torchplace (but its corpus of user programs)."""
-    if filename.startswith(_SPECIMENS):
-        return True
-    return not (filename.startswith(TORCH_DIR) or filename.startswith(_PACKAGE_DIR))
-
-
-def is_installed(filename: str) -> bool:
-    """An installed package's code (site-packages), not the user's: the corpus of user programs excepted."""
-    return filename.startswith(_SITE_DIRS) and not filename.startswith(_SPECIMENS)
 
 
 def is_users_own(filename: str) -> bool:
@@ -210,15 +195,9 @@ def stack_entries(start: FrameType | None) -> list[tuple[FrameType, int, int]]:
     return out
 
 
-def caller_frame(skip_torch: bool = True) -> FrameType | None:
-    """The nearest frame outside torchplace's checks and scopes (and outside torch, if asked)."""
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not (filename.startswith(_SKIPPED) or (skip_torch and filename.startswith(TORCH_DIR))):
-            return frame
-        frame = frame.f_back
-    return None
+def caller_frame() -> FrameType | None:
+    """The nearest frame outside torch and torchplace's checks, scopes and shared plumbing."""
+    return user_frame(sys._getframe(1), _SKIPPED)
 
 
 def site_of(frame: FrameType, lineno: int | None = None, lasti: int | None = None) -> Site:

@@ -7,11 +7,13 @@ devices. A model on one device is one row however deep it is.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+
+from ..shared.tree import tensors_with_paths
 
 
 @dataclass
@@ -102,18 +104,6 @@ def model_devices(root: torch.nn.Module) -> list[str]:
     return sorted(subtree_devices(root)[id(root)])
 
 
-def iter_tensors(value: Any, path: str, depth: int = 4) -> Iterator[tuple[str, torch.Tensor]]:
-    """(path, tensor) for the tensors in nested dicts, lists and tuples: `batch['x'][0]`."""
-    if isinstance(value, torch.Tensor):
-        yield path, value
-    elif depth > 0 and isinstance(value, Mapping) and not isinstance(value, torch.nn.Module):
-        for key, item in list(value.items())[:256]:
-            yield from iter_tensors(item, f"{path}[{key!r}]", depth - 1)
-    elif depth > 0 and isinstance(value, (list, tuple)):
-        for i, item in enumerate(value[:256]):
-            yield from iter_tensors(item, f"{path}[{i}]", depth - 1)
-
-
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))  # _parameters, _buffers, hooks: torch's own
 
 
@@ -124,6 +114,6 @@ def plain_attributes(root: torch.nn.Module, label: str = "model") -> Iterator[tu
         for key, value in vars(module).items():
             if key in _MODULE_INTERNALS:
                 continue
-            for path, tensor in iter_tensors(value, f"{prefix}.{key}", 1):
+            for path, tensor in tensors_with_paths(value, f"{prefix}.{key}", depth=1, items=256):
                 if not isinstance(tensor, torch.nn.Parameter):
                     yield path, tensor

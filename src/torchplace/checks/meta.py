@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import MetaTensorError, TorchplaceError
+from ..shared.wrappers import meta_names, unwrap
 from . import frames as fr
 from .culprits import Operand, reported
 from .layout import own_tensors
@@ -163,8 +164,6 @@ def to_error(exc: BaseException, model: torch.nn.Module | None = None,
 
 def meta_summary(module: torch.nn.Module, label: str) -> str | None:
     """`2 of 4 parameters and buffers on meta (model.0.weight, model.0.bias)`, or None when none are."""
-    from ..checkpoint.state_dicts import meta_names
-
     names = meta_names(module)
     if not names:
         return None
@@ -221,8 +220,6 @@ def _receiver(expression: str | None) -> tuple[str | None, str | None, str | Non
 def _roots(model: torch.nn.Module | None, named: list[tuple[str, Any]], user_frames: list[FrameType],
            torch_frames: list[FrameType]) -> list[tuple[str, torch.nn.Module]]:
     """Modules that may own the meta tensors, with the names the user knows them by, nearest first."""
-    from ..checkpoint.state_dicts import unwrap
-
     out: list[tuple[str, torch.nn.Module]] = [("model", unwrap(model))] if model is not None else []
     out += [(label, m) for label, m in named if isinstance(m, torch.nn.Module)]
     for frame in user_frames:

@@ -4,13 +4,16 @@ from (parameter, buffer, plain attribute, batch key, local), the module path, fi
 
 Nothing runs until an error has happened: the report is read from the exception's traceback
 (its frames still hold their locals), so watching costs nothing on a step that succeeds.
-Reading PyTorch's message is in mismatch_text.py, naming each tensor and module in culprits.py;
-this module puts them together into the report and its fix.
+This module reads PyTorch's message (whether an error is a mismatch, the op, the device it expected)
+and puts it together with culprits.py's names for each tensor and module into the report and its fix.
 """
 
 from __future__ import annotations
 
+import ast
 import os
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 from types import FrameType
 
@@ -23,7 +26,6 @@ from .culprits import (
     ModuleNames,
     Operand,
     contains,
-    expected_device,
     module_path,
     operands,
     origins_of,
@@ -32,10 +34,79 @@ from .culprits import (
     stepping_optimizer_state,
     trace_assignment,
 )
-from .layout import model_devices, module_groups
-from .mismatch_text import is_device_mismatch, op_from_expression, op_from_message
+from .layout import model_devices, module_groups, own_tensors
 
 __all__ = ["MismatchReport", "diagnose", "is_device_mismatch", "to_error"]
+
+_MISMATCH = re.compile(
+    r"Expected all tensors to be on the same device|is not on the expected device|found at least two devices"
+    r"|different from other tensors on|Expected object of device type|should be either on cpu or on the same "
+    r"device|(?:must|to) be on the same device|are on different devices|is on device \S+ but .* on device"
+    r"|tensors are not at the same device|expected to be in the same device|device type for generator but found"
+    r"|must have its parameters and buffers on device")
+_CONV_TYPES = re.compile(r"Input type \((torch\.[\w.]+)\) and weight type \((torch\.[\w.]+)\) should be the same")
+_EXPECTED = re.compile(r"not on the expected device (\S+?)!|different from other tensors on (\S+?)[ ,)]"
+                       r"|found at least two devices, (\S+?) and |found input tensor at (\S+) and"
+                       r"|but got \(self\) (\S+?),|on device (\S+) \(device_ids\[0\]\)"
+                       r"|Expected a '(\w+)' device type for generator")
+_METHOD = re.compile(r"in method (?:wrapper_(?:[A-Za-z0-9]+_)?_?)?(\w+)")
+
+
+def is_device_mismatch(exc: BaseException) -> bool:
+    """True for PyTorch's errors about tensors on different devices (not for ours)."""
+    if not isinstance(exc, RuntimeError) or isinstance(exc, DeviceMismatchError):
+        return False
+    text = str(exc)
+    if _MISMATCH.search(text):
+        return True
+    conv = _CONV_TYPES.search(text)
+    return conv is not None and (".cuda." in conv.group(1)) != (".cuda." in conv.group(2))
+
+
+def device_named_in(text: str) -> str | None:
+    """The device PyTorch's message says the op expected ("not on the expected device cuda:0!"), if any."""
+    match = _EXPECTED.search(text)
+    return next((g for g in match.groups() if g), None) if match else None
+
+
+def op_from_message(text: str) -> str | None:
+    match = _METHOD.search(text)
+    return match.group(1) if match else None
+
+
+_BINOPS = {"Add": "add", "Sub": "sub", "Mult": "mul", "Div": "div", "MatMult": "matmul", "Pow": "pow"}
+
+
+def op_from_expression(expression: str | None) -> str | None:
+    tree = fr.parse_expression(expression) if expression else None
+    body = tree.body if isinstance(tree, ast.Expression) else None
+    if isinstance(body, ast.Call):
+        return ast.unparse(body.func)
+    if isinstance(body, ast.BinOp):
+        name = type(body.op).__name__
+        return _BINOPS.get(name, name.lower())
+    return None
+
+
+def expected_device(tensors: list[Operand], root: torch.nn.Module | None, text: str) -> str | None:
+    """Where the op should have run: where most of the model is, else where PyTorch expected it."""
+    present = {t.device for t in tensors if not t.scalar}
+    if root is not None:
+        weight: Counter[str] = Counter()
+        for _, _, tensor in (item for m in root.modules() for item in own_tensors(m)):
+            weight[str(tensor.device)] += tensor.numel() * tensor.element_size()
+        if weight:
+            device = weight.most_common(1)[0][0]
+            if device in present:
+                return device
+    said = device_named_in(text)
+    if said in present:
+        return said
+    counts = Counter(t.device for t in tensors if not t.scalar)
+    if len(counts) < 2:
+        return None
+    (first, n1), (_, n2) = counts.most_common(2)
+    return first if n1 > n2 else None
 
 
 @dataclass

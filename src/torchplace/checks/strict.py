@@ -5,13 +5,13 @@
 
 checks, each "error" (default), "warn", or off:
 - placement: `.cuda()` without an index, `.to("cuda")`, `.to(torch.device("cuda"))`: where
-  they land depends on the thread's current device (placement.py);
+  they land depends on the thread's current device (implicit_device.py);
 - factories (off by default: it runs a per-op mode, for debugging runs): factory calls that
-  omit the device, or give one without an index (factories.py);
+  omit the device, or give one without an index (implicit_device.py);
 - mismatch: an op mixing devices raises DeviceMismatchError naming the op, each tensor (device,
   dtype, shape, parameter/buffer/batch key) and the module path (mismatch.py); always on;
 - leaks: a function that changes the current (or default) device and returns without
-  restoring it, named with file and line (leaks.py);
+  restoring it, named with file and line (device_leaks.py);
 - autocast: `torch.autocast` for a device type none of the wrapped tensors are on (autocast.py);
 - syncs (off by default): host-device synchronizations inside the block, through torch's own
   CUDA sync debug mode (so mark the hot loop: `with torchplace.strict(syncs=True): ...`).
@@ -25,7 +25,8 @@ measures both).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from contextlib import ContextDecorator
 from types import TracebackType
 from typing import Any
@@ -33,19 +34,65 @@ from typing import Any
 import torch
 
 from ..errors import TorchplaceError
+from ..shared import setters, strict_switch
+from ..shared.strict_switch import ACTIONS, Action, StrictConfig
 from . import autocast as autocast_check
-from . import boundary, deferred, meta, strict_config
-from . import leaks as leak_check
-from . import placement as placement_check
-from .factories import FactoryCheck
+from . import boundary, deferred, device_leaks, implicit_device, meta
 from .mismatch import is_device_mismatch, to_error
-from .patches import PatchSet
-from .strict_config import ACTIONS, Action, StrictConfig
 
 ENV = "TORCHPLACE_STRICT"
 Check = bool | str | None
 
-_PATCHES = PatchSet(lambda: placement_check.patches() + autocast_check.patches() + leak_check.patches())
+# torch's attributes swapped for checking wrappers while at least one strict user needs them: installed on
+# the first `acquire()`, restored on the last `release()`, so when strict mode is off torch's own functions
+# are in place and "off" costs exactly nothing
+Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
+_INHERITED = object()
+
+
+class PatchSet:
+    """A reference-counted group of (owner, attribute name, wrapper factory) patches."""
+
+    def __init__(self, patches: Callable[[], list[tuple[Any, str, Wrapper]]]) -> None:
+        self._patches = patches  # a function, so optional targets are looked up at install time
+        self._saved: list[tuple[Any, str, Any, Any]] = []
+        self._count = 0
+        self._lock = threading.Lock()
+
+    @property
+    def installed(self) -> bool:
+        return self._count > 0
+
+    def acquire(self) -> None:
+        with self._lock:
+            self._count += 1
+            if self._count > 1:
+                return
+            for owner, name, wrap in self._patches():
+                # a class may inherit the attribute (Tensor.to lives on TensorBase): then delete on release
+                original = vars(owner).get(name, _INHERITED) if isinstance(owner, type) else getattr(owner, name)
+                wrapper = wrap(getattr(owner, name))
+                setattr(owner, name, wrapper)
+                self._saved.append((owner, name, original, wrapper))
+
+    def release(self) -> None:
+        with self._lock:
+            if self._count == 0:
+                return
+            self._count -= 1
+            if self._count:
+                return
+            for owner, name, original, wrapper in reversed(self._saved):
+                if (vars(owner).get(name) if isinstance(owner, type) else getattr(owner, name, None)) is not wrapper:
+                    continue  # someone patched over us: leave theirs in place
+                if original is _INHERITED:
+                    delattr(owner, name)
+                else:
+                    setattr(owner, name, original)
+            self._saved.clear()
+
+
+_PATCHES = PatchSet(lambda: implicit_device.patches() + autocast_check.patches())
 _BOUNDARY = PatchSet(boundary.patches)
 
 
@@ -57,19 +104,20 @@ class Strict(ContextDecorator):
         self._entry: dict[str, Any] = {}
         self._seq = 0
         self._sync_mode: int | None = None
-        self._factories: FactoryCheck | None = None
+        self._factories: implicit_device.FactoryCheck | None = None
 
     def _recreate_cm(self) -> Strict:  # a decorated function gets a fresh context per call
         return Strict(self.config)
 
     def __enter__(self) -> Strict:
-        strict_config.push(self.config)
+        strict_switch.push(self.config)
         _PATCHES.acquire()
+        setters.watch(device_leaks.on_set)
         if self.config.leaks:
-            self._entry, self._seq = leak_check.snapshot(), leak_check.next_seq()
+            self._entry, self._seq = device_leaks.snapshot(), device_leaks.next_seq()
         self._sync_mode = _set_sync_mode(self.config.syncs)
         if self.config.factories:
-            self._factories = FactoryCheck(self.config.placement, self.config.factories)
+            self._factories = implicit_device.FactoryCheck(self.config.placement, self.config.factories)
             self._factories.__enter__()
         return self
 
@@ -81,11 +129,12 @@ class Strict(ContextDecorator):
             if self._sync_mode is not None:
                 torch.cuda.set_sync_debug_mode(self._sync_mode)  # cuda-only: sync debug mode is CUDA's alone
             if self.config.leaks:  # while an error is already propagating, a leak is only a warning
-                leak_check.check_block(self._entry, self._seq, self.config.leaks if exc is None else "warn")
+                device_leaks.check_block(self._entry, self._seq, self.config.leaks if exc is None else "warn")
         finally:
-            strict_config.pop(self.config)
+            strict_switch.pop(self.config)
             _PATCHES.release()
-            if strict_config.active() is None:
+            setters.unwatch(device_leaks.on_set)
+            if strict_switch.active() is None:
                 deferred.cancel_all()  # an autocast block that never reached a module: no one to check now
         if exc is not None and is_device_mismatch(exc):
             raise to_error(exc, self.config.model) from exc
@@ -194,29 +243,31 @@ def enable_from_env(environ: Mapping[str, str] | None = None) -> StrictConfig | 
 
 def enable(config: StrictConfig) -> None:
     """Strict mode for every thread without a strict() block of its own, until disable()."""
-    if strict_config._process is not None:
+    if strict_switch._process is not None:
         disable()
-    strict_config.set_process(config)
+    strict_switch.set_process(config)
     _PATCHES.acquire()
+    setters.watch(device_leaks.on_set)
     _BOUNDARY.acquire()
     _set_sync_mode(config.syncs)
 
 
 def disable() -> None:
     """Undo enable()."""
-    config = strict_config._process
+    config = strict_switch._process
     if config is None:
         return
-    strict_config.set_process(None)
+    strict_switch.set_process(None)
     if config.syncs and torch.cuda.is_available():  # cuda-only: sync debug mode exists for CUDA alone in torch
         torch.cuda.set_sync_debug_mode(0)  # cuda-only: sync debug mode exists for CUDA alone in torch
     _BOUNDARY.release()
+    setters.unwatch(device_leaks.on_set)
     _PATCHES.release()
 
 
 def is_enabled() -> bool:
     """True when strict mode is on for this thread (a block or the environment switch)."""
-    return strict_config.active() is not None
+    return strict_switch.active() is not None
 
 
 def _set_sync_mode(action: str | None) -> int | None:

@@ -1,4 +1,7 @@
-"""What holds the live tensors of one device, compared between two moments, and named.
+"""Who keeps tensors alive, named for a person: what holds the live tensors of one device, compared
+between two moments, and which Python containers hold given tensors (`containers_of`, `holder_of`:
+a list of 60 items bound to the global `history`, a dict entry `cache['step-3']`), for the memory
+report and the leak detector.
 
 `holdings(device)` walks the garbage collector's objects once: every tensor on DEVICE (by
 storage, so views count once per holder), then every object whose references include one of
@@ -10,7 +13,9 @@ local or global variable of the user's frames (`seen`), an attribute path (`trai
 
 A container holding another anonymous container that holds tensors (`cache.append((x, y))`)
 is credited with what its entries hold, one level down. Tensors held only by local variables
-of running frames, or only inside autograd graphs, have no holder here.
+of running frames have no holder here; tensors saved only inside an autograd graph (a running
+total summed without `.item()`) are named, when no holder grew, by the tensor at the graph's root
+that the user keeps (`graph_roots`, `name_root`): "autograd graph of tensor `total`".
 
 These walks cost a pass over the heap (about 0.1 s per 200k objects): `track_memory` runs them
 at its baseline and, at the end, only when memory grew.
@@ -24,7 +29,6 @@ import inspect
 import linecache
 import os
 import re
-import sysconfig
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,14 +36,14 @@ from typing import Any
 
 import torch
 
+from ..shared import frames as user_code
 from ..units import format_bytes
-from .containers import _key_text
 
 _CONTAINERS = (dict, list, set, frozenset, tuple, collections.deque)
 _SKIP = (types.FrameType, types.FunctionType, types.CodeType, types.ModuleType, type)
-_LIBRARIES = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(os.path.dirname(__file__)) + os.sep,
-              os.path.dirname(os.__file__) + os.sep,
-              *{sysconfig.get_paths()[k] + os.sep for k in ("purelib", "platlib")})  # installed packages
+# torch, torchplace, the standard library and installed packages (a test runner's, a trainer library's)
+_MAX_GRAPH_NODES = 20_000  # an autograd graph is walked this far at most
+_LIBRARIES = (*user_code.LIBRARY, user_code.STDLIB_DIR, *user_code.SITE_DIRS)
 
 
 @dataclass(frozen=True)
@@ -175,18 +179,65 @@ def grown(before: dict[int, Holding], after: dict[int, Holding], min_bytes: int)
     return sorted(out.values(), key=lambda item: item[1], reverse=True)
 
 
+def graph_saved(t: torch.Tensor, keep: Callable[[torch.Tensor], bool] | None = None,
+                nodes: set[int] | None = None) -> dict[int, int]:
+    """Storage address -> bytes of the tensors T's autograd graph still saves (none once backward freed
+    them), those KEEP accepts; NODES, when given, receives the ids of the graph's nodes."""
+    seen: set[int] = set() if nodes is None else nodes
+    saved: dict[int, int] = {}
+    stack = [t.grad_fn] if t.grad_fn is not None else []
+    while stack and len(seen) < _MAX_GRAPH_NODES:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        for name in dir(node):
+            if not name.startswith("_saved_"):
+                continue
+            try:
+                value = getattr(node, name)
+            except RuntimeError:  # freed by backward
+                continue
+            for item in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(item, torch.Tensor) and (keep is None or keep(item)):
+                    ptr = item.untyped_storage().data_ptr()
+                    if ptr and ptr not in saved:
+                        saved[ptr] = _nbytes(item)
+        stack.extend(fn for fn, _ in node.next_functions)
+    return saved
+
+
+def graph_roots(keep: Callable[[torch.Tensor], bool], min_bytes: int, own: set[int] = frozenset(),  # type: ignore[assignment]
+                top: int = 3) -> list[tuple[torch.Tensor, dict[int, int]]]:
+    """(tensor, what its graph saves) for the TOP live tensors whose autograd graphs save MIN_BYTES or more
+    of KEEP's tensors, most first: memory that no Python object holds, only the graph of a tensor the
+    user keeps (a running total summed without `.item()`). A tensor inside another one's graph is not a
+    root: the outer one holds it."""
+    heap = gc.get_objects()
+    try:
+        candidates = [o for o in heap if issubclass(type(o), torch.Tensor) and id(o) not in own
+                      and o.grad_fn is not None and keep(o)]
+    finally:
+        heap.clear()
+    graphs = []
+    for t in candidates:
+        nodes: set[int] = set()
+        saved = graph_saved(t, keep, nodes)
+        graphs.append((t, saved, nodes - {id(t.grad_fn)}))
+    inner = set().union(*(nodes for _, _, nodes in graphs))
+    roots = [(t, saved) for t, saved, _ in graphs if id(t.grad_fn) not in inner and sum(saved.values()) >= min_bytes]
+    candidates.clear()
+    graphs.clear()
+    return sorted(roots, key=lambda item: sum(item[1].values()), reverse=True)[:top]
+
+
 # --------------------------------------------------------------------------- names
 
 
 def user_frames(frame: types.FrameType | None) -> list[types.FrameType]:
     """FRAME and its callers, without the frames of torch, torchplace, the standard library and
     installed packages (a test runner's, a trainer library's)."""
-    out = []
-    while frame is not None:
-        if not frame.f_code.co_filename.startswith(_LIBRARIES):
-            out.append(frame)
-        frame = frame.f_back
-    return out
+    return list(user_code.outside(frame, _LIBRARIES))
 
 
 def name_holder(obj: Any, frames: list[types.FrameType], ignore: set[int]) -> tuple[str, str | None]:
@@ -206,6 +257,16 @@ def name_holder(obj: Any, frames: list[types.FrameType], ignore: set[int]) -> tu
     if best is None:
         return f"{kind} {owner}", None
     return f"tensor `{path}.{best}`" if path else f"tensor {kind}.{best}", _growth_line(best, type(obj), frames)
+
+
+def name_root(t: torch.Tensor, frames: list[types.FrameType], ignore: set[int]) -> tuple[str, str | None]:
+    """The user's name for the tensor at the root of a graph that holds memory ("autograd graph of tensor
+    `total`") and the line that grows it, else one that describes it."""
+    path, _, origin = _path(t, frames, ignore | {id(frames)}, depth=3)
+    if path is None:
+        made = type(t.grad_fn).__name__
+        return f"autograd graph of a {str(t.dtype).removeprefix('torch.')} {list(t.shape)} tensor made by {made}", None
+    return f"autograd graph of tensor `{path}`", _growth_line(path.rsplit(".", 1)[-1].split("[")[0], origin, frames)
 
 
 def _path(obj: Any, frames: list[types.FrameType], ignore: set[int], depth: int) -> tuple[str | None, str | None, Any]:
@@ -273,10 +334,10 @@ _GROWS = (r"(\[[^\]]*\]\s*=[^=]|\.(append|appendleft|add|extend|update|insert|se
 
 
 def _growth_line(name: str, origin: Any, frames: list[types.FrameType]) -> str | None:
-    """'file:line' of the first source line that grows NAME (`name[k] = `, `name.append(`, ...),
+    """'file:line' of the first source line that grows NAME (`name[k] = `, `name.append(`, `name += `, ...),
     searched in ORIGIN (a frame or a class) and then in the user's frames; else where NAME is
     assigned in ORIGIN."""
-    grows = re.compile(rf"\b{re.escape(name)}{_GROWS}")
+    grows = re.compile(rf"\b{re.escape(name)}(?:{_GROWS}|\s*=\s*{re.escape(name)}\s*\+)")  # or `total = total + x`
     assigned = re.compile(rf"\b{re.escape(name)}\s*=[^=]")
     places = [origin] + [f for f in frames if f is not origin]
     for pattern in (grows, assigned):
@@ -305,3 +366,106 @@ def _search(pattern: re.Pattern[str], place: Any) -> str | None:
         if pattern.search(line.split("#", 1)[0]):
             return f"{os.path.basename(filename)}:{first + offset}"
     return None
+
+
+# --------------------------------------------------------------------------- containers of given tensors
+
+
+def containers_of(targets: list[torch.Tensor], *own_lists: Any, limit: int = 5) -> list[tuple[str, list[torch.Tensor]]]:
+    """The Python containers (lists, tuples, sets, dicts) that reference TARGETS, most first, each
+    described ('a list of 60 items (global 'history' in __main__)') with the targets it holds.
+
+    One traversal of the heap for all targets together. Targets in no container are
+    referenced only by local variables or by autograd graphs (saved activations).
+    """
+    wanted = {id(t): t for t in targets}
+    referrers = gc.get_referrers(*targets)  # one traversal of the heap, in C, for all targets
+    own = {id(targets), id(wanted), id(referrers), *map(id, own_lists)}
+    found: dict[int, tuple[Any, list[torch.Tensor]]] = {}
+    for obj in referrers:
+        if id(obj) in own or type(obj) not in (list, tuple, set, dict):
+            continue
+        values = obj.values() if type(obj) is dict else obj
+        try:
+            hits = [wanted[id(v)] for v in values if id(v) in wanted]
+        except RuntimeError:  # a container changed size while we read it
+            continue
+        if hits:
+            found[id(obj)] = (obj, hits)
+    referrers.clear()
+    ranked = sorted(found.values(), key=lambda item: len(item[1]), reverse=True)[:limit]
+    ignore = own | {id(found), id(ranked)} | {id(item) for item in ranked} | {id(item) for item in found.values()}
+    out = [(_describe_container(obj, hits[0], ignore), hits) for obj, hits in ranked]
+    found.clear()
+    ranked.clear()
+    return out
+
+
+def _describe_container(obj: Any, first: Any, ignore: set[int]) -> str:
+    if type(obj) is dict:
+        key = next((k for k, v in obj.items() if v is first), None)
+        return _dict_entry(obj, key, ignore | {id(obj)})
+    what = f"a {type(obj).__name__} of {len(obj)} items"
+    outer = holder_of(obj, ignore, depth=1)
+    return f"{what} ({outer})" if outer else what
+
+
+def holder_of(obj: Any, ignore: set[int], depth: int = 2) -> str | None:
+    """Name what references OBJ: "global 'x' in m", 'Trainer.x', "Linear._parameters['weight']",
+    'a list of N items (...)'. None when only local variables or C++ (autograd) hold it."""
+    refs = gc.get_referrers(obj)  # one heap scan per call: only for the few objects a report names
+    ignore = ignore | {id(obj), id(refs)}
+    # a dict subclass whose entries are also attributes (a transformers ModelOutput): its __dict__
+    # is the same reference path as its entry, not a second holder
+    ignore |= {id(vars(r)) for r in refs if isinstance(r, dict) and type(r) is not dict and hasattr(r, "__dict__")}
+    refs = [r for r in refs if id(r) not in ignore]
+    for ref in refs:  # named places first: a global, an attribute, a dict entry
+        if isinstance(ref, dict):
+            key = next((k for k, v in ref.items() if v is obj), None)
+            if key is not None:
+                return _dict_entry(ref, key, ignore | {id(ref), id(refs)})
+        elif type(ref) not in (list, tuple, set):  # an object whose attributes live inline (3.11+)
+            attrs = getattr(ref, "__dict__", None)
+            key = next((k for k, v in attrs.items() if v is obj), None) if type(attrs) is dict else None
+            if key is not None:
+                return f"{type(ref).__name__}.{key}"
+    for ref in refs:
+        if type(ref) in (list, tuple, set):
+            what = f"a {type(ref).__name__} of {len(ref)} items"
+            outer = holder_of(ref, ignore | {id(ref), id(refs)}, depth - 1) if depth > 1 else None
+            return f"{what} ({outer})" if outer else what
+    return None
+
+
+def _dict_entry(d: dict, key: Any, ignore: set[int]) -> str:
+    """Name entry KEY of dict D: a module global, an attribute, or an entry of an attribute dict."""
+    key = _key_text(key)
+    if "__builtins__" in d and "__name__" in d:
+        return f"global {key} in {d['__name__']}"
+    refs = gc.get_referrers(d)
+    ignore = ignore | {id(refs)}
+    for ref in refs:
+        if id(ref) in ignore:
+            continue
+        if getattr(ref, "__dict__", None) is d:
+            return f"{type(ref).__name__}.{key.strip(chr(39))}"
+        if isinstance(ref, dict):  # D is an attribute of an object, e.g. a module's _parameters
+            attr = next((k for k, v in ref.items() if v is d), None)
+            if attr is None:
+                continue
+            if "__builtins__" in ref and "__name__" in ref:
+                return f"{ref['__name__']}.{attr}[{key}]"
+            owner = next((o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref), None)
+            if owner is not None:
+                return f"{type(owner).__name__}.{attr}[{key}]"
+    if type(d) is not dict:  # a dict subclass (a ModelOutput): its type, then what holds it
+        outer = holder_of(d, ignore, depth=1)
+        return f"{type(d).__name__}[{key}] ({outer})" if outer else f"{type(d).__name__}[{key}]"
+    return f"key {key} of a dict of {len(d)} items"
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, torch.Tensor):
+        return f"<{type(key).__name__} {list(key.shape)}>"
+    text = repr(key)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -30,12 +30,11 @@ from typing import Any
 
 import torch
 
-from ..checks.strict_config import should_raise
 from ..errors import MemoryLeakError, MemoryLeakWarning
 from ..policy.devices import DeviceSpec
+from ..shared.strict_switch import should_raise
 from ..units import format_bytes
-from .containers import containers_of
-from .holders import Growth, Holding, grown, holdings, name_holder, user_frames
+from .holders import Growth, Holding, containers_of, graph_roots, grown, holdings, name_holder, name_root, user_frames
 from .usage import LiveTensor, cuda_origins, graph_holders, live_tensors, tensor_info
 
 CPU_TOLERANCE = 16 * 2**20  # heap noise (glibc arenas, thread caches); the resident set is noisier still
@@ -169,6 +168,13 @@ class MemoryTracker:
                 for key, growth, added in grown(self._holdings, now, min_bytes)[:top]:
                     name, where = name_holder(objects[key], frames, {id(objects), id(now), id(frames)})
                     out.append(Growth(name, where, str(self.device), growth, added, now[key].tensors, now[key].nbytes))
+                if not out:  # held by no Python object: saved in the autograd graph of a tensor the user keeps
+                    roots = graph_roots(self._on_device, min_bytes, own={id(objects)}, top=top)
+                    for t, saved in roots:  # the graph was not measured at the start: all it saves now is growth
+                        name, where = name_root(t, frames, {id(objects), id(now), id(frames), id(roots)})
+                        size = sum(saved.values())
+                        out.append(Growth(name, where, str(self.device), size, len(saved), len(saved), size))
+                    roots.clear()
                 frames.clear()
                 return out
         finally:

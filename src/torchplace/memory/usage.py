@@ -26,9 +26,7 @@ import torch
 from ..hardware import host
 from ..policy.devices import DeviceSpec
 from ..units import format_bytes
-from .containers import holder_of
-
-_MAX_GRAPH_NODES = 20_000
+from .holders import graph_saved, holder_of
 
 
 @dataclass
@@ -234,30 +232,7 @@ def graph_holders(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
 
 def graph_saved_bytes(t: torch.Tensor) -> int:
     """Bytes of saved tensors still held by T's autograd graph (0 once backward has freed them)."""
-    seen_nodes: set[int] = set()
-    seen_storage: set[int] = set()
-    total = 0
-    stack = [t.grad_fn] if t.grad_fn is not None else []
-    while stack and len(seen_nodes) < _MAX_GRAPH_NODES:
-        node = stack.pop()
-        if node is None or id(node) in seen_nodes:
-            continue
-        seen_nodes.add(id(node))
-        for name in dir(node):
-            if not name.startswith("_saved_"):
-                continue
-            try:
-                value = getattr(node, name)
-            except RuntimeError:  # freed by backward
-                continue
-            for item in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(item, torch.Tensor):
-                    ptr = item.untyped_storage().data_ptr()
-                    if ptr and ptr not in seen_storage:
-                        seen_storage.add(ptr)
-                        total += _storage_bytes(item)
-        stack.extend(fn for fn, _ in node.next_functions)
-    return total
+    return sum(graph_saved(t).values())
 
 
 def describe_tensors(chosen: list[torch.Tensor], *own_lists: list[torch.Tensor]) -> list[LiveTensor]:

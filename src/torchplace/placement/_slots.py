@@ -169,7 +169,7 @@ class HostRing:
                 pass
 
 
-class Lease:
+class SlotHold:
     """A batch's hold on its slot: the slot is freed when this is collected (see `receive`)."""
 
     __slots__ = ("ring", "slot", "storage")
@@ -193,7 +193,7 @@ _owned: dict[str, list[str]] = {}  # packed_collate token -> the rings of its wo
 _lock = threading.Lock()
 
 
-def receive(ref: SlotRef) -> tuple[torch.Tensor, Lease]:
+def receive(ref: SlotRef) -> tuple[torch.Tensor, SlotHold]:
     """The host buffer of a batch a worker packed into a slot, and its lease (training process).
 
     The buffer is a tensor over the slot's memory whose holder keeps the lease: the slot is freed
@@ -225,7 +225,7 @@ def receive(ref: SlotRef) -> tuple[torch.Tensor, Lease]:
                            "Fix: iterate a DataLoader with packed_collate in one process, or pass "
                            "packed_collate(slots=0).")
     holder = (ctypes.c_uint8 * ref.nbytes).from_address(storage.data_ptr())
-    lease = Lease(ring, ref.slot, storage)
+    lease = SlotHold(ring, ref.slot, storage)
     holder._lease = lease  # type: ignore[attr-defined]
     return torch.frombuffer(holder, dtype=torch.uint8), lease
 
@@ -370,7 +370,7 @@ def why_not_pinned() -> str | None:
     return _cannot[0] if _cannot else None
 
 
-def not_pinned(lease: Lease) -> str:
+def not_pinned(lease: SlotHold) -> str:
     """What to say (once) when LEASE's slot could not be page-locked in place."""
     why = why_not_pinned()
     if why is not None:

@@ -60,7 +60,7 @@ class PackedBatch:
 
     def __init__(self, buffer: torch.Tensor, layout: tuple, skeleton: Any, slot: torch.Tensor, count: int,
                  note: str | None = None, key: str | None = None, loose: bool = True,
-                 ref: _slots.SlotRef | None = None, lease: _slots.Lease | None = None) -> None:
+                 ref: _slots.SlotRef | None = None, lease: _slots.SlotHold | None = None) -> None:
         self.buffer, self.layout, self.skeleton, self.slot, self.count, self.note = (
             buffer, layout, skeleton, slot, count, note)
         self.key, self.loose, self.ref, self.lease = key, loose, ref, lease
@@ -333,7 +333,7 @@ def _from_slot(ref: _slots.SlotRef, layout: tuple, skeleton: Any, slot: torch.Te
     return PackedBatch(buf, layout, skeleton, slot, count, note, key, loose, lease=lease)
 
 
-def pin_slot(lease: _slots.Lease) -> bool:
+def pin_slot(lease: _slots.SlotHold) -> bool:
     """Page-lock a slot in place; where this cannot be done, say once that batches are copied instead."""
     if lease.pin():
         return True

@@ -9,12 +9,9 @@ previous device, and warns or raises. Both are per thread, like the CUDA runtime
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
-import traceback
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 import torch
@@ -22,6 +19,9 @@ import torch
 from ..errors import DeviceLeakError, DeviceLeakWarning
 from ..hardware.accelerator import accelerator_type, current_index, device_module
 from ..policy.devices import DeviceSpec
+from ..shared import frames as user_code
+from ..shared import setters
+from ..shared.setters import leak_message
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -76,7 +76,8 @@ class on(contextlib.ContextDecorator):
         previous = None
         if mod is not None:
             previous = int(mod.current_device())
-            mod.set_device(self.device.index)
+            with setters.quiet():  # put back on exit: not a change for guard or strict to report
+                mod.set_device(self.device.index)
         ctx = torch.device(self.device) if self.factories else None
         if ctx is not None:
             ctx.__enter__()
@@ -88,72 +89,17 @@ class on(contextlib.ContextDecorator):
         if ctx is not None:
             ctx.__exit__(*exc)
         if previous is not None:
-            _backend(self.device.type).set_device(previous)
+            with setters.quiet():
+                _backend(self.device.type).set_device(previous)
 
 
-@dataclass
-class _Recorder:
-    """Call sites of set_device made while a guard is active, per thread."""
-
-    sites: dict[int, list[str]] = field(default_factory=dict)
-    active: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    originals: dict[str, Callable[..., Any]] = field(default_factory=dict)
+_sites: dict[int, list[str]] = {}  # per thread: where the current device was set while a guard watches
 
 
-_recorder = _Recorder()
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # torchplace's own frames
-
-
-def _caller_site() -> str:
-    """'file:line in function' of the first frame outside torch and torchplace."""
-    for frame in reversed(traceback.extract_stack()[:-2]):
-        name = frame.filename.replace("\\", "/")
-        if "/torch/" in name or frame.filename.startswith(_PACKAGE_DIR):
-            continue
-        return f"{frame.filename}:{frame.lineno} in {frame.name}"
-    return "unknown location"
-
-
-def _setters() -> list[str]:
-    """torch's lowest-level current-device setters: every public API (torch.cuda.set_device,
-    torch.accelerator.set_device_index, ...) goes through one of them, looked up at call time."""
-    return [name for name in ("_cuda_setDevice", "_accelerator_setDeviceIndex") if hasattr(torch._C, name)]
-
-
-def _install() -> None:
-    with _recorder.lock:
-        _recorder.active += 1
-        if _recorder.active > 1:
-            return
-        for name in _setters():
-            original = getattr(torch._C, name)
-            _recorder.originals[name] = original
-
-            def recording(*args: Any, _original: Callable[..., Any] = original) -> Any:
-                _recorder.sites.setdefault(threading.get_ident(), []).append(_caller_site())
-                return _original(*args)
-
-            setattr(torch._C, name, recording)
-
-
-def _uninstall() -> None:
-    with _recorder.lock:
-        _recorder.active -= 1
-        if _recorder.active:
-            return
-        for name, original in _recorder.originals.items():
-            setattr(torch._C, name, original)
-        _recorder.originals.clear()
-
-
-def leak_message(what: str, before: int | None, after: int, sites: list[str], device_type: str = "cuda") -> str:
-    """The sentence a leak produces: who, from what to what, where, and the fix."""
-    start = f"{device_type}:{before if before is not None else 0}"
-    where = f"; the change was made at {sites[-1]}" if sites else ""
-    return (f"{what} changed the current device from {start} to {device_type}:{after} and did not restore it"
-            f"{where}. torchplace restored {start}. Fix: scope the change with `with torchplace.on(...)` or "
-            f"`with torch.{device_type}.device(...)`, or pass the device explicitly instead of setting it.")
+def _record_site(kind: str) -> None:
+    """setters' watcher for guard: note 'file:line in function' of the first frame outside torch and torchplace."""
+    if kind != setters.DEFAULT:
+        _sites.setdefault(threading.get_ident(), []).append(user_code.site(user_code.user_frame()))
 
 
 class Guard(contextlib.ContextDecorator):
@@ -179,18 +125,19 @@ class Guard(contextlib.ContextDecorator):
     def __enter__(self) -> Guard:
         stack = self._local.__dict__.setdefault("stack", [])
         stack.append(current_index(self.device_type))
-        _install()
-        _recorder.sites.pop(threading.get_ident(), None)
+        setters.watch(_record_site)
+        _sites.pop(threading.get_ident(), None)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         before = self._local.stack.pop()
-        sites = _recorder.sites.pop(threading.get_ident(), [])
-        _uninstall()
+        sites = _sites.pop(threading.get_ident(), [])
+        setters.unwatch(_record_site)
         after = current_index(self.device_type)
         if after is None or after == (before if before is not None else 0):
             return None
-        _backend(self.device_type).set_device(before if before is not None else 0)
+        with setters.quiet():
+            _backend(self.device_type).set_device(before if before is not None else 0)
         message = leak_message(self.what, before, after, sites, self.device_type)
         if self.action == "raise" and exc_type is None:
             raise DeviceLeakError(message)

@@ -1,4 +1,5 @@
-"""`map_tensors`: the one traversal of nested batches, for moving, pinning and `record_stream`.
+"""`map_tensors`: the one traversal of nested batches, for moving, pinning and `record_stream`;
+`tensors_with_paths`: the same containers read, each tensor with its path, for reports.
 
 One function serves every caller, so a container kind or a keyword is never handled in one of
 them and forgotten in another (torchtnt's recursive helper forgot to forward `stream`, and its
@@ -11,9 +12,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import itertools
 import sys
 from collections import OrderedDict, UserDict, defaultdict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -83,20 +85,52 @@ def cycle_error(obj: Any, caller: str) -> ValueError | None:
 
 def _children(x: Any) -> list[tuple[str, Any]]:
     """X's items as (how to reach it from X, item), in the containers `walk` enters."""
+    return list(_steps(x))
+
+
+def _steps(x: Any) -> Iterator[tuple[str, Any]]:
+    """X's items as (how to reach it from X, item), one at a time, in the containers `walk` enters."""
     if isinstance(x, _Tensor) or type(x) in ATOMIC:
-        return []
+        return
     if isinstance(x, Mapping):
-        return [(f"[{k!r}]", v) for k, v in x.items()]
-    if isinstance(x, (list, tuple, deque)):
-        return [(f"[{i}]", v) for i, v in enumerate(x)]
-    if isinstance(x, (set, frozenset)):
-        return [("{...}", v) for v in x]
-    names: list[str] = []
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        names = [f.name for f in dataclasses.fields(x)]
-    elif hasattr(type(x), "__attrs_attrs__") and not isinstance(x, type):
-        names = [a.name for a in type(x).__attrs_attrs__]
-    return [(f".{n}", getattr(x, n)) for n in names if hasattr(x, n)]
+        yield from ((f"[{k!r}]", v) for k, v in x.items())
+    elif isinstance(x, (list, tuple, deque)):
+        yield from ((f"[{i}]", v) for i, v in enumerate(x))
+    elif isinstance(x, (set, frozenset)):
+        yield from (("{...}", v) for v in x)
+    else:
+        names: list[str] = []
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            names = [f.name for f in dataclasses.fields(x)]
+        elif hasattr(type(x), "__attrs_attrs__") and not isinstance(x, type):
+            names = [a.name for a in type(x).__attrs_attrs__]
+        yield from ((f".{n}", getattr(x, n)) for n in names if hasattr(x, n))
+
+
+def tensors_with_paths(obj: Any, path: str = "", *, depth: int | None = None,
+                       items: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(path, tensor) for each tensor in OBJ and the containers `walk` enters, in order: `batch['x'][0]`.
+
+    PATH names OBJ itself. DEPTH: how many container levels to enter (None: all); ITEMS: how many
+    items of each container to look at (None: all), so reading a report off a huge batch stays cheap.
+    A container that holds itself is entered once on each path.
+    """
+    yield from _with_paths(obj, path, depth, items, set())
+
+
+def _with_paths(x: Any, path: str, depth: int | None, items: int | None,
+                on_path: set[int]) -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(x, _Tensor):
+        yield path, x
+        return
+    if depth == 0 or id(x) in on_path or type(x) in ATOMIC:
+        return
+    on_path.add(id(x))
+    try:
+        for step, item in itertools.islice(_steps(x), items):
+            yield from _with_paths(item, path + step, None if depth is None else depth - 1, items, on_path)
+    finally:
+        on_path.discard(id(x))
 
 
 def _find_cycle(obj: Any) -> tuple[str, str] | None:
@@ -187,11 +221,11 @@ def _rebuild_mapping(x: Mapping, new: dict) -> Any:
         except Exception:  # noqa: BLE001 - the items are moved already; try the constructor
             pass
     try:
-        out = cls(new)  # type: ignore[call-arg]
+        built: Any = cls(new)  # type: ignore[call-arg]
     except Exception:  # noqa: BLE001 - a constructor with other arguments: a plain dict below
         return new
-    if type(out) is cls and len(out) == len(new) and all(out[k] is v for k, v in new.items()):
-        return out
+    if type(built) is cls and len(built) == len(new) and all(built[k] is v for k, v in new.items()):
+        return built
     return new
 
 
@@ -279,9 +313,9 @@ def _rebuild_fields(x: Any, names: list[str], fn: Callable[[torch.Tensor], Any],
     for name, value in changed.items():
         object.__setattr__(out, name, value)  # works on frozen dataclasses and attrs classes too
     cached = _cached_properties(type(x))
-    if cached:
-        state = getattr(out, "__dict__", None)  # copy.copy gave the copy its own
-        for name in cached if state is not None else ():
+    state = getattr(out, "__dict__", None) if cached else None  # copy.copy gave the copy its own
+    if state is not None:
+        for name in cached:
             state.pop(name, None)
     return out
 

@@ -12,12 +12,11 @@ that is still running (a program's `main`), the first choice of a CUDA device in
 that had not started CUDA yet (a DDP `setup(rank)`, accelerate), and torchplace's own scopes.
 
 torchplace.guard (placement/scope.py) watches one block; this adds the function-level view
-strict mode needs, and shares guard's message and warning class.
+strict mode needs. Both hear the setters through shared/setters.py and share its message.
 """
 
 from __future__ import annotations
 
-import functools
 import sys
 import threading
 from collections.abc import Callable
@@ -27,17 +26,14 @@ from typing import Any
 
 import torch
 
-from ..errors import DeviceLeakError
+from ..errors import DeviceLeakError, DeviceLeakWarning
 from ..hardware.accelerator import accelerator_type, current_index, device_module
-from ..placement import scope
-from ..placement.scope import DeviceLeakWarning, leak_message
+from ..shared import setters
+from ..shared.setters import DEFAULT, leak_message
+from ..shared.strict_switch import active
 from . import deferred
 from . import frames as fr
-from .strict_config import active
 from .warn_or_raise import warn_or_raise
-
-DEFAULT = "default"  # the kind name of torch's default (factory) device
-_SCOPE_FILE = scope.__file__
 
 
 @dataclass
@@ -71,14 +67,21 @@ def _changes() -> list[Change]:
     return _local.__dict__.setdefault("changes", [])
 
 
-def patches() -> list[tuple[Any, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
-    out: list[tuple[Any, str, Callable[[Callable[..., Any]], Callable[..., Any]]]] = [
-        (torch, "set_default_device", _wrap_default)]
-    if hasattr(torch._C, "_cuda_setDevice"):  # below torch.cuda.set_device (which guard wraps)
-        out.append((torch._C, "_cuda_setDevice", lambda f: _wrap_index(f, lambda: "cuda")))
-    if hasattr(torch._C, "_accelerator_setDeviceIndex"):
-        out.append((torch._C, "_accelerator_setDeviceIndex", lambda f: _wrap_index(f, accelerator_type)))
-    return out
+def on_set(kind: str) -> Callable[[], None] | None:
+    """setters' watcher for strict: a change of a current device, read around the setter's call."""
+    config = active()
+    if config is None or not config.leaks:
+        return None
+    if kind != DEFAULT:
+        kind = "cuda" if kind == setters.CUDA else accelerator_type() or "cuda"
+    before, action = current(kind), config.leaks
+
+    def after() -> None:
+        now = current(kind)
+        if not _same(kind, now, before):
+            _record(kind, before, now, action)
+
+    return after
 
 
 def current(kind: str) -> Any:
@@ -168,28 +171,16 @@ def _stack_ids() -> set[int]:
     return out
 
 
-def _muted() -> bool:
-    return getattr(_local, "muted", False)
-
-
 def _restore(kind: str, value: Any) -> None:
-    _local.muted = True
-    try:
+    with setters.quiet():
         if kind == DEFAULT:
             torch.set_default_device(value)
         else:  # the back end's device module (torch.accelerator's setter is a no-op on a Python back end)
             device_module(kind).set_device(value or 0)
-    finally:
-        _local.muted = False
 
 
 def _record(kind: str, before: Any, after: Any, action: str) -> None:
-    frame = fr.caller_frame()
-    probe = sys._getframe(1)
-    while probe is not None and probe is not frame:
-        if probe.f_code.co_filename == _SCOPE_FILE and probe.f_code.co_name in ("__enter__", "__exit__"):
-            return  # torchplace.on / guard: they restore what they change
-        probe = probe.f_back
+    frame = fr.caller_frame()  # torchplace.on and guard set under setters.quiet(): they restore what they change
     changes = _changes()
     for change in changes:  # a function that changes it again: keep the first "before"
         if change.kind == kind and change.frame is frame:
@@ -209,39 +200,6 @@ def _record(kind: str, before: Any, after: Any, action: str) -> None:
 def _at_module_call(module: torch.nn.Module, args: tuple[Any, ...]) -> bool:
     check_returned()
     return all(c.deliberate for c in _changes())
-
-
-def _wrap_index(original: Callable[..., Any], kind_of: Callable[[], str | None]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def set_index(index: Any, *args: Any, **kwargs: Any) -> Any:
-        config = active()
-        if config is None or not config.leaks or _muted():
-            return original(index, *args, **kwargs)
-        kind = kind_of() or "cuda"
-        before = current_index(kind)
-        result = original(index, *args, **kwargs)
-        after = current_index(kind)
-        if not _same(kind, after, before):
-            _record(kind, before, after, config.leaks)
-        return result
-
-    return set_index
-
-
-def _wrap_default(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def set_default_device(device: Any) -> None:
-        config = active()
-        if config is None or not config.leaks or _muted():
-            return original(device)
-        before = current(DEFAULT)
-        original(device)
-        after = current(DEFAULT)
-        if not _same(DEFAULT, after, before):
-            _record(DEFAULT, before, after, config.leaks)
-        return None
-
-    return set_default_device
 
 
 def _report(change: Change, what: str) -> None:

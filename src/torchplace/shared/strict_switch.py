@@ -1,4 +1,7 @@
-"""Which strict checks are on for the running thread, and how each reports.
+"""The strict-mode switch: which strict checks are on for the running thread, and how each reports.
+
+checks/ turns it (`torchplace.strict`, `setup(strict=...)`, TORCHPLACE_STRICT); memory's leak
+tracker and amp's precision policy read `should_raise` from it, so it lives below them all.
 
 A `strict()` block pushes its config on a per-thread stack; `TORCHPLACE_STRICT` sets a
 process-wide config that threads without a block of their own use. The wrappers that run on

@@ -44,7 +44,7 @@ _RUNNING: contextvars.ContextVar[Any] = contextvars.ContextVar("torchplace_dry_r
 
 
 @dataclass
-class Reading:
+class StepRun:
     """What the step's run showed: problems, where the model is called, where companions and optimizers are."""
 
     problems: list[dict[str, str]] = field(default_factory=list)
@@ -64,7 +64,7 @@ def running() -> Any:
     return _RUNNING.get()
 
 
-def read_callers(start: FrameType | None, model: torch.nn.Module, companions: list[Any], current: Any) -> Reading:
+def read_callers(start: FrameType | None, model: torch.nn.Module, companions: list[Any], current: Any) -> StepRun:
     """Re-run the nearest user function from START outwards whose run calls the model, on fake tensors
     (never past a module's top level: what runs around a script is not the step). CURRENT: what explain()
     called again inside the run returns."""
@@ -73,20 +73,20 @@ def read_callers(start: FrameType | None, model: torch.nn.Module, companions: li
     wrapped = [type(m).__name__ for m in model.modules() if isinstance(m, (DataParallel, DistributedDataParallel))
                or type(m).__name__ == "OptimizedModule"]
     if wrapped:  # their replication, communication and compilation are not for fake tensors
-        return Reading(ran=f"not run: a {wrapped[0]} is not run on fake tensors")
+        return StepRun(ran=f"not run: a {wrapped[0]} is not run on fake tensors")
     frame, seen = start, 0
     while frame is not None and seen < _FRAMES:
         filename = frame.f_code.co_filename
         if fr.is_users_own(filename) and not filename.startswith((_STDLIB, "<frozen")):
             seen += 1
             if frame.f_code.co_name == "<module>":
-                return Reading(ran="not run: explain() was called at the top level of a script")
+                return StepRun(ran="not run: explain() was called at the top level of a script")
             call = _call_of(frame)
-            reading = Reading()
+            reading = StepRun()
             if call is not None and _run(call, model, companions, reading, current):
                 return reading
         frame = frame.f_back
-    return Reading(ran="not run: no calling function of the user's calls the model")
+    return StepRun(ran="not run: no calling function of the user's calls the model")
 
 
 def _call_of(frame: FrameType) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | None:
@@ -180,7 +180,7 @@ class _Reachable(TorchFunctionMode):
 
 
 def _run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Module, companions: list[Any],
-         reading: Reading, current: Any) -> bool:
+         reading: StepRun, current: Any) -> bool:
     """Run the call on fake tensors; whether it is the step (it called the model, or failed on a device)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.optim.optimizer import register_optimizer_step_pre_hook
