@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..distributed.lease import LeaseDir
+    from ..distributed.leases import LeaseDir
 
     leases = LeaseDir(args.dir)
     rows = [s for s in leases.list() if args.all or s.held]

@@ -3,9 +3,9 @@
 Jobs that each pick "the least used GPU" pile onto the same one, because they all read the
 same numbers at the same moment. Here the choice is made in two steps:
 
-1. `pick_decision.choose` (pure, runs on a snapshot) ranks the GPUs that satisfy the request,
+1. `policy.ranking.choose` (pure, runs on a snapshot) ranks the GPUs that satisfy the request,
    best first with a random tie-break, and says why the others do not.
-2. `pick` takes a flock lease on each chosen GPU (see `lease.py`); a GPU leased by anyone else
+2. `pick` takes a flock lease on each chosen GPU (see `leases.py`); a GPU leased by anyone else
    is skipped, so concurrent pickers never share one. With `wait`, it retries until the
    deadline and says what it is waiting for.
 
@@ -24,8 +24,8 @@ from typing import Any
 
 from ..errors import LeaseError
 from ..hardware.topology import GpuRecord, Topology, load_topology
-from .lease import Holder, Lease, LeaseDir
-from .pick_decision import PickRequest, Rejection, choose, my_user, other_users_processes
+from ..policy.ranking import PickRequest, Rejection, choose, my_user, other_users_processes
+from .leases import Holder, Lease, LeaseDir
 
 
 @dataclass(frozen=True)

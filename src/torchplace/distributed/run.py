@@ -38,8 +38,8 @@ from typing import Any, NoReturn
 
 from ..errors import DistributedError, TorchplaceError
 from ..hardware.launch_env import torchrun_options_from_slurm
+from ..policy.ranking import PickRequest
 from .pick import Picked, pick_request
-from .pick_decision import PickRequest
 
 #: torchrun options `torchplace run` passes through unchanged (all exist in torch >= 2.6).
 TORCHRUN_OPTIONS = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf",

@@ -6,7 +6,7 @@ orders the rest by other users' processes (fewer first), free memory (more first
 steps so near-equal GPUs tie), utilization (lower first, in 10% steps), and a random tie-break,
 so that idle GPUs are not handed out physical 0 first. `choose` adds what the request names
 (counts, explicit GPUs) and its errors. Nothing here reads NVML or touches a lease: everything
-runs on a snapshot, and `pick.py` does the leasing and the waiting.
+runs on a snapshot, and `distributed/pick.py` does the leasing and the waiting.
 """
 
 from __future__ import annotations
