@@ -60,10 +60,11 @@ from typing import Any
 from ..errors import LeaseError
 from ..hardware.host import pid_exists
 
-__all__ = ["DEFAULT_LEASE_DIR", "LEASE_DIR_ENV", "Holder", "Lease", "LeaseDir", "LeaseStatus",
+__all__ = ["DEFAULT_LEASE_DIR", "LEASE_DIR_ENV", "Holder", "Lease", "LeaseDir", "LeaseStatus", "covered",
            "held_by_this_process", "lease_dir", "release_all"]
 
 LEASE_DIR_ENV = "TORCHPLACE_LEASE_DIR"
+MEMORY_ENV = "TORCHPLACE_MEMORY_RESERVATION"  # bytes reserved on each GPU, handed by `torchplace run` to the job
 DEFAULT_LEASE_DIR = "/tmp/torchplace-leases"
 LOCK_SUFFIX = ".lock"
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
@@ -261,6 +262,7 @@ def still_named(dirfd: int, uuid: str, locked: tuple[int, int]) -> bool:
 
 
 HOLDER_INFIX = ".holder."
+RESERVATION_INFIX = ".memory."  # a memory reservation's note: ``<uuid>.memory.<uid>.<random>``
 _NOTE_TAIL = re.compile(r"^([0-9]{1,10})(?:\.[0-9a-f]{16})?$")  # "<uid>" or "<uid>.<random>"
 
 
@@ -275,15 +277,22 @@ class Holder:
     since: str | None = None
     command: str | None = None
     source: str = "holder file"  # or "/proc/locks" when only the kernel could say
+    memory_bytes: int | None = None  # a memory reservation; None: the whole GPU
 
     def describe(self) -> str:
         parts = [f"pid {self.pid}" if self.pid else "an unknown process"]
         if self.user:
             parts.append(f"user {self.user}")
+        if self.memory_bytes is not None:
+            parts.append(f"reserving {_gib(self.memory_bytes)}")
         if self.since:
             parts.append(f"since {self.since}")
         text = ", ".join(parts)
         return f"{text} ({self.command})" if self.command else text
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"
 
 
 Note = tuple[float, Holder, tuple[int, int] | None]  # (since, who, the (device, inode) it locked)
@@ -302,7 +311,8 @@ def now_iso() -> str:
 # under a live holder is still seen as held (`orphan_holder`).
 
 
-def write_note(dirfd: int, folder: Path, uuid: str, holder: Holder, locked: tuple[int, int]) -> str:
+def write_note(dirfd: int, folder: Path, uuid: str, holder: Holder, locked: tuple[int, int],
+               infix: str = HOLDER_INFIX) -> str:
     """Write the holder note into a new file of a name no one can guess, ``<uuid>.holder.<uid>.<random>``
     (O_EXCL, O_NOFOLLOW: nothing planted under a name can take its place), and return that name.
 
@@ -313,7 +323,7 @@ def write_note(dirfd: int, folder: Path, uuid: str, holder: Holder, locked: tupl
                        "lock_dev": locked[0], "lock_ino": locked[1]}).encode()
     problem: OSError | None = None
     for _ in range(8):  # a taken name is someone's file or folder: draw another
-        name = f"{uuid}{HOLDER_INFIX}{os.getuid()}.{secrets.token_hex(8)}"
+        name = f"{uuid}{infix}{os.getuid()}.{secrets.token_hex(8)}"
         try:
             fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o644, dir_fd=dirfd)
@@ -355,10 +365,11 @@ def clear_stale(dirfd: int, uuid: str, locked: tuple[int, int], keep: str) -> No
                     os.unlink(name, dir_fd=dirfd)
 
 
-def notes(dirfd: int, uuid: str) -> list[Note]:
-    """The trusted holder notes of GPU `uuid` in the folder open as `dirfd`."""
+def notes(dirfd: int, uuid: str, infix: str = HOLDER_INFIX) -> list[Note]:
+    """The trusted holder notes (or, with RESERVATION_INFIX, memory notes) of GPU `uuid` in the
+    folder open as `dirfd`."""
     found = []
-    prefix = uuid + HOLDER_INFIX
+    prefix = uuid + infix
     for name in os.listdir(dirfd):
         tail = _NOTE_TAIL.match(name[len(prefix):]) if name.startswith(prefix) else None
         note = _read_note(dirfd, name, tail.group(1)) if tail else None
@@ -383,7 +394,7 @@ def orphan_holder(dirfd: int, uuid: str, named: tuple[int, int] | None) -> Holde
     (device, inode) that is not the lock file `named` (nor any other lease file here) and
     that the kernel shows locked. None when there is none."""
     by_lock: dict[tuple[int, int], list[Holder]] = {}
-    for _, holder, lock in notes(dirfd, uuid):
+    for _, holder, lock in notes(dirfd, uuid) + notes(dirfd, uuid, RESERVATION_INFIX):
         if lock is not None and lock != named:
             by_lock.setdefault(lock, []).append(holder)
     if not by_lock:
@@ -404,6 +415,55 @@ def orphan_holder(dirfd: int, uuid: str, named: tuple[int, int] | None) -> Holde
         if pids is None and alive:
             return alive[0]
     return None
+
+
+def reservations(dirfd: int, uuid: str, named: tuple[int, int]) -> list[Holder]:
+    """The live memory reservations on GPU `uuid`'s lock file `named` (device, inode): memory notes
+    naming that file whose pid the kernel shows locking it (a shared flock) and whose writer is
+    that process's user. A reservation SIGKILLed leaves its note, and is not counted."""
+    found = [h for _, h, lock in notes(dirfd, uuid, RESERVATION_INFIX) if lock == named]
+    if not found:
+        return []
+    pids = proc_locks(*named)
+    return [h for h in found if h.pid and (pid_exists(h.pid) if pids is None else
+                                           h.pid in pids and _uid_of(h.pid) in (None, h.uid))]
+
+
+def _clear_dead_reservations(dirfd: int, uuid: str, locked: tuple[int, int]) -> None:
+    """Remove this user's memory notes of `locked` whose writer no longer locks it (killed)."""
+    pids = proc_locks(*locked)
+    if pids is None:
+        return
+    prefix = f"{uuid}{RESERVATION_INFIX}{os.getuid()}."
+    for name in os.listdir(dirfd):
+        if name.startswith(prefix):
+            note = _read_note(dirfd, name, str(os.getuid()))
+            if note is not None and note[2] == locked and note[1].pid not in pids:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dirfd)
+
+
+def _uid_of(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def covered(pid: int, holder_pids: set[int]) -> bool:
+    """Whether process `pid` is a lease holder or runs under one (torchrun's workers under the
+    leased launcher), read from /proc's parent links."""
+    for _ in range(64):
+        if pid in holder_pids:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid <= 1:
+            return False
+    return False
 
 
 def _vouched(holders: list[Holder], pids: list[int]) -> Holder:
@@ -434,8 +494,11 @@ def _read_note(dirfd: int, name: str, uid_text: str) -> Note | None:
         if not stat.S_ISREG(st.st_mode) or str(st.st_uid) != uid_text or st.st_size > 65536:
             return None
         raw = json.loads(os.read(fd, 65536).decode())
-        fields = {k: raw.get(k) for k in ("pid", "user", "uid", "hostname", "since", "command")}
+        fields = {k: raw.get(k) for k in ("pid", "user", "uid", "hostname", "since", "command", "memory_bytes")}
         if fields["uid"] != st.st_uid or not isinstance(fields["pid"], int):
+            return None
+        if fields["memory_bytes"] is not None and (type(fields["memory_bytes"]) is not int
+                                                   or fields["memory_bytes"] < 1):
             return None
         dev, ino = raw.get("lock_dev"), raw.get("lock_ino")
         lock = (dev, ino) if type(dev) is int and type(ino) is int and dev >= 0 and ino > 0 else None
@@ -514,6 +577,16 @@ class LeaseStatus:
     holder: Holder | None
     path: str
     mine: bool = False  # held by this very process
+    reservations: tuple[Holder, ...] = ()  # memory reservations sharing the GPU (then holder is None)
+
+    @property
+    def whole(self) -> bool:
+        """Held as a whole GPU (not shared by memory reservations)."""
+        return self.held and not self.reservations and not (self.holder and self.holder.memory_bytes)
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(h.memory_bytes or 0 for h in self.reservations)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -540,6 +613,11 @@ class Lease:
     @property
     def active(self) -> bool:
         return self._fd is not None
+
+    @property
+    def memory_bytes(self) -> int | None:
+        """The memory this lease reserves on its GPU; None: the whole GPU."""
+        return self.holder.memory_bytes
 
     def fileno(self) -> int:
         if self._fd is None:
@@ -649,7 +727,7 @@ class LeaseDir:
         path = str(self.path / lock_name(uuid))
         with _registry_lock:
             mine = _held.get((str(self.path), uuid))
-        if mine is not None and mine.active:
+        if mine is not None and mine.active and mine.memory_bytes is None:
             return LeaseStatus(uuid, True, mine.holder, path, mine=True)
         with open_folder(self.path, create=False) as dirfd:
             if dirfd is None:
@@ -664,10 +742,63 @@ class LeaseDir:
                     holder = read_holder(dirfd, uuid, kernel_pid, named) if held else None
                 finally:
                     os.close(fd)
+            shared = tuple(reservations(dirfd, uuid, named)) if held and named else ()
+            if shared:
+                holder = None
             if not held:  # the lock file may have been unlinked under a live holder
                 holder = orphan_holder(dirfd, uuid, named)
                 held = holder is not None
-        return LeaseStatus(uuid, held, holder, path)
+        return LeaseStatus(uuid, held, holder, path, mine=mine is not None and mine.active, reservations=shared)
+
+    def try_reserve(self, uuid: str, nbytes: int, capacity: int, *, command: str | None = None) -> Lease | None:
+        """Reserve `nbytes` of GPU `uuid` for this process, or None when that does not fit now.
+
+        The reservation holds a shared flock on the GPU's lock file (a whole-GPU lease holds an
+        exclusive one, so the kernel keeps the two apart) and a memory note saying how much. It
+        fits when every live reservation of the GPU, this one and those still being made
+        included, adds up to at most `capacity` bytes: each maker writes its note before it
+        counts, so of two makers racing, the later counter sees both (both may back off; never
+        both stay). Never blocks."""
+        key = (str(self.path), uuid)
+        with _registry_lock:
+            if key in _held:
+                return None
+        if nbytes < 1:
+            raise LeaseError(f"A memory reservation of {nbytes} bytes reserves nothing. Fix: ask for e.g. 20GiB.")
+        with open_folder(self.path, create=True) as dirfd:
+            assert dirfd is not None
+            fd = open_lock(self.path, dirfd, uuid, create=True)
+            if fd is None:
+                return None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:  # leased whole
+                os.close(fd)
+                return None
+            mine = os.fstat(fd)
+            locked = (mine.st_dev, mine.st_ino)
+            if not still_named(dirfd, uuid, locked) or orphan_holder(dirfd, uuid, locked) is not None:
+                os.close(fd)
+                return None
+            _clear_dead_reservations(dirfd, uuid, locked)
+            holder = Holder(pid=os.getpid(), user=user_name(os.getuid()), uid=os.getuid(),
+                            hostname=os.uname().nodename, since=now_iso(),
+                            command=(command or " ".join(sys.argv))[:300], memory_bytes=int(nbytes))
+            try:
+                note = write_note(dirfd, self.path, uuid, holder, locked, infix=RESERVATION_INFIX)
+            except LeaseError:
+                os.close(fd)
+                raise
+            taken = sum(h.memory_bytes or 0 for h in reservations(dirfd, uuid, locked))
+            if taken > capacity or not still_named(dirfd, uuid, locked):
+                with contextlib.suppress(OSError):
+                    os.unlink(note, dir_fd=dirfd)
+                os.close(fd)
+                return None
+        lease = Lease(uuid, self.path, fd, holder, note)
+        with _registry_lock:
+            _held[key] = lease
+        return lease
 
     def list(self) -> list[LeaseStatus]:
         """Every lease file in the directory, held or not, sorted by UUID; also GPUs whose lock
