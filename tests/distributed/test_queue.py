@@ -204,3 +204,12 @@ def test_run_memory_hands_the_reservation_to_the_job_and_leases_lists_it(world, 
     (lease,) = json.loads(listing)["leases"]
     assert lease["held"] and lease["holder"] is None
     assert [r["memory_bytes"] for r in lease["reservations"]] == [20 * GIB]
+
+
+def test_setup_says_a_reservation_is_not_applied_on_cpu(monkeypatch):
+    import torchplace as tp
+
+    monkeypatch.setenv("TORCHPLACE_MEMORY_RESERVATION", str(20 * GIB))
+    rt = tp.setup("cpu", threads=None, verbose=False)
+    assert any(d.startswith("memory reservation: 20.0 GiB reserved by torchplace run, not applied: the device is cpu")
+               for d in rt.decisions), rt.decisions
