@@ -27,6 +27,7 @@ from snapshots import load_snapshot_dict, snapshot_path
 
 from torchplace.distributed.leases import LeaseDir
 from torchplace.distributed.queue import last_served, waiters
+from torchplace.errors import LeaseError
 from torchplace.hardware.topology import Topology
 from torchplace.policy.fairness import serve_order
 
@@ -213,3 +214,42 @@ def test_setup_says_a_reservation_is_not_applied_on_cpu(monkeypatch):
     rt = tp.setup("cpu", threads=None, verbose=False)
     assert any(d.startswith("memory reservation: 20.0 GiB reserved by torchplace run, not applied: the device is cpu")
                for d in rt.decisions), rt.decisions
+
+
+def test_gpus_used_without_a_lease_are_named_and_their_memory_taken_constructed_snapshot(tmp_path, lease_dir,
+                                                                                         scripts, child_env):
+    from torchplace.distributed.pick import pick
+
+    data = load_snapshot_dict("h200x2")
+    gpu0, gpu1 = (g["uuid"] for g in data["gpus"])
+    holder = subprocess.Popen([sys.executable, str(scripts / "hold_lease.py"), gpu0], stdout=subprocess.PIPE,
+                              text=True, env=child_env(TORCHPLACE_LEASE_DIR=str(lease_dir)))
+    try:
+        assert holder.stdout.readline().strip() == "HELD"
+        # CONSTRUCTED: processes added to the captured h200x2 snapshot (it has none). GPU 0: its lease holder
+        # (covered) and a stranger; GPU 1: the same holder, which holds no lease of GPU 1, and a stranger.
+        data["gpus"][0]["processes"] = [{"pid": holder.pid, "used_memory_bytes": 30 * GIB, "user": "root"},
+                                        {"pid": 999_999_01, "used_memory_bytes": 50 * GIB, "user": "mallory"}]
+        data["gpus"][1]["processes"] = [{"pid": holder.pid, "used_memory_bytes": 1 * GIB, "user": "root"},
+                                        {"pid": 999_999_02, "used_memory_bytes": 95 * GIB, "user": "eve"}]
+        snap = tmp_path / "constructed.json"
+        snap.write_text(json.dumps(data))
+        env = child_env(TORCHPLACE_LEASE_DIR=str(lease_dir))
+        listing = json.loads(subprocess.run([sys.executable, "-m", "torchplace", "leases", "--json", "--snapshot",
+                                             str(snap)], capture_output=True, text=True, timeout=HANG_S, env=env,
+                                            check=True).stdout)
+        assert {(u["physical_index"], u["pid"]) for u in listing["unleased"]} == {
+            (0, 999_999_01), (1, holder.pid), (1, 999_999_02)}
+        doctor = json.loads(subprocess.run([sys.executable, "-m", "torchplace", "doctor", "--json", "--snapshot",
+                                            str(snap)], capture_output=True, text=True, timeout=HANG_S, env=env).stdout)
+        said = [f for f in doctor["findings"] if f["id"] == "gpu.unleased"]
+        assert [f["title"] for f in said] == ["GPU 0 is used without a lease", "GPU 1 is used without a lease"]
+        assert "pid 99999901 (mallory, 50.0 GiB)" in said[0]["detail"]
+        # GPU 1 has 140.4 - 96 = 44.4 GiB for reservations, GPU 0 none (leased whole)
+        with pytest.raises(LeaseError, match=r"GPU 0 .*leased whole.*GPU 1 .*96.0 GiB used without a lease"):
+            pick(1, memory="60GiB", snapshot=str(snap), seed=0)
+        with pick(1, memory="40GiB", snapshot=str(snap), seed=0) as picked:
+            assert picked.uuids == [gpu1] and picked.memory_bytes == 40 * GIB
+    finally:
+        holder.kill()
+        holder.wait(timeout=HANG_S)

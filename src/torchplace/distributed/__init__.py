@@ -14,3 +14,12 @@
 
 Submodules load on use; importing this package imports neither torch nor NVML.
 """
+
+
+def __getattr__(name: str) -> object:
+    """The package's face for other packages: `unleased_processes` (GPUs used without a lease, for doctor)."""
+    if name == "unleased_processes":
+        from .leases import unleased_processes
+
+        return unleased_processes
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -61,7 +61,7 @@ from ..errors import LeaseError
 from ..hardware.host import pid_exists
 
 __all__ = ["DEFAULT_LEASE_DIR", "LEASE_DIR_ENV", "Holder", "Lease", "LeaseDir", "LeaseStatus", "covered",
-           "held_by_this_process", "lease_dir", "release_all"]
+           "held_by_this_process", "lease_dir", "release_all", "unleased_processes"]
 
 LEASE_DIR_ENV = "TORCHPLACE_LEASE_DIR"
 MEMORY_ENV = "TORCHPLACE_MEMORY_RESERVATION"  # bytes reserved on each GPU, handed by `torchplace run` to the job
@@ -824,3 +824,22 @@ def release_all() -> None:
     """Release every lease this process holds."""
     for lease in held_by_this_process():
         lease.release()
+
+
+def lease_pids(status: LeaseStatus) -> set[int]:
+    """The pids that hold `status`'s GPU: its whole-GPU holder or its memory reservations."""
+    return {h.pid for h in ((status.holder,) if status.holder else ()) + status.reservations if h.pid}
+
+
+def unleased_processes(topology: Any, folder: LeaseDir | None = None,
+                       statuses: dict[str, LeaseStatus] | None = None) -> list[tuple[Any, Any]]:
+    """NVML's processes on each GPU of `topology` that no lease of that GPU covers (neither a holder
+    nor running under one): (GpuRecord, GpuProcess) pairs, for `leases`, `doctor` and `pick`."""
+    if statuses is None:
+        statuses = {s.uuid: s for s in (folder or LeaseDir()).list()}
+    out = []
+    for gpu in topology.gpus:
+        status = statuses.get(gpu.uuid)
+        holders = lease_pids(status) if status is not None else set()
+        out += [(gpu, p) for p in gpu.processes or [] if not covered(p.pid, holders)]
+    return out

@@ -26,7 +26,7 @@ from ..errors import LeaseError
 from ..hardware.topology import GpuRecord, Topology, load_topology
 from ..policy.fairness import Ask, Room, admit, room, serve_order, unleased_bytes
 from ..policy.ranking import PickRequest, Rejection, choose, my_user, other_users_processes
-from .leases import MEMORY_ENV, Holder, Lease, LeaseDir, LeaseStatus, covered
+from .leases import MEMORY_ENV, Holder, Lease, LeaseDir, LeaseStatus, covered, lease_pids
 
 
 @dataclass(frozen=True)
@@ -266,12 +266,10 @@ def _rooms(topo: Topology, leases_at: LeaseDir) -> dict[str, tuple[LeaseStatus, 
     """Per GPU: its lease status, its room (policy.fairness.room) and the bytes NVML shows used by
     processes that no lease covers."""
     statuses = {g.uuid: leases_at.status(g.uuid) for g in topo.gpus}
-    holders = {h.pid for s in statuses.values() for h in ((s.holder,) if s.holder else ()) + s.reservations
-               if h.pid}
     out = {}
     for gpu in topo.gpus:
         s = statuses[gpu.uuid]
-        mine = {p.pid for p in gpu.processes or [] if covered(p.pid, holders)}
+        mine = {p.pid for p in gpu.processes or [] if covered(p.pid, lease_pids(s))}
         unleased = unleased_bytes(gpu, mine)
         out[gpu.uuid] = (s, room(gpu, whole_leased=s.held and not s.reservations,
                                  reserved_bytes=s.reserved_bytes, unleased=unleased), unleased)
