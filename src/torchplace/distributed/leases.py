@@ -425,8 +425,9 @@ def reservations(dirfd: int, uuid: str, named: tuple[int, int]) -> list[Holder]:
     if not found:
         return []
     pids = proc_locks(*named)
-    return [h for h in found if h.pid and (pid_exists(h.pid) if pids is None else
+    live = [h for h in found if h.pid and (pid_exists(h.pid) if pids is None else
                                            h.pid in pids and _uid_of(h.pid) in (None, h.uid))]
+    return sorted(live, key=lambda h: (h.since or "", h.pid or 0))
 
 
 def _clear_dead_reservations(dirfd: int, uuid: str, locked: tuple[int, int]) -> None:
