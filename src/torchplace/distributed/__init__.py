@@ -15,8 +15,10 @@
 Submodules load on use; importing this package imports neither torch nor NVML.
 """
 
+from typing import Any
 
-def __getattr__(name: str) -> object:
+
+def __getattr__(name: str) -> Any:
     """The package's face for other packages: `unleased_processes` (GPUs used without a lease, for doctor)."""
     if name == "unleased_processes":
         from .leases import unleased_processes

@@ -33,6 +33,13 @@ Who holds a lease is advisory: the holder writes ``<uuid>.holder.<uid>.<random>`
 readers trust a note only when its owner matches the uid in its name, and name it as the holder
 only when the kernel's /proc/locks shows its pid (of that user) locking the file the note names.
 
+Memory reservations (`LeaseDir.try_reserve`, `torchplace run --memory`): a reservation holds a shared
+flock on the GPU's lock file, where a whole-GPU lease holds an exclusive one, so the kernel never
+lets the two overlap; its note, ``<uuid>.memory.<uid>.<random>``, says how many bytes, is trusted
+like a holder note, and counts only while /proc/locks shows its pid locking that file. Reservations
+fit when all of them add up to at most the GPU's memory less what processes without a lease use
+(`unleased_processes`); the queue of waiting jobs is `queue.py`'s, in the same folder.
+
 Here, in order: the folder and its lock files (opened without trusting other users), the holder
 notes and the kernel's /proc/locks (who holds a lease), then `Lease`, `LeaseDir` (acquire, status,
 list) and this process's registry of its leases.
