@@ -145,10 +145,20 @@ def test_memory_reservations_never_exceed_the_gpu_and_whole_leases_never_overlap
         proc = spawn(USERS[i % 3], f"j{i}", hold=0.3, memory=sizes[i % 4])
         procs[proc.pid] = proc
     killed_at: dict[int, float] = {}
-    for pid in rng.sample(sorted(procs), 3):  # while waiting, while holding, or before joining
-        time.sleep(rng.uniform(0.0, 0.6))
+
+    def kill(pid: int) -> None:
         killed_at[pid] = time.monotonic()  # a lock can only go after this instant
         procs[pid].kill()
+
+    leases = LeaseDir(folder)
+    kill(rng.choice(sorted(procs)))  # at a random point: most likely before it joined
+    # one while holding, one while waiting in the queue
+    holding = until(lambda: [int(x[3]) for x in lines(log) if x[0] == "ACQ" and int(x[3]) not in killed_at])
+    kill(rng.choice(holding))
+    queued = until(lambda: [w.pid for w in waiters(leases) if w.pid in procs and w.pid not in killed_at]
+                   or all(p.poll() is not None for p in procs.values()) and [0])
+    if queued != [0]:  # (all done already: nobody left to kill while waiting)
+        kill(rng.choice(queued))
     for pid, proc in procs.items():
         code = proc.wait(timeout=HANG_S)
         if pid not in killed_at:
@@ -253,3 +263,28 @@ def test_gpus_used_without_a_lease_are_named_and_their_memory_taken_constructed_
     finally:
         holder.kill()
         holder.wait(timeout=HANG_S)
+
+
+def test_a_job_does_not_queue_for_the_gpus_its_launcher_leased_for_it(world, child_env):
+    """`torchplace run` leased the GPU (whole, then a reservation); the job's own pick(wait=...) takes it
+    at once, even with another job waiting in the queue for that GPU (else each would wait for the other)."""
+    folder, _ = world
+    env = child_env(TORCHPLACE_LEASE_DIR=str(folder))
+    code = ("import sys, time; from torchplace.distributed.leases import LeaseDir; "
+            "from torchplace.distributed.queue import waiters; from torchplace.distributed.pick import pick; "
+            "end = time.monotonic() + 120\n"
+            "while not waiters(LeaseDir()) and time.monotonic() < end: time.sleep(0.05)\n"
+            "p = pick(1, wait=60, snapshot=sys.argv[1], memory=sys.argv[2] if len(sys.argv) > 2 else None)\n"
+            "print('INHERITED', p.gpus[0].inherited, p.memory_bytes, len(LeaseDir().list()[0].reservations))")
+    for memory in ([], ["--memory", "20GiB"]):
+        job = subprocess.Popen([sys.executable, "-m", "torchplace", "run", "--gpus", "1", *memory, "--snapshot",
+                                SNAPSHOT, "--", sys.executable, "-c", code, SNAPSHOT, *memory[1:]], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        until(lambda: LeaseDir(folder).list() and LeaseDir(folder).list()[0].held)
+        other = subprocess.Popen([sys.executable, "-m", "torchplace", "run", "--gpus", "1", "--wait", "120",
+                                  "--snapshot", SNAPSHOT, "--", "true"], env=env, stderr=subprocess.PIPE, text=True)
+        out, err = job.communicate(timeout=HANG_S)
+        assert job.returncode == 0, err
+        expected = f"INHERITED True {20 * GIB} 1" if memory else "INHERITED True None 0"
+        assert out.strip() == expected
+        assert other.wait(timeout=HANG_S) == 0, other.stderr.read()  # served once the job ended

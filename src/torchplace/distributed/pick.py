@@ -222,11 +222,13 @@ def pick_request(request: PickRequest, *, topology: Topology | None = None,
             topo = topology if topology is not None else load_topology(request.snapshot, links=False, details=False)
             choice = choose(topo, request, user=user, rng=rng)
             count = int(choice.need) if choice.need != "auto" else 1
-            if request.lease and wait_s > 0 and ticket is None:
+            rooms = _rooms(topo, leases_at)
+            if request.lease and wait_s > 0 and ticket is None and not _handed_down(choice.ordered, rooms):
                 ticket = queue.join(leases_at, count=count, memory_bytes=request.memory_bytes, wait_s=wait_s,
                                     command=request.command or " ".join(sys.argv))
-            rooms = _rooms(topo, leases_at)
-            turn = _turn(leases_at, rooms, choice, count, request, ticket) if request.lease else None
+            # a job that our launcher (torchplace run) leased for us does not queue for its own GPUs
+            queued = request.lease and not _handed_down(choice.ordered, rooms)
+            turn = _turn(leases_at, rooms, choice, count, request, ticket) if queued else None
             result: Picked | list[Rejection] = []
             if turn is None or turn[0] or turn[1] == 0:  # our turn, or first in line (it says why it waits)
                 result = _try_lease(choice.ordered, choice.need, leases_at, request, user, rooms)
@@ -260,6 +262,21 @@ def pick_request(request: PickRequest, *, topology: Topology | None = None,
     finally:
         if ticket is not None:
             ticket.leave()
+
+
+def _family_holds(status: LeaseStatus, uuid: str, family: set[int]) -> Holder | None:
+    """The lease of an ancestor of this process (torchplace run, torchrun) on a GPU it made visible to
+    us, whole or a reservation: ours to use without leasing again; else None."""
+    handed = {e.strip() for e in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")}
+    if status.mine or uuid not in handed:
+        return None
+    return next((h for h in ((status.holder,) if status.holder else ()) + status.reservations
+                 if h.pid in family), None)
+
+
+def _handed_down(ordered: list[GpuRecord], rooms: dict[str, tuple[LeaseStatus, Room, int]]) -> bool:
+    family = _ancestors()
+    return any(_family_holds(rooms[g.uuid][0], g.uuid, family) is not None for g in ordered)
 
 
 def _rooms(topo: Topology, leases_at: LeaseDir) -> dict[str, tuple[LeaseStatus, Room, int]]:
@@ -373,10 +390,15 @@ def _try_reserve(ordered: list[GpuRecord], need: int | str, leases_at: LeaseDir,
     nbytes = int(request.memory_bytes or 0)
     busy: list[Rejection] = []
     fitting: list[tuple[GpuRecord, int]] = []
+    inherited: list[tuple[GpuRecord, int]] = []  # with the bytes our launcher reserved there
+    family = _ancestors()
     for gpu in ordered:
         status, space, unleased = rooms[gpu.uuid]
         capacity = (gpu.memory_total_bytes or 0) - unleased
-        if status.held and not status.reservations:
+        parent = _family_holds(status, gpu.uuid, family)
+        if parent is not None:  # reserved (or leased) for this job by our launcher: not reserved twice
+            inherited.append((gpu, parent.memory_bytes or capacity))
+        elif status.held and not status.reservations:
             who = status.holder.describe() if status.holder else "another process"
             busy.append(Rejection(gpu.physical_index, gpu.uuid, f"leased whole by {who}"))
         elif space.reservable_bytes < nbytes:
@@ -387,6 +409,10 @@ def _try_reserve(ordered: list[GpuRecord], need: int | str, leases_at: LeaseDir,
         else:
             fitting.append((gpu, capacity))
     want = len(fitting) if need == "auto" else int(need)
+    if inherited and (need == "auto" or len(inherited) >= want):
+        taken = inherited[:None if need == "auto" else want]
+        return Picked(gpus=[_picked(g, user, inherited=True) for g, _ in taken], leased=request.lease,
+                      memory_bytes=min(n for _, n in taken))
     if want == 0 or len(fitting) < want:
         return busy
     if not request.lease:
