@@ -214,7 +214,10 @@ def pick_request(request: PickRequest, *, topology: Topology | None = None,
     rng = random.Random(request.seed)
     user = my_user()
     leases_at = LeaseDir(request.lease_dir)
-    notify = on_wait or (lambda text: print(f"torchplace: {text}", file=sys.stderr, flush=True))
+    terminal = on_wait is None and sys.stderr is not None and sys.stderr.isatty()
+    notify = on_wait or (_progress_line if terminal else
+                         (lambda text: print(f"torchplace: {text}", file=sys.stderr, flush=True)))
+    every = 5 if terminal else 30  # seconds between repeats of an unchanged line
     ticket: queue.Ticket | None = None
     last_said, said_at, delay = None, 0.0, 0.05
     try:
@@ -253,7 +256,7 @@ def pick_request(request: PickRequest, *, topology: Topology | None = None,
                     f"Cannot pick {asked}{waited} in {topo.source}: {why}. Fix: wait for one "
                     "(--wait 10m / wait='10m'), relax --min-free-memory / --max-utilization, or ask "
                     "with fewer GPUs; `torchplace leases` lists who holds what, `torchplace queue` who waits.")
-            if why != last_said or time.monotonic() - said_at > 30:  # again when it changes, or every 30 s
+            if why != last_said or time.monotonic() - said_at > every:  # again when it changes, or now and then
                 notify(f"waiting up to {left:.0f} s for {asked}: {why}")
                 last_said, said_at = why, time.monotonic()
             head = turn is None or turn[0] or turn[1] == 0
@@ -262,6 +265,16 @@ def pick_request(request: PickRequest, *, topology: Topology | None = None,
     finally:
         if ticket is not None:
             ticket.leave()
+        if terminal and last_said is not None:
+            print(file=sys.stderr, flush=True)  # end the progress line
+
+
+def _progress_line(text: str) -> None:
+    """The waiting line on a terminal: one line, rewritten in place, cut to the terminal's width."""
+    import shutil
+
+    width = shutil.get_terminal_size().columns
+    print(f"\r\x1b[2Ktorchplace: {text}"[:width + 5], end="", file=sys.stderr, flush=True)
 
 
 def _family_holds(status: LeaseStatus, uuid: str, family: set[int]) -> Holder | None:
