@@ -288,3 +288,25 @@ def test_a_job_does_not_queue_for_the_gpus_its_launcher_leased_for_it(world, chi
         expected = f"INHERITED True {20 * GIB} 1" if memory else "INHERITED True None 0"
         assert out.strip() == expected
         assert other.wait(timeout=HANG_S) == 0, other.stderr.read()  # served once the job ended
+
+
+def test_a_lock_file_removed_under_reservations_hands_out_neither_the_gpu_nor_its_memory_again(lease_dir, child_env):
+    """The owner of a lock file may unlink it while others' reservations hold it (what the folder's sticky bit
+    cannot stop): the reservations still count, on the new file too, and no whole lease is granted."""
+    uuid = load_snapshot_dict("h200x1")["gpus"][0]["uuid"]
+    code = ("import sys, time; from torchplace.distributed.leases import LeaseDir; "
+            f"r = LeaseDir().try_reserve({uuid!r}, {100 * GIB}, {CAPACITY}); print('HELD' if r else 'NO', flush=True); "
+            "time.sleep(600)")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env=child_env(TORCHPLACE_LEASE_DIR=str(lease_dir)))
+    try:
+        assert holder.stdout.readline().strip() == "HELD"
+        os.unlink(lease_dir / f"{uuid}.lock")
+        leases = LeaseDir(lease_dir)
+        assert leases.try_reserve(uuid, 100 * GIB, CAPACITY) is None  # 200 GiB > 140.4 GiB
+        assert leases.try_acquire(uuid) is None
+        with leases.try_reserve(uuid, 30 * GIB, CAPACITY) as fits:  # 130 GiB in all: fits
+            assert fits is not None and fits.memory_bytes == 30 * GIB
+    finally:
+        holder.kill()
+        holder.wait(timeout=HANG_S)

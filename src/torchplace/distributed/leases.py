@@ -396,12 +396,13 @@ def read_holder(dirfd: int, uuid: str, kernel_pid: int | None, named: tuple[int,
     return max(alive, key=lambda item: item[0])[1] if alive else None
 
 
-def orphan_holder(dirfd: int, uuid: str, named: tuple[int, int] | None) -> Holder | None:
+def orphan_holder(dirfd: int, uuid: str, named: tuple[int, int] | None, *, whole_only: bool = False) -> Holder | None:
     """A live holder of `uuid` whose lock file was unlinked under it: a note of it names a
     (device, inode) that is not the lock file `named` (nor any other lease file here) and
     that the kernel shows locked. None when there is none."""
     by_lock: dict[tuple[int, int], list[Holder]] = {}
-    for _, holder, lock in notes(dirfd, uuid) + notes(dirfd, uuid, RESERVATION_INFIX):
+    shared = [] if whole_only else notes(dirfd, uuid, RESERVATION_INFIX)  # reservations may share with reservations
+    for _, holder, lock in notes(dirfd, uuid) + shared:
         if lock is not None and lock != named:
             by_lock.setdefault(lock, []).append(holder)
     if not by_lock:
@@ -424,16 +425,20 @@ def orphan_holder(dirfd: int, uuid: str, named: tuple[int, int] | None) -> Holde
     return None
 
 
-def reservations(dirfd: int, uuid: str, named: tuple[int, int]) -> list[Holder]:
-    """The live memory reservations on GPU `uuid`'s lock file `named` (device, inode): memory notes
-    naming that file whose pid the kernel shows locking it (a shared flock) and whose writer is
-    that process's user. A reservation SIGKILLed leaves its note, and is not counted."""
-    found = [h for _, h, lock in notes(dirfd, uuid, RESERVATION_INFIX) if lock == named]
-    if not found:
-        return []
-    pids = proc_locks(*named)
-    live = [h for h in found if h.pid and (pid_exists(h.pid) if pids is None else
-                                           h.pid in pids and _uid_of(h.pid) in (None, h.uid))]
+def reservations(dirfd: int, uuid: str, named: tuple[int, int] | None) -> list[Holder]:
+    """The live memory reservations on GPU `uuid`'s lock file `named` (device, inode), or with None
+    on any file of that GPU (one unlinked under its holders included): memory notes whose pid the
+    kernel shows locking the file they name (a shared flock) and whose writer is that process's
+    user. A reservation SIGKILLed leaves its note, and is not counted."""
+    by_lock: dict[tuple[int, int], list[Holder]] = {}
+    for _, holder, lock in notes(dirfd, uuid, RESERVATION_INFIX):
+        if lock is not None and (named is None or lock == named):
+            by_lock.setdefault(lock, []).append(holder)
+    live = []
+    for lock, found in by_lock.items():
+        pids = proc_locks(*lock)
+        live += [h for h in found if h.pid and (pid_exists(h.pid) if pids is None else
+                                                h.pid in pids and _uid_of(h.pid) in (None, h.uid))]
     return sorted(live, key=lambda h: (h.since or "", h.pid or 0))
 
 
@@ -785,7 +790,8 @@ class LeaseDir:
                 return None
             mine = os.fstat(fd)
             locked = (mine.st_dev, mine.st_ino)
-            if not still_named(dirfd, uuid, locked) or orphan_holder(dirfd, uuid, locked) is not None:
+            if (not still_named(dirfd, uuid, locked)
+                    or orphan_holder(dirfd, uuid, locked, whole_only=True) is not None):
                 os.close(fd)
                 return None
             _clear_dead_reservations(dirfd, uuid, locked)
@@ -797,7 +803,8 @@ class LeaseDir:
             except LeaseError:
                 os.close(fd)
                 raise
-            taken = sum(h.memory_bytes or 0 for h in reservations(dirfd, uuid, locked))
+            # all of the GPU's reservations, also those on a lock file someone unlinked under them
+            taken = sum(h.memory_bytes or 0 for h in reservations(dirfd, uuid, None))
             if taken > capacity or not still_named(dirfd, uuid, locked):
                 with contextlib.suppress(OSError):
                     os.unlink(note, dir_fd=dirfd)
