@@ -86,3 +86,11 @@ def test_memory_used_without_a_lease_is_taken_constructed_processes():
     assert left.reservable_bytes == gpu.memory_total_bytes - 80 * GIB
     order = [Ask(f"j{i}", "u", i, memory_bytes=20 * GIB) for i in range(4)]
     assert len(admit(order, [left])) == 3  # 60.4 GiB left: three of 20 GiB
+
+
+def test_an_ask_that_could_never_fit_holds_back_no_one():
+    # a queue entry written by hand: more GPUs than the machine has, or more memory than a GPU has
+    rooms = rooms_of(h200())
+    order = [Ask("greedy", "mallory", 0, count=64), Ask("huge", "mallory", 1, memory_bytes=10**15),
+             Ask("mine", "alice", 2)]
+    assert list(admit(order, rooms)) == ["mine"]

@@ -40,6 +40,7 @@ class Room:
     uuid: str
     whole_free: bool
     reservable_bytes: int
+    total_bytes: int | None = None  # the GPU's memory; None: unknown
 
 
 def serve_order(asks: Iterable[Ask], last_served: Mapping[str, int] | None = None) -> list[Ask]:
@@ -73,19 +74,30 @@ def fits(ask: Ask, rooms: Sequence[Room]) -> list[str] | None:
 
 def admit(order: Sequence[Ask], rooms: Sequence[Room]) -> dict[str, list[str]]:
     """Who may take which GPUs now (ask key -> UUIDs), walking `order`: each ask that fits takes its
-    GPUs out of the room left; the first that does not fit stops the walk (it holds back the rest)."""
+    GPUs out of the room left; the first that does not fit stops the walk (it holds back the rest).
+    An ask that could not fit even on idle GPUs (more GPUs than there are, more memory than they
+    have: an entry written by hand) holds back no one."""
     left = {r.uuid: r for r in rooms}
     granted: dict[str, list[str]] = {}
     for ask in order:
+        if not possible(ask, rooms):
+            continue
         took = fits(ask, [left[r.uuid] for r in rooms])
         if took is None:
             break
         granted[ask.key] = took
         for uuid in took:
             r = left[uuid]
-            left[uuid] = (Room(uuid, False, 0) if ask.memory_bytes is None
-                          else Room(uuid, False, r.reservable_bytes - ask.memory_bytes))
+            left[uuid] = Room(uuid, False, 0 if ask.memory_bytes is None else r.reservable_bytes - ask.memory_bytes,
+                              r.total_bytes)
     return granted
+
+
+def possible(ask: Ask, rooms: Sequence[Room]) -> bool:
+    """Whether `ask` could fit on these GPUs were they idle."""
+    if ask.memory_bytes is None:
+        return ask.count <= len(rooms)
+    return sum(1 for r in rooms if r.total_bytes is None or r.total_bytes >= ask.memory_bytes) >= ask.count
 
 
 def unleased_bytes(gpu: GpuRecord, leased: Iterable[int]) -> int:
@@ -99,7 +111,7 @@ def room(gpu: GpuRecord, *, whole_leased: bool, reserved_bytes: int, unleased: i
     """What `gpu` has room for: whole when nobody leased or reserved any of it, and for
     reservations its memory (NVML's total) less what processes without a lease use and what is
     reserved already; nothing when it is leased whole or its memory is unknown."""
-    if whole_leased or gpu.memory_total_bytes is None:
-        return Room(gpu.uuid, False, 0)
-    left = max(0, gpu.memory_total_bytes - unleased - reserved_bytes)
-    return Room(gpu.uuid, reserved_bytes == 0, left)
+    total = gpu.memory_total_bytes
+    if whole_leased or total is None:
+        return Room(gpu.uuid, False, 0, total)
+    return Room(gpu.uuid, reserved_bytes == 0, max(0, total - unleased - reserved_bytes), total)
