@@ -129,7 +129,7 @@ def lease_dir(tmp_path, monkeypatch) -> Path:
     path = tmp_path / "leases"
     monkeypatch.setenv("TORCHPLACE_LEASE_DIR", str(path))
     yield path
-    from torchplace.distributed.lease import release_all
+    from torchplace.distributed.leases import release_all
 
     release_all()
 

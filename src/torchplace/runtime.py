@@ -279,6 +279,7 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
                              f"{launch.local_rank} of WORLD_SIZE={launch.world_size}) and its Trainer.fit / "
                              "Fabric.launch makes the group (torchplace.dist.init() afterwards adopts it)")
     decisions.insert(0, _describe_device(dev) + (" (auto)" if device == "auto" else ""))
+    _apply_reservation(dev, decisions)
 
     plan = None
     from .policy.threads import configure_threads, users_thread_count
@@ -319,6 +320,32 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
     if verbose and runtime.is_main:
         _report(runtime.summary())
     return runtime
+
+
+def _apply_reservation(dev: torch.device, decisions: list[str]) -> None:
+    """Limit this process to the memory `torchplace run --memory` reserved for it on its GPU
+    (torch.cuda.set_per_process_memory_fraction), and say so; on another device, say it is not applied."""
+    from .distributed.leases import MEMORY_ENV
+
+    text = os.environ.get(MEMORY_ENV, "").strip()
+    if not text:
+        return
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        decisions.append(f"memory reservation: {MEMORY_ENV}={text[:40]!r} is not a number of bytes, so no limit "
+                         "is set (torchplace run writes it; do not set it by hand)")
+        return
+    nbytes = int(text)
+    if dev.type != "cuda":
+        decisions.append(f"memory reservation: {nbytes / 2**30:.1f} GiB reserved by torchplace run, not applied: "
+                         f"the device is {dev}, not a GPU")
+        return
+    index = dev.index if dev.index is not None else torch.cuda.current_device()  # cuda-only: the reserved GPU
+    total = torch.cuda.get_device_properties(index).total_memory  # cuda-only: the fraction's denominator
+    fraction = min(1.0, nbytes / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, index)  # cuda-only: the limit torch's allocator keeps
+    decisions.append(f"memory reservation: this process may allocate {nbytes / 2**30:.1f} GiB of cuda:{index}'s "
+                     f"{total / 2**30:.1f} GiB (set_per_process_memory_fraction({fraction:.4f}), from "
+                     f"`torchplace run --memory`); more raises torch.OutOfMemoryError")
 
 
 LOG = logging.getLogger("torchplace")

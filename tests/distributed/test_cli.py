@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from torchplace.distributed.lease import LeaseDir
+from torchplace.distributed.leases import LeaseDir
 
 
 def test_pick_prints_the_cuda_visible_devices_value(h200x2, h200x2_file, lease_dir, run_cli, child_env):

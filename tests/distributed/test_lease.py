@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from torchplace.distributed.lease import LeaseDir, held_by_this_process
+from torchplace.distributed.leases import LeaseDir, held_by_this_process
 from torchplace.errors import LeaseError
 
 UUID = "GPU-7fbb5c6b-5000-1564-ecb5-3c1b2da34bf7"

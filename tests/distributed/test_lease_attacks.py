@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from snapshots import load_snapshot_dict, snapshot_path  # tests/snapshots.py (pythonpath = tests)
 
-from torchplace.distributed.lease import LeaseDir
+from torchplace.distributed.leases import LeaseDir
 
 ATTACKER = 65534
 SNAPSHOT = snapshot_path("h200x1")
@@ -30,7 +30,7 @@ needs_users = pytest.mark.skipif(
     reason="acting as another local user needs root and setpriv (util-linux); run the suite as root")
 
 # lease the GPU and die without giving the note back (as a SIGKILLed job does): its note stays
-LEASE_AND_DIE = ("import os, sys; from torchplace.distributed.lease import LeaseDir; "
+LEASE_AND_DIE = ("import os, sys; from torchplace.distributed.leases import LeaseDir; "
                  "assert LeaseDir().try_acquire(sys.argv[1]) is not None; os._exit(0)")
 # the job: print the GPU it was given, then wait for a line on stdin
 JOB = ["sh", "-c", 'echo "GPU=$CUDA_VISIBLE_DEVICES"; read line']
@@ -169,7 +169,7 @@ def test_notes_of_killed_holders_do_not_pile_up(tmp_path: Path, child_env) -> No
 def test_a_note_that_fails_on_the_second_gpu_gives_the_first_back(folder, child_env) -> None:
     """pick(2) on a file system with one inode left: the first GPU's note takes it, the second's
     cannot be written; the refusal must not keep the first GPU leased."""
-    from torchplace.distributed.lease import held_by_this_process
+    from torchplace.distributed.leases import held_by_this_process
     from torchplace.distributed.pick import pick
     from torchplace.errors import LeaseError
 

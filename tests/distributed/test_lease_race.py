@@ -12,7 +12,7 @@ from collections import defaultdict
 
 import pytest
 
-from torchplace.distributed.lease import LeaseDir
+from torchplace.distributed.leases import LeaseDir
 
 PICKERS = 64
 KILLED = 16

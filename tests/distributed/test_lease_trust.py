@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from snapshots import load_snapshot_dict, snapshot_path  # tests/snapshots.py (pythonpath = tests)
 
-from torchplace.distributed.lease import LeaseDir
+from torchplace.distributed.leases import LeaseDir
 from torchplace.distributed.pick import pick
 from torchplace.errors import LeaseError
 
@@ -132,7 +132,7 @@ def test_the_owner_of_a_lock_file_cannot_free_a_gpu_another_job_holds(world, job
     unlink it while another user's job holds the lock: the next job must still see the GPU held."""
     folder = admin_folder(world)
     env = child_env(TORCHPLACE_LEASE_DIR=str(folder))
-    once = ("import sys; from torchplace.distributed.lease import LeaseDir; "
+    once = ("import sys; from torchplace.distributed.leases import LeaseDir; "
             "LeaseDir().try_acquire(sys.argv[1]).release()")
     assert python_as(ATTACKER, once, UUID, env=env).returncode == 0
     assert os.stat(folder / f"{UUID}.lock").st_uid == ATTACKER

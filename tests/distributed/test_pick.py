@@ -11,11 +11,11 @@ import threading
 import pytest
 from snapshots import load_snapshot_dict
 
-from torchplace.distributed.lease import LeaseDir
+from torchplace.distributed.leases import LeaseDir
 from torchplace.distributed.pick import pick
-from torchplace.distributed.pick_decision import rank_gpus
 from torchplace.errors import LeaseError
 from torchplace.hardware.topology import GpuProcess, Topology
+from torchplace.policy.ranking import rank_gpus
 
 GIB = 2**30
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from torchplace.distributed.lease import LeaseDir
+from torchplace.distributed.leases import LeaseDir
 from torchplace.distributed.run import GpuRequest, plan
 from torchplace.errors import DistributedError
 
@@ -125,7 +125,7 @@ def test_no_command():
 
 JOB = """
 import json, os, sys
-from torchplace.distributed.lease import LeaseDir
+from torchplace.distributed.leases import LeaseDir
 uuids = os.environ["CUDA_VISIBLE_DEVICES"].split(",")
 status = LeaseDir().status(uuids[0])
 print(json.dumps({"pid": os.getpid(), "cvd": uuids, "order": os.environ.get("CUDA_DEVICE_ORDER"),

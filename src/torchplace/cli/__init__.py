@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "map": "torchplace.cli.map",
     "pick": "torchplace.cli.pick",
     "leases": "torchplace.cli.leases",
+    "queue": "torchplace.cli.queue",
     "run": "torchplace.cli.run",
     "ckpt": "torchplace.cli.ckpt",
     "bench": "torchplace.cli.bench",

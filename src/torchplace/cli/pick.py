@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..distributed.pick import pick_request
-    from ..distributed.pick_decision import PickRequest
+    from ..policy.ranking import PickRequest
 
     # every value was checked when parsed (cli.args): count is a whole number >= 1 or "auto"
     request = PickRequest.build(args.count, min_free_memory=args.min_free_memory,

@@ -11,6 +11,20 @@ import sys
 
 from .options import add_json, add_snapshot, print_json
 
+WAIT_FOREVER_S = 7 * 86400  # `--wait` without a value
+
+
+def _wait(text: str) -> float:
+    from .args import duration
+
+    return duration(text)
+
+
+def _size(text: str) -> int:
+    from .args import size
+
+    return size(text)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -27,7 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--once", action="store_true",
                    help="run CMD once even with several GPUs "
                         "(DataParallel, or a program that spawns its own processes)")
-    p.add_argument("--wait", metavar="DURATION", help="wait this long for free GPUs, e.g. 10m (default: no wait)")
+    p.add_argument("--wait", metavar="SECONDS", nargs="?", const=str(WAIT_FOREVER_S), type=_wait,
+                   help="wait in the GPU queue of the lease directory (FIFO within a user, round robin across "
+                        "users) this long, e.g. 600 or 10m; --wait alone: up to a week (default: no wait)")
+    p.add_argument("--memory", metavar="SIZE", type=_size,
+                   help="reserve SIZE on each GPU (e.g. 20GiB) instead of taking it whole: jobs share a GPU "
+                        "while their reservations fit; setup() limits the job to it")
     p.add_argument("--min-free-memory", metavar="SIZE", help="only GPUs with this much free memory, e.g. 20GiB")
     p.add_argument("--max-utilization", type=int, metavar="PCT", help="only GPUs at most PCT percent busy")
     add_snapshot(p, "pick from a captured snapshot (for trying things out)")
@@ -67,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     plan = runner.plan(cmd, gpus=args.gpus, nproc=args.nproc, once=args.once, wait=args.wait,
                        min_free_memory=args.min_free_memory, max_utilization=args.max_utilization,
                        snapshot=args.snapshot, torchrun=torchrun, lease=not args.dry_run,
-                       flight_recorder=args.flight_recorder)
+                       flight_recorder=args.flight_recorder, memory=args.memory)
     if args.dry_run:
         if args.json:
             print_json(plan.to_dict())

@@ -38,8 +38,8 @@ from typing import Any, NoReturn
 
 from ..errors import DistributedError, TorchplaceError
 from ..hardware.launch import torchrun_options_from_slurm
+from ..policy.ranking import PickRequest
 from .pick import Picked, pick_request
-from .pick_decision import PickRequest
 
 #: torchrun options `torchplace run` passes through unchanged (all exist in torch >= 2.6).
 TORCHRUN_OPTIONS = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf",
@@ -134,7 +134,7 @@ def plan(cmd: Sequence[str], *, gpus: str | int | GpuRequest = 1, nproc: int | N
          once: bool = False, wait: float | str | None = None, min_free_memory: int | str | None = None,
          max_utilization: int | None = None, snapshot: str | None = None,
          torchrun: dict[str, Any] | None = None, lease: bool = True,
-         flight_recorder: str | os.PathLike[str] | None = None) -> RunPlan:
+         flight_recorder: str | os.PathLike[str] | None = None, memory: int | str | None = None) -> RunPlan:
     """Pick and lease the GPUs and build the command and environment for the job.
 
     `torchrun` holds pass-through options by name (see TORCHRUN_OPTIONS), e.g.
@@ -181,7 +181,7 @@ def plan(cmd: Sequence[str], *, gpus: str | int | GpuRequest = 1, nproc: int | N
         picked = pick_request(PickRequest.build(
             "auto" if request.auto else request.count or 1, gpus=list(request.named) if request.named else None,
             wait=wait, min_free_memory=min_free_memory, max_utilization=max_utilization, snapshot=snapshot,
-            lease=lease, command=" ".join(cmd)))
+            lease=lease, command=" ".join(cmd), memory=memory))
         changes.update(picked.env())
         changes["TORCHPLACE_LEASE_DIR"] = picked.lease_dir or ""
         count = len(picked.gpus)

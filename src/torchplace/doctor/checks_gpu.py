@@ -181,3 +181,32 @@ def check_compute_mode(facts: Facts) -> list[Finding]:
                                f"{gpu.compute_mode} mode", "One process at a time: DataLoader workers and a second "
                                "job touching CUDA on it will fail.", "Keep CUDA work in one process per GPU."))
     return out
+
+
+@check
+def check_unleased(facts: Facts) -> list[Finding]:
+    """Processes NVML shows on a GPU that no torchplace lease of that GPU covers: `pick` counts their
+    memory as taken, and their owners may not know that others queue for the GPU."""
+    from ..distributed import unleased_processes
+    from ..errors import LeaseError
+
+    try:
+        found = unleased_processes(facts.topology)
+    except LeaseError as exc:  # an untrusted lease folder: `torchplace leases` says why
+        return [Finding("gpu.unleased", "info", "GPUs used without a lease: the lease folder cannot be read",
+                        str(exc))]
+    out = []
+    for gpu in facts.topology.gpus:
+        mine = [p for g, p in found if g.uuid == gpu.uuid]
+        if not mine:
+            continue
+        who = ", ".join(f"pid {p.pid} ({p.user or 'user unknown'}, {format_bytes(p.used_memory_bytes, 'GiB')})"
+                        for p in mine[:5]) + (f" and {len(mine) - 5} more" if len(mine) > 5 else "")
+        total = sum(p.used_memory_bytes or 0 for p in mine)
+        out.append(Finding("gpu.unleased", "warning",
+                           f"GPU {gpu.physical_index} is used without a lease",
+                           f"{who}: {format_bytes(total, 'GiB')} that `torchplace pick` and memory reservations "
+                           "count as taken.",
+                           "Start GPU jobs with `torchplace run` (it leases the GPUs; --memory SIZE shares one), "
+                           "so that others see them in `torchplace leases` and queue behind them."))
+    return out

@@ -3,7 +3,7 @@
 import sys
 import time
 
-from torchplace.distributed.lease import LeaseDir
+from torchplace.distributed.leases import LeaseDir
 
 lease = LeaseDir().try_acquire(sys.argv[1], command="hold_lease.py test holder")
 print("HELD" if lease else "BUSY", flush=True)

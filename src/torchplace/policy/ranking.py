@@ -6,7 +6,7 @@ orders the rest by other users' processes (fewer first), free memory (more first
 steps so near-equal GPUs tie), utilization (lower first, in 10% steps), and a random tie-break,
 so that idle GPUs are not handed out physical 0 first. `choose` adds what the request names
 (counts, explicit GPUs) and its errors. Nothing here reads NVML or touches a lease: everything
-runs on a snapshot, and `pick.py` does the leasing and the waiting.
+runs on a snapshot, and `distributed/pick.py` does the leasing and the waiting.
 """
 
 from __future__ import annotations
@@ -43,25 +43,31 @@ class PickRequest:
     lease_dir: str | os.PathLike[str] | None = None
     command: str | None = None  # recorded as the holder's command (default: this process's argv)
     seed: int | None = None  # fixes the random tie-break (tests)
+    memory_bytes: int | None = None  # reserve this much of each GPU (shared); None: whole GPUs
 
     @classmethod
     def build(cls, count: int | str = 1, *, gpus: Sequence[int | str] | None = None,
               min_free_memory: int | str | None = None, max_utilization: int | None = None,
               wait: float | str | None = None, lease: bool = True,
               snapshot: str | os.PathLike[str] | None = None, lease_dir: str | os.PathLike[str] | None = None,
-              command: str | None = None, seed: int | None = None) -> PickRequest:
+              command: str | None = None, seed: int | None = None,
+              memory: int | str | None = None) -> PickRequest:
         """The request from `pick()`'s arguments; LeaseError for a value that cannot be one."""
         if count != "auto" and (not isinstance(count, int) or count < 1):
             raise LeaseError(f"count={count!r} must be a whole number >= 1 or 'auto'.")
         try:
             min_free = parse_size(min_free_memory) if min_free_memory is not None else None
             wait_s = parse_duration(wait) if wait is not None else 0.0
+            memory_bytes = parse_size(memory) if memory is not None else None
         except ValueError as exc:
             raise LeaseError(str(exc)) from None
         if max_utilization is not None and not 0 <= max_utilization <= 100:
             raise LeaseError(f"max_utilization={max_utilization} must be a percentage from 0 to 100.")
+        if memory_bytes is not None and memory_bytes < 1:
+            raise LeaseError(f"memory={memory!r} reserves nothing. Fix: ask for e.g. '20GiB', or leave it out "
+                             "for whole GPUs.")
         return cls(count, None if gpus is None else tuple(gpus), min_free, max_utilization, wait_s, lease,
-                   snapshot, lease_dir, command, seed)
+                   snapshot, lease_dir, command, seed, memory_bytes)
 
 
 @dataclass(frozen=True)
@@ -186,7 +192,7 @@ def _inventory(topology: Topology) -> str:
 
 
 def _describe_request(count: int | str, min_free: int | None, max_util: int | None,
-                      only: Sequence[str] | None) -> str:
+                      only: Sequence[str] | None, memory: int | None = None) -> str:
     what = f"GPUs {', '.join(only)}" if only else ("any free GPUs" if count == "auto" else
                                                     f"{count} GPU{'s' if count != 1 else ''}")
     conditions = []
@@ -194,6 +200,8 @@ def _describe_request(count: int | str, min_free: int | None, max_util: int | No
         conditions.append(f">= {format_bytes(min_free, 'GiB')} free")
     if max_util is not None:
         conditions.append(f"<= {max_util}% utilization")
+    if memory is not None:
+        conditions.append(f"{format_bytes(memory, 'GiB')} reserved on each")
     return what + (f" with {' and '.join(conditions)}" if conditions else "")
 
 
@@ -210,7 +218,7 @@ class Choice:
     def describe(self, request: PickRequest) -> str:
         """The request in words, for messages: "2 GPUs with >= 20.0 GiB free"."""
         return _describe_request(request.count, request.min_free_memory_bytes, request.max_utilization,
-                                 self.named)
+                                 self.named, request.memory_bytes)
 
 
 def choose(topology: Topology, request: PickRequest, *, user: str | None, rng: random.Random,
@@ -230,4 +238,13 @@ def choose(topology: Topology, request: PickRequest, *, user: str | None, rng: r
     ordered, rejected = rank_gpus(topology, min_free_memory=request.min_free_memory_bytes,
                                   max_utilization=request.max_utilization, only=named, user=user, rng=rng,
                                   environ=environ)
+    if request.memory_bytes is not None:  # a reservation larger than a GPU can never fit there
+        small = [g for g in ordered if g.memory_total_bytes is not None and g.memory_total_bytes < request.memory_bytes]
+        ordered = [g for g in ordered if g not in small]
+        rejected += [Rejection(g.physical_index, g.uuid, f"{format_bytes(g.memory_total_bytes or 0, 'GiB')} in all "
+                               f"< {format_bytes(request.memory_bytes, 'GiB')} to reserve") for g in small]
+        if need != "auto" and len(ordered) < int(need) and small:
+            raise LeaseError(f"Cannot reserve {format_bytes(request.memory_bytes, 'GiB')} on {need} GPU(s) in "
+                             f"{topology.source}: {'; '.join(r.describe() for r in rejected)}. Fix: ask for less "
+                             "memory (--memory), or for fewer GPUs.")
     return Choice(ordered, rejected, need, named)

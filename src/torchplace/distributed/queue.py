@@ -1,0 +1,207 @@
+"""The GPU queue: one file per waiting job in the lease folder, no daemon, the leases' trust rules.
+
+A waiter (`torchplace run --wait`, `pick(wait=...)`) writes ``queue.<uid>.<random>`` (its request:
+how many GPUs, whole or how much memory each, since when, until when) and holds an exclusive flock
+on it while it waits. As with the leases, the kernel is the witness: an entry counts only while
+/proc/locks shows its pid locking it and its owner is the uid its name and content claim, so a
+waiter killed with SIGKILL leaves the queue at once, and nobody can queue in another user's name.
+The folder's checks (root's or ours, sticky, no symbolic links) are `leases.open_folder`'s.
+
+Each waiter reads the queue, orders it (`policy.fairness.serve_order`: FIFO within a user, round
+robin across users) and tries to lease only when `admit` says its turn has come and its request
+fits. A served job touches ``served.<uid>``, whose time is what round robin reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import re
+import secrets
+import stat
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from ..errors import LeaseError
+from ..hardware.host import pid_exists
+from ..policy.fairness import Ask
+from .leases import LEASE_DIR_ENV, LeaseDir, now_iso, open_folder, proc_locks, user_name
+
+QUEUE_PREFIX = "queue."
+SERVED_PREFIX = "served."
+_ENTRY = re.compile(r"^queue\.([0-9]{1,10})\.[0-9a-f]{16}$")
+_SERVED = re.compile(r"^served\.([0-9]{1,10})$")
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """One job in the queue: who, what it asks for, since when, and until when it waits."""
+
+    name: str
+    pid: int
+    uid: int
+    user: str
+    since: str
+    since_ns: int
+    count: int
+    memory_bytes: int | None
+    wait_s: float
+    command: str
+
+    def ask(self) -> Ask:
+        return Ask(self.name, str(self.uid), self.since_ns, self.count, self.memory_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Ticket:
+    """This process's place in the queue: the entry file, locked, until `leave()`."""
+
+    def __init__(self, folder: LeaseDir, name: str, fd: int, waiter: Waiter):
+        self.folder, self.name, self.waiter = folder, name, waiter
+        self._fd: int | None = fd
+
+    def leave(self, served: bool = False) -> None:
+        """Leave the queue (idempotent); `served`: record this user's serve for round robin."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        with open_folder(self.folder.path, create=False) as dirfd:
+            if dirfd is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.name, dir_fd=dirfd)
+                if served:
+                    _touch_served(dirfd)
+        os.close(fd)
+
+    def __enter__(self) -> Ticket:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.leave()
+
+
+def join(folder: LeaseDir, *, count: int, memory_bytes: int | None, wait_s: float,
+         command: str = "") -> Ticket:
+    """Join the queue in `folder` with a request for `count` GPUs (whole, or `memory_bytes` each)."""
+    uid = os.getuid()
+    waiter = Waiter("", os.getpid(), uid, user_name(uid), now_iso(), time.time_ns(), int(count),
+                    memory_bytes, float(wait_s), command[:300])
+    with open_folder(folder.path, create=True) as dirfd:
+        assert dirfd is not None
+        _clear_dead(dirfd, uid)
+        problem: OSError | None = None
+        for _ in range(8):
+            name = f"{QUEUE_PREFIX}{uid}.{secrets.token_hex(8)}"
+            try:
+                fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o644, dir_fd=dirfd)
+            except OSError as exc:
+                problem = exc
+                if exc.errno in (errno.EEXIST, errno.EISDIR, errno.ELOOP):
+                    continue
+                break
+            mine = replace(waiter, name=name)
+            data = json.dumps(mine.to_dict()).encode()
+            try:
+                os.fchmod(fd, 0o644)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the kernel's witness that we wait
+                if os.write(fd, data) != len(data):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                return Ticket(folder, name, fd, mine)
+            except OSError as exc:
+                problem = exc
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dirfd)
+                os.close(fd)
+                break
+    why = problem.strerror if problem is not None and problem.strerror else str(problem)
+    raise LeaseError(f"Cannot join the GPU queue in {folder.path} ({why}). Fix: free space there "
+                     f"(`df {folder.path}`), or set {LEASE_DIR_ENV} to a directory on a file system with room.")
+
+
+def waiters(folder: LeaseDir) -> list[Waiter]:
+    """The jobs waiting now (entries whose writer is alive and locks them), in no order."""
+    with open_folder(folder.path, create=False) as dirfd:
+        if dirfd is None:
+            return []
+        return [w for w in (_read(dirfd, n) for n in os.listdir(dirfd) if _ENTRY.match(n)) if w is not None]
+
+
+def last_served(folder: LeaseDir) -> dict[str, int]:
+    """uid (as text) -> when a job of that user was last served from the queue (ns)."""
+    out: dict[str, int] = {}
+    with open_folder(folder.path, create=False) as dirfd:
+        if dirfd is None:
+            return out
+        for name in os.listdir(dirfd):
+            m = _SERVED.match(name)
+            if not m:
+                continue
+            with contextlib.suppress(OSError):
+                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) and str(st.st_uid) == m.group(1):
+                    out[m.group(1)] = st.st_mtime_ns
+    return out
+
+
+def _touch_served(dirfd: int) -> None:
+    name = f"{SERVED_PREFIX}{os.getuid()}"
+    with contextlib.suppress(OSError):
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     0o644, dir_fd=dirfd)
+        try:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+                os.utime(fd)
+        finally:
+            os.close(fd)
+
+
+def _read(dirfd: int, name: str) -> Waiter | None:
+    """A queue entry, trusted only when its owner is the uid its name and content claim, and counted
+    only while the kernel shows its pid (of that user) locking it."""
+    m = _ENTRY.match(name)
+    if not m:
+        return None
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or str(st.st_uid) != m.group(1) or st.st_size > 65536:
+            return None
+        raw = json.loads(os.read(fd, 65536).decode() or "null")
+        if not isinstance(raw, dict):
+            return None
+        w = Waiter(name, raw["pid"], raw["uid"], str(raw["user"]), str(raw["since"]), raw["since_ns"],
+                   raw["count"], raw.get("memory_bytes"), float(raw["wait_s"]), str(raw.get("command", "")))
+        if (type(w.pid) is not int or w.uid != st.st_uid or type(w.since_ns) is not int
+                or type(w.count) is not int or w.count < 1
+                or not (w.memory_bytes is None or (type(w.memory_bytes) is int and w.memory_bytes > 0))):
+            return None
+        pids = proc_locks(st.st_dev, st.st_ino)
+        alive = pid_exists(w.pid) if pids is None else w.pid in pids
+        return w if alive else None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _clear_dead(dirfd: int, uid: int) -> None:
+    """Remove this user's entries whose writer is gone (a SIGKILLed waiter leaves its file)."""
+    for name in os.listdir(dirfd):
+        m = _ENTRY.match(name)
+        if m and m.group(1) == str(uid) and _read(dirfd, name) is None:
+            with contextlib.suppress(OSError):
+                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+                # no one locks it (an entry being written is locked before its first byte)
+                if st.st_uid == uid and proc_locks(st.st_dev, st.st_ino) == [] and st.st_size > 0:
+                    os.unlink(name, dir_fd=dirfd)
