@@ -412,6 +412,23 @@ def test_a_failing_block_is_reported(runner: Runner, tmp_path: Path):
     assert "ValueError: boom" in failures[0] and "timeout" in failures[1] and "expected 0" in failures[2]
 
 
+def test_recorded_outputs_are_compared(runner: Runner, tmp_path: Path):
+    """A `text output` block must be what its block prints (durations masked, `...` for any lines)."""
+    page = tmp_path / "page.md"
+    page.write_text("```python runnable\nprint('one'); print('two'); print('took 12 ms')\n```\n\n"
+                    "```text output\none\n...\ntook 3 s\n```\n\n"
+                    "```python runnable\nprint('what it prints now')\n```\n```text output\nwhat it printed once\n```\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    printed: dict[int, str] = {}
+    failures = run_page(page, work, runner, outputs=printed)
+    assert len(failures) == 1 and "page.md:11" in failures[0] and "+what it prints now" in failures[0], failures
+    assert write_outputs(page, printed) == 1 and "```text output\nwhat it prints now\n```" in page.read_text()
+    with pytest.raises(ValueError, match="follows the runnable block"):
+        page.write_text("text\n\n```text output\nalone\n```\n")
+        blocks_of(page)
+
+
 def test_results_table_is_up_to_date():
     """docs/results/README.md shows the table tools/summarize_results.py makes from the JSON files."""
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "summarize_results.py"), "--check"],
