@@ -5,6 +5,7 @@ tests/test_docs.py runs every fenced block whose info string says `runnable`
 so without this hook those blocks would render as paragraphs. The hook keeps the language and
 drops the rest, except the file name a block is written to (`file=demo.py`), shown as the block's
 title: on the site a runnable block reads like any other (that it runs is said once, on the home page).
+A recorded output (```` ```text output ````, compared with what its block prints) becomes a plain text block.
 """
 
 from __future__ import annotations
