@@ -4,19 +4,30 @@ Pages: README.md and every .md under docs/. A fenced block is runnable when its 
 
     ```python runnable                  run as a program (like `python example.py`), must exit 0
     ```python runnable file=demo.py     only written to demo.py, for a later console block to run
+    ```python runnable as=train.py      run as train.py (default: example.py)
     ```console runnable                 each line "$ torchplace ..." is run, must exit 0
     ```console runnable exit=1          ... must exit 1 (a doctor that finds an error)
 
 Options: `timeout=SECONDS` (default 120 per block: a hang detector). Console lines may start with environment
 assignments (`$ CUDA_VISIBLE_DEVICES=1 torchplace map`), end with a `# comment`, and continue on
-the next line after a backslash; lines without `$ ` are output and are not compared (outputs
-depend on the machine). Only `torchplace` commands run.
+the next line after a backslash; lines without `$ ` are not compared. Only `torchplace` commands run.
+
+Recorded outputs. A ```` ```text output ```` block right after a runnable block (blank lines between at
+most) is what that block prints, and is compared with what it prints now (`normalized`: durations,
+torch's own line numbers are masked; a line `...` stands for any lines). A python block runs as
+`example.py`, or as the name its `as=train.py` option gives, so its messages name the file a reader
+would have saved it as. Write them
+only for outputs that are the same on every machine (a shipped snapshot, cpu and meta standing in for
+devices); an output of one real machine is a plain ```` ```text ```` block whose page names the machine
+and the date. `python tests/test_docs.py --write PAGE` regenerates a page's recorded outputs.
 
 The blocks of one page run in order in one fresh temporary directory (so a block can use a
 file an earlier one wrote), with `tests/fixtures` of this repository linked into it: blocks
 name fixtures by the same relative path a reader uses from the repository root. The
 environment is this one without TORCHPLACE_* variables, with this interpreter's bin directory
-first on PATH, TORCHPLACE_LEASE_DIR inside the temporary directory and COLUMNS=100.
+first on PATH, TORCHPLACE_LEASE_DIR inside the temporary directory, and a terminal of 80 columns without
+colours (COLUMNS=80, TTY_COMPATIBLE=1, NO_COLOR=1, TERM=dumb): rich lays out tables as a reader's terminal
+would, at the width of a code block on the docs site.
 
 Each python block runs in a process of its own, forked from a small server process that has
 imported torch (about 2.5 s saved per block on a small machine); the block runs as `__main__`
@@ -26,10 +37,12 @@ fresh interpreter instead (`python file.py`), for full fidelity at a few seconds
 Run one page by hand, printing each block's output (to refresh the outputs shown in the docs):
 
     .venv/bin/python tests/test_docs.py docs/checkpoints.md
+    .venv/bin/python tests/test_docs.py --write docs/doctor.md    # and rewrite its recorded outputs
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -50,7 +63,8 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 DEFAULT_TIMEOUT = 120.0
 _FENCE = re.compile(r"^(`{3,})(.*)$")
 _LANGS = {"python", "console"}
-_OPTIONS = {"file", "exit", "timeout"}
+_OPTIONS = {"file", "exit", "timeout", "as"}
+COLUMNS = 80  # what a code block of the docs site shows at 1280 px (tools/check_site.py measures it)
 
 
 @dataclass
@@ -60,6 +74,8 @@ class Block:
     lang: str
     code: str
     options: dict[str, str] = field(default_factory=dict)
+    recorded: str | None = None  # the ```text output block after it, when there is one
+    recorded_lines: tuple[int, int] = (0, 0)  # its body's first and last+1 line, 0-based
 
     @property
     def where(self) -> str:
@@ -101,8 +117,40 @@ def blocks_of(page: Path) -> list[Block]:
                 raise ValueError(f"{where}: runnable blocks are python or console, with options "
                                  f"{sorted(_OPTIONS)}; got {info}")
             found.append(Block(page, i + 1, lang, "\n".join(body) + "\n", options))
+            k = j + 1
+            while k < len(lines) and not lines[k].strip():
+                k += 1
+            m = _FENCE.match(lines[k]) if k < len(lines) else None
+            if m and m.group(2).split() == ["text", "output"]:
+                end = next((e for e in range(k + 1, len(lines)) if lines[e].startswith(m.group(1))), len(lines))
+                found[-1].recorded = "\n".join(lines[k + 1:end]) + "\n"
+                found[-1].recorded_lines = (k + 1, end)
+                j = end
+        elif info[:2] == ["text", "output"]:
+            raise ValueError(f"{_rel(page)}:{i + 1}: a recorded output (```text output) follows the runnable block "
+                             "it records, with only blank lines between")
         i = j + 1
     return found
+
+
+_MASKS = [
+    (re.compile(r"\b\d+(\.\d+)? ?(ms|µs|us|s)\b"), "<time>"),  # durations
+    (re.compile(r"(torch/[\w/]+\.py):\d+"), r"\1:<n>"),  # torch's own lines move between versions
+]
+
+
+def normalized(text: str) -> str:
+    """TEXT with what differs between runs masked, trailing spaces and blank lines at either end dropped."""
+    for pattern, replacement in _MASKS:
+        text = pattern.sub(replacement, text)
+    return "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
+
+
+def matches(recorded: str, printed: str) -> bool:
+    """Whether PRINTED is RECORDED once both are normalized, a recorded line `...` standing for any lines."""
+    parts = [r"(?:[^\n]*\n)*?" if line == "..." else re.escape(line) + r"\n"
+             for line in normalized(recorded).splitlines()]
+    return re.fullmatch("".join(parts), normalized(printed) + "\n") is not None
 
 
 def console_commands(block: Block) -> list[tuple[dict[str, str], list[str]]]:
@@ -239,7 +287,7 @@ def base_env(workdir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHPLACE_") and k != "PYTEST_CURRENT_TEST"}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["TORCHPLACE_LEASE_DIR"] = str(workdir / ".leases")
-    env["COLUMNS"] = "100"
+    env.update(COLUMNS=str(COLUMNS), TTY_COMPATIBLE="1", NO_COLOR="1", TERM="dumb")
     return env
 
 
@@ -254,8 +302,10 @@ def _shown(extra: dict[str, str], argv: list[str]) -> str:
     return shlex.join([f"{k}={v}" for k, v in extra.items()] + argv)
 
 
-def run_page(page: Path, workdir: Path, runner: Runner, echo: bool = False) -> list[str]:
-    """Run PAGE's runnable blocks in order in WORKDIR; return the failures (empty when all pass)."""
+def run_page(page: Path, workdir: Path, runner: Runner, echo: bool = False,
+             outputs: dict[int, str] | None = None) -> list[str]:
+    """Run PAGE's runnable blocks in order in WORKDIR; return the failures (empty when all pass).
+    OUTPUTS, when given, receives what each block with a recorded output printed, by the block's line."""
     prepare(workdir)
     env = base_env(workdir)
     failures: list[str] = []
@@ -264,7 +314,7 @@ def run_page(page: Path, workdir: Path, runner: Runner, echo: bool = False) -> l
     for _n, block in enumerate(blocks_of(page)):
         started = time.monotonic()
         if block.lang == "python":
-            path = workdir / block.options.get("file", f"block_{block.line}.py")
+            path = workdir / block.options.get("file", block.options.get("as", "example.py"))
             path.write_text(block.code)
             if "file" in block.options:
                 continue
@@ -288,7 +338,32 @@ def run_page(page: Path, workdir: Path, runner: Runner, echo: bool = False) -> l
                 failures.append(f"{block.where}: {what} ran past its {block.timeout:.0f} s timeout\n{output[-3000:]}")
             elif rc != expected or "Traceback (most recent call last)" in output and block.lang == "console":
                 failures.append(f"{block.where}: {what} exited {rc}, expected {expected}\n{output[-3000:]}")
+        if block.recorded is not None:
+            printed = "".join(output for _what, _rc, output, _t in results)
+            if outputs is not None:
+                outputs[block.line] = printed
+            if not matches(block.recorded, printed):
+                diff = difflib.unified_diff(normalized(block.recorded).splitlines(), normalized(printed).splitlines(),
+                                            "recorded on the page", "printed now", lineterm="", n=1)
+                failures.append(f"{block.where}: the output recorded below the block is not what it prints "
+                                f"(`python tests/test_docs.py --write {_rel(page)}` rewrites it):\n"
+                                + "\n".join(list(diff)[:60]))
     return failures
+
+
+def write_outputs(page: Path, outputs: dict[int, str]) -> int:
+    """Put OUTPUTS (by block line) into PAGE's recorded-output blocks that no longer match; return how many."""
+    lines = page.read_text().splitlines()
+    changed = 0
+    for block in reversed(blocks_of(page)):  # from the end, so earlier line numbers stay valid
+        if block.recorded is None or block.line not in outputs or matches(block.recorded, outputs[block.line]):
+            continue  # an abridged output (`...` lines) that still matches stays as it was written
+        new = [line.rstrip() for line in outputs[block.line].strip("\n").splitlines()]
+        start, end = block.recorded_lines
+        lines[start:end] = new
+        changed += 1
+    page.write_text("\n".join(lines) + "\n")
+    return changed
 
 
 # --------------------------------------------------------------------------- tests
@@ -337,6 +412,23 @@ def test_a_failing_block_is_reported(runner: Runner, tmp_path: Path):
     assert "ValueError: boom" in failures[0] and "timeout" in failures[1] and "expected 0" in failures[2]
 
 
+def test_recorded_outputs_are_compared(runner: Runner, tmp_path: Path):
+    """A `text output` block must be what its block prints (durations masked, `...` for any lines)."""
+    page = tmp_path / "page.md"
+    page.write_text("```python runnable\nprint('one'); print('two'); print('took 12 ms')\n```\n\n"
+                    "```text output\none\n...\ntook 3 s\n```\n\n"
+                    "```python runnable\nprint('what it prints now')\n```\n```text output\nwhat it printed once\n```\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    printed: dict[int, str] = {}
+    failures = run_page(page, work, runner, outputs=printed)
+    assert len(failures) == 1 and "page.md:11" in failures[0] and "+what it prints now" in failures[0], failures
+    assert write_outputs(page, printed) == 1 and "```text output\nwhat it prints now\n```" in page.read_text()
+    with pytest.raises(ValueError, match="follows the runnable block"):
+        page.write_text("text\n\n```text output\nalone\n```\n")
+        blocks_of(page)
+
+
 def test_results_table_is_up_to_date():
     """docs/results/README.md shows the table tools/summarize_results.py makes from the JSON files."""
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "summarize_results.py"), "--check"],
@@ -359,14 +451,21 @@ def test_links_between_pages_resolve():
     assert not broken, broken
 
 
-if __name__ == "__main__":  # print every block's output of the pages given (default: all)
-    chosen = [Path(a).resolve() for a in sys.argv[1:]] or _runnable_pages()
+if __name__ == "__main__":  # print every block's output of the pages given (default: all); --write records them
+    args = sys.argv[1:]
+    write = "--write" in args
+    chosen = [Path(a).resolve() for a in args if a != "--write"] or _runnable_pages()
     r = Runner(spawn=os.environ.get("TORCHPLACE_DOCS_SPAWN") == "1" or sys.platform != "linux")
     bad = []
     try:
         for page_path in chosen:
+            printed: dict[int, str] = {}
             with tempfile.TemporaryDirectory() as tmp:
-                bad += run_page(page_path, Path(tmp), r, echo=True)
+                failed = run_page(page_path, Path(tmp), r, echo=not write, outputs=printed)
+            if write:
+                print(f"{_rel(page_path)}: {write_outputs(page_path, printed)} recorded output(s) rewritten")
+                failed = [f for f in failed if "recorded below the block" not in f]
+            bad += failed
     finally:
         r.close()
     print("\n\n".join(bad) if bad else "all blocks ran")

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # What a pip user gets: build the wheel and the sdist, install the wheel into a fresh venv that has
-# only torch, and from a folder outside the repository run the first commands of README.md and
-# docs/quickstart.md, `python -m torchplace --help` and `torchplace bench diagnose --quick`.
+# only torch, and from a folder outside the repository run the first console commands of README.md,
+# the docs' home page, docs/install.md and docs/quickstart.md, the first python example of the home
+# page and of the quickstart, `python -m torchplace --help` and `torchplace bench diagnose --quick`.
 # CI runs it after `make test` (.ci/run); by hand: bash tools/check_wheel.sh [PYTHON]
+# (KEEP_WORK=1 leaves the venv and the folder it ran in, and says where).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON="${1:-python3}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"  # the Makefile's pin: a local CPU wheel where one is provided
 WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
+if [ -n "${KEEP_WORK:-}" ]; then trap 'echo "check_wheel: kept $WORK (venv: $WORK/venv)"' EXIT; else trap 'rm -rf "$WORK"' EXIT; fi
 pip_() {  # quiet, less the warnings about index folders this machine lacks
   "$WORK/venv/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }
   return "${PIPESTATUS[0]}"
@@ -55,8 +57,9 @@ mkdir "$WORK/user" && cd "$WORK/user"
 export PATH="$WORK/venv/bin:$PATH" COLUMNS=120
 run() { echo "\$ $*"; bash -c "$*" > "$WORK/out.txt" 2>&1 || { cat "$WORK/out.txt"; echo "check_wheel: failed: $*"; exit 1; }
         tail -n 3 "$WORK/out.txt"; }
+PAGES=("$ROOT/README.md" "$ROOT/docs/README.md" "$ROOT/docs/install.md" "$ROOT/docs/quickstart.md")
 # the first runnable console block of each page, as a reader types it
-while IFS= read -r line; do run "$line"; done < <(python - "$ROOT/README.md" "$ROOT/docs/quickstart.md" <<'PY'
+while IFS= read -r line; do run "$line"; done < <(python - "${PAGES[@]}" <<'PY'
 import re, sys
 for page in sys.argv[1:]:
     block = re.search(r"^```console runnable\n(.*?)^```", open(page).read(), re.MULTILINE | re.DOTALL)
@@ -65,6 +68,15 @@ for page in sys.argv[1:]:
             print(line[2:].split("  #")[0].strip())
 PY
 )
+# the first runnable python block of the home page and of the quickstart, saved as a reader saves it
+python - "$ROOT/docs/README.md" "$ROOT/docs/quickstart.md" <<'PY'
+import re, sys
+for n, page in enumerate(sys.argv[1:]):
+    block = re.search(r"^```python runnable\n(.*?)^```", open(page).read(), re.MULTILINE | re.DOTALL)
+    open(f"example{n}.py", "w").write(block.group(1))
+PY
+run python example0.py
+run python example1.py
 run python -c "'import torchplace, sys; assert \"$ROOT\" not in torchplace.__file__, torchplace.__file__'"
 run python -m torchplace --help
 run torchplace bench diagnose --quick

@@ -32,6 +32,13 @@ def test_map_into_a_pipe_shows_whole_uuids_at_80_columns(run_cli, child_env):
     assert "…" not in out.stdout
 
 
+def test_doctor_on_a_terminal_wraps_its_version_lines_between_fields(child_env):
+    """At 80 columns `... NCCL` ended one line and `2.28.9` began the next: two facts to a reader."""
+    run = on_terminal(["doctor", "--snapshot", str(snapshot_path("h200x1"))], child_env(), columns=80)
+    assert "NCCL 2.28.9" in run.text and "/dev/shm 128.0 GiB" in run.text, run.text
+    assert max(len(line) for line in run.text.splitlines()[:4]) <= 80, run.text
+
+
 def test_doctor_into_a_pipe_keeps_each_value_on_one_line(run_cli, child_env):
     out = run_cli(["doctor", "--snapshot", X2], env=child_env(COLUMNS="80"))
     assert out.returncode == 0, out.stderr

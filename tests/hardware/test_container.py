@@ -55,6 +55,8 @@ def test_a_container_given_no_gpu_says_how_to_give_it_one():
     assert "--gpus all" in found.fix and "NVIDIA Container Toolkit" in found.fix
     found = _found(_facts(gpus=False, container=None, NVIDIA_VISIBLE_DEVICES="none"))["container.no_gpu"]
     assert "NVIDIA_VISIBLE_DEVICES='none'" in found.detail
+    found = _found(_facts(gpus=False, NVIDIA_VISIBLE_DEVICES="0"))["container.no_gpu"]  # `docker run -e`, no --gpus
+    assert "only the NVIDIA Container Toolkit reads it" in found.detail and "--gpus all" in found.fix
 
 
 def test_a_cuda_visible_devices_written_for_the_host_is_named_inside():

@@ -242,13 +242,27 @@ def _machine_lines(facts: Any) -> list[str]:
     return lines
 
 
+def _print_fields(text: str, out: Console | None = None) -> None:
+    """A line of `name value` fields two spaces apart, wrapped between fields, never inside one
+    (`NCCL` at the end of a line and `2.28.9` on the next reads as two facts)."""
+    out = out or console
+    current = ""
+    for field in text.split("  "):
+        if current and cell_len(current) + 2 + cell_len(field) > out.width:
+            out.print(current)  # a field longer than the line alone still wraps, between words
+            current = "  " + field
+        else:
+            current = f"{current}  {field}" if current else field
+    out.print(current)
+
+
 def render_report(report: Any) -> None:
     facts = report.facts
     topo = facts.topology
     console.print(line(("torchplace doctor", "bold"),
                        f" ({'this machine' if facts.source == 'live' else facts.source})"))
     for text in _machine_lines(facts):
-        console.print(text)
+        _print_fields(text)
     console.print(_env_line(facts))
     if topo.gpus:
         _gpu_table(facts, "GPUs")

@@ -36,9 +36,13 @@ def check_container(facts: Facts) -> list[Finding]:
                             f"{_GIVE_GPUS}.")]
         why = facts.topology.nvml_error or "NVML lists no GPU"
         wants_gpu = facts.versions.torch_cuda is not None  # with a CPU-only torch, a GPU-less container is the plan
+        # seen in a real docker container: `docker run -e NVIDIA_VISIBLE_DEVICES=0` without --gpus gives nothing
+        unread = (f" NVIDIA_VISIBLE_DEVICES={given!r} is set, but only the NVIDIA Container Toolkit reads it, on the "
+                  "host, as the container starts: passed with `docker run -e` and no --gpus (or set inside), it "
+                  "gives no GPU.") if given else ""
         return [Finding("container.no_gpu", "warning" if wants_gpu else "info",
                         f"This runs in {where}, and no GPU is visible in it",
-                        f"{why}. A container sees GPUs only when its engine was told to give them.",
+                        f"{why}. A container sees GPUs only when its engine was told to give them.{unread}",
                         f"{_GIVE_GPUS}; `nvidia-smi` inside the container should then list them.")]
     ids = "; ".join(f"GPU {g.physical_index} = {g.uuid} at {g.pci_bus_id or '?'}" for g in gpus)
     chose = f"NVIDIA_VISIBLE_DEVICES={given!r} chose them on the host; " if given is not None else ""
