@@ -150,6 +150,7 @@ def test_no_gpus_at_all():
     empty = Topology(nvml_error="NVML Shared Library Not Found")
     assert map_visible(None, empty, None).visible == []
     assert map_visible("0", empty, None).stopped_at.startswith("'0' is out of range")
+    assert "0..-1" not in map_visible("0", empty, None).stopped_at  # no GPU: "no device exists", not a range
 
 
 @settings(max_examples=300, deadline=None)

@@ -281,8 +281,8 @@ def _resolve_entry(entry: str, kind: str, devices: list[tuple[GpuRecord, MigInst
         if number < 0:
             return None, "is negative" + (f" ({wrapped[3:]})" if wrapped else "")
         if number >= len(devices):
-            return None, (f"is out of range ({len(devices)} device(s) exist: 0..{len(devices) - 1})"
-                          + (f"; it {wrapped}" if wrapped else ""))
+            exist = f"{len(devices)} device(s) exist: 0..{len(devices) - 1}" if devices else "no device exists"
+            return None, f"is out of range ({exist})" + (f"; it {wrapped}" if wrapped else "")
         return number, wrapped
     if entry in ("GPU-", "MIG-"):
         return None, "has no UUID after its prefix"
