@@ -271,7 +271,7 @@ def describe_resume(path: Path, world_size: int) -> list[str]:
         state, skip, note = pick(position, 0, world_size)
         length = state.get("length")
         epoch = state.get("sampler", {}).get("epoch")
-        at = (f"batch {skip + 1}{f' of {length}' if length else ''} of its epoch"
+        at = (f"batch {skip + 1}{f' of {length}' if length and saved_world == world_size else ''} of its epoch"
               + (f" (sampler epoch {epoch})" if epoch is not None else "")
               + f": the {skip} batch(es) before are skipped by index, not loaded"
               if skip else "the start of an epoch (the checkpoint was saved between epochs)")
