@@ -3,6 +3,9 @@
 argv[1] is the run's folder. Every trained batch is logged (rank{R}.jsonl: attempt, step, epoch, sample
 ids), and so is how many samples the dataset loaded in this attempt. KILL_AT_STEP=N: rank 1 SIGKILLs itself
 right after step N of the first attempt (kill -9 mid-epoch, after that step's checkpoint if it made one).
+HOLD_WHEN_ALONE=1: a job that re-formed on one rank of two trains to its next checkpoint and then waits (at
+most 240 s) for the node started again to join (torchrun's agent then restarts it as a membership change).
+STEP_SLEEP=S: sleep S seconds after each step (a node can be killed mid-run from outside).
 LOAD_ONLY=1: load the newest checkpoint on however many ranks this job has and print what setup() said.
 """
 
@@ -10,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -67,14 +71,18 @@ for epoch in range(start, EPOCHS):
         loss.backward()
         opt.step()
         step += 1
-        log.write(json.dumps({"attempt": attempt, "step": step, "epoch": epoch, "ids": ids.tolist()}) + "\n")
+        log.write(json.dumps({"attempt": attempt, "pid": os.getpid(), "world": rt.world_size, "step": step,
+                              "epoch": epoch, "ids": ids.tolist()}) + "\n")
         log.flush()
         if step % EVERY == 0:
             rt.save(out / "ck" / f"step{step:04d}.tpck", model=model, optimizer=opt,
                     extra={"step": step, "epoch": epoch}, keep_last=2, all_ranks=True)
         if step == kill_at and attempt == 0 and rt.rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)
-log.write(json.dumps({"attempt": attempt, "loads": loads[0]}) + "\n")
+        time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
+        if os.environ.get("HOLD_WHEN_ALONE") and rt.world_size == 1 and step % EVERY == 0:
+            time.sleep(240)
+log.write(json.dumps({"attempt": attempt, "pid": os.getpid(), "loads": loads[0]}) + "\n")
 log.close()
 if rt.is_main:
     torch.save((model.module if rt.world_size > 1 else model).state_dict(), out / "final.pt")
