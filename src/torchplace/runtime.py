@@ -123,7 +123,7 @@ class Runtime:
         if note:
             self._say(f"resume: {note}")
 
-    def _with_position(self, state: dict[str, Any]) -> dict[str, Any]:
+    def _with_position(self, path: str | os.PathLike[str], state: dict[str, Any]) -> dict[str, Any]:
         """STATE with the newest rt.loader's position under 'loader' (every rank's with all_ranks=True)."""
         if self._loader is None or "loader" in state:
             return state
@@ -131,6 +131,9 @@ class Runtime:
         if state.get("all_ranks") and self.world_size > 1:
             import torch.distributed as dist
 
+            from .checkpoint.distributed import join_ranks
+
+            join_ranks(Path(path), "rt.save(all_ranks=True) gathering every rank's loader position")  # no hang
             every: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
             dist.gather_object(mine, every, dst=0)
             return {**state, "loader": {"per_rank": every} if every is not None else mine}
@@ -153,13 +156,13 @@ class Runtime:
         """`torchplace.save` (atomic; only rank 0 writes under torchrun)."""
         from .checkpoint.saving import save
 
-        return save(path, **self._with_position(state))
+        return save(path, **self._with_position(path, state))
 
     def save_async(self, path: str | os.PathLike[str], **state: Any) -> SaveFuture:
         """`torchplace.save_async`: returns once the state is copied; the file is written in the background."""
         from .checkpoint.background import save_async
 
-        return save_async(path, **self._with_position(state))
+        return save_async(path, **self._with_position(path, state))
 
     def load(self, path: str | os.PathLike[str], **kwargs: Any) -> Checkpoint:
         """`torchplace.load` onto this runtime's device."""

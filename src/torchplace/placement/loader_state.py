@@ -189,14 +189,15 @@ class _Skipping:
     """An index sampler whose next iteration starts SKIP batches in (indices drawn and dropped, no data read)."""
 
     def __init__(self, inner: Any, skip: int) -> None:
-        self.inner, self.skip, self.last = inner, skip, None
+        self.inner, self.skip = inner, skip
+        self.last: _SkipIter | None = None
         self.batch_size = getattr(inner, "batch_size", None)
         self.drop_last = getattr(inner, "drop_last", False)
         self.sampler = getattr(inner, "sampler", inner)
 
     def __iter__(self) -> _SkipIter:
-        self.last = _SkipIter(iter(self.inner), self.skip)
-        return self.last
+        it = self.last = _SkipIter(iter(self.inner), self.skip)
+        return it
 
     def __len__(self) -> int:
         return max(0, len(self.inner) - self.skip)
@@ -256,10 +257,6 @@ class Tracked(Epoch):
             raise
         self.position.handed()
         return batch
-
-    @property  # type: ignore[override]
-    def superseded(self) -> bool:
-        return bool(getattr(self.inner, "superseded", False))
 
     def running(self) -> bool:
         return self.inner.running() if isinstance(self.inner, Epoch) else True
