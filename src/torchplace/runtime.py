@@ -120,7 +120,7 @@ class Runtime:
 
         state, skip, note = pick(saved, self.rank, self.world_size)
         made._position.load_state_dict(state, skip, note)
-        if note:
+        if note and f"resume: {note}" not in self.decisions:  # setup() said it already, from the file's header
             self._say(f"resume: {note}")
 
     def _with_position(self, path: str | os.PathLike[str], state: dict[str, Any]) -> dict[str, Any]:
@@ -187,7 +187,8 @@ class Runtime:
             else:
                 self._loader_saved = saved
         for note in ck.notes:
-            self._say(f"resume: {note}")
+            if f"resume: {note}" not in self.decisions:
+                self._say(f"resume: {note}")
         return ck
 
     def explain(self, model: torch.nn.Module, *inputs: Any, **kwargs: Any) -> Explanation:
@@ -293,7 +294,8 @@ def describe_resume(path: Path, world_size: int) -> list[str]:
                "the model and optimizer (one unsharded copy) load whole on every rank")
             + "; per-rank RNG cannot be resharded: "
             + ("every rank restores rank 0's generators" if per_rank else
-               "the file holds rank 0's generators only: rank 0 restores them, the others keep their own")
+               "the file holds rank 0's generators only: rank 0 restores them, the others keep their own"
+               if isinstance(meta.get("rng_rank"), int) else "every rank restores the one process's generators")
             + " (random draws such as dropout differ from an unbroken run from here on)")
     return lines
 

@@ -46,6 +46,6 @@ def test_a_4_rank_checkpoint_resumes_on_another_number_of_ranks(saved_by_4, npro
             "the model and optimizer (one unsharded copy) load whole on every rank") in said
         assert "per-rank RNG cannot be resharded: every rank restores rank 0's generators" in said
         assert "step 2, epoch 0; the loader continues at batch" in said
-        assert (f"saved by 4 ranks (2 batch(es) each) and this run has {nproc}: each rank skips {8 // nproc}"
+        assert (f"saved by 4 rank(s) (2 batch(es) each) and this run has {nproc}: each rank skips {8 // nproc}"
                 f" batch(es)") in said
         assert ("2 batch(es) of samples before the position are seen again" if nproc == 3 else "(exact)") in said

@@ -283,7 +283,7 @@ def pick(saved: dict[str, Any], rank: int, world_size: int) -> tuple[dict[str, A
     if saved_world == world_size or not taken:
         return state, taken, ""
     skip, rest = divmod(taken * saved_world, world_size)
-    note = (f"loader position saved by {saved_world} ranks ({taken} batch(es) each) and this run has {world_size}: "
+    note = (f"loader position saved by {saved_world} rank(s) ({taken} batch(es) each) and this run has {world_size}: "
             f"each rank skips {skip} batch(es) of the epoch's order"
             + (f"; {rest} batch(es) of samples before the position are seen again ({taken} x {saved_world} is not "
                f"a multiple of {world_size})" if rest else " (exact)"))
