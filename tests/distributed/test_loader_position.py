@@ -104,3 +104,23 @@ def test_n_ranks_to_m_skip_the_same_samples_of_the_order():
     assert skip == 4 and "0 batch" not in note and "exact" in note
     _, skip, note = pick({"per_rank": [{"torchplace_loader": 1, "taken": 1}] * 4}, 0, 3)
     assert skip == 1 and "1 batch(es) of samples before the position are seen again" in note
+
+
+@pytest.mark.parametrize("stateful", [False, True])
+def test_the_position_goes_through_a_checkpoint_file(tmp_path, stateful):
+    """tp.save(loader=...) writes it as plain data (a StatefulDataLoader's state with its workers' too)
+    and tp.load(loader=...) gives it back."""
+    if stateful:
+        kind = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+        make = lambda: kind(list(range(40)), batch_size=4, shuffle=True, num_workers=2)  # noqa: E731
+    else:
+        make = lambda: DataLoader(list(range(40)), batch_size=4, shuffle=True)  # noqa: E731
+    loader = tp.DeviceLoader(make(), "cpu")
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    tp.save(tmp_path / "ck.tpck", loader=loader)
+    rest = [b.tolist() for b in batches]
+    again = tp.DeviceLoader(make(), "cpu")
+    tp.load(tmp_path / "ck.tpck", loader=again)
+    assert [b.tolist() for b in again] == rest
