@@ -80,6 +80,9 @@ class Runtime:
     decisions: list[str] = field(default_factory=list)
     checkpoint_dir: Path | None = None  # where the run's checkpoints go (setup's checkpoint_dir)
     resume_from: Path | None = None  # the checkpoint setup() decided to continue from (None: from the start)
+    _loader: DeviceLoader | None = field(default=None, repr=False)  # the newest rt.loader: its position is saved
+    _loader_saved: dict[str, Any] | None = field(default=None, repr=False)  # a resumed position for the next rt.loader
+    _verbose: bool = field(default=True, repr=False)
 
     @property
     def rank(self) -> int:
@@ -100,10 +103,46 @@ class Runtime:
         return to_device(obj, self.device, **kwargs)
 
     def loader(self, loader: Iterable[T], **kwargs: Any) -> DeviceLoader[T]:
-        """Wrap a DataLoader so batches arrive on the device, copies overlapped with compute."""
+        """Wrap a DataLoader so batches arrive on the device, copies overlapped with compute. Its position
+        in the epoch goes into every checkpoint `rt.save`/`rt.save_async` write, and after `rt.resume()` the
+        loader made next starts at the batch after the checkpoint's (skipped by index, not loaded)."""
         from .placement.loader import DeviceLoader
 
-        return DeviceLoader(loader, self.device, **kwargs)
+        made = DeviceLoader(loader, self.device, **kwargs)
+        self._loader = made
+        if self._loader_saved is not None:
+            self._give_position(made, self._loader_saved)
+            self._loader_saved = None
+        return made
+
+    def _give_position(self, made: DeviceLoader[Any], saved: dict[str, Any]) -> None:
+        from .placement.loader_state import pick
+
+        state, skip, note = pick(saved, self.rank, self.world_size)
+        made._position.load_state_dict(state, skip, note)
+        if note and f"resume: {note}" not in self.decisions:  # setup() said it already, from the file's header
+            self._say(f"resume: {note}")
+
+    def _with_position(self, path: str | os.PathLike[str], state: dict[str, Any]) -> dict[str, Any]:
+        """STATE with the newest rt.loader's position under 'loader' (every rank's with all_ranks=True)."""
+        if self._loader is None or "loader" in state:
+            return state
+        mine = {**self._loader.state_dict(), "world_size": self.world_size, "rank": self.rank}
+        if state.get("all_ranks") and self.world_size > 1:
+            import torch.distributed as dist
+
+            from .checkpoint.distributed import join_ranks
+
+            join_ranks(Path(path), "rt.save(all_ranks=True) gathering every rank's loader position")  # no hang
+            every: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
+            dist.gather_object(mine, every, dst=0)
+            return {**state, "loader": {"per_rank": every} if every is not None else mine}
+        return {**state, "loader": mine}
+
+    def _say(self, line: str) -> None:
+        self.decisions.append(line)
+        if self.is_main and self._verbose:
+            _report(f"torchplace: {line}")
 
     def autocast(self, **kwargs: Any) -> PolicyAutocast:
         """Autocast for the chosen precision (a no-op context for fp32), checked on the first step."""
@@ -117,13 +156,13 @@ class Runtime:
         """`torchplace.save` (atomic; only rank 0 writes under torchrun)."""
         from .checkpoint.saving import save
 
-        return save(path, **state)
+        return save(path, **self._with_position(path, state))
 
     def save_async(self, path: str | os.PathLike[str], **state: Any) -> SaveFuture:
         """`torchplace.save_async`: returns once the state is copied; the file is written in the background."""
         from .checkpoint.background import save_async
 
-        return save_async(path, **state)
+        return save_async(path, **self._with_position(path, state))
 
     def load(self, path: str | os.PathLike[str], **kwargs: Any) -> Checkpoint:
         """`torchplace.load` onto this runtime's device."""
@@ -138,7 +177,19 @@ class Runtime:
         when the run starts from the beginning. Every rank calls it and loads the same file."""
         if self.resume_from is None:
             return None
-        return self.load(self.resume_from, model=model, **objects)
+        ck = self.load(self.resume_from, model=model, **objects)
+        from .placement.loader_state import is_position
+
+        saved = ck.state.get("loader")
+        if "loader" not in objects and is_position(saved):
+            if self._loader is not None and not self._loader._position.started:
+                self._give_position(self._loader, saved)
+            else:
+                self._loader_saved = saved
+        for note in ck.notes:
+            if f"resume: {note}" not in self.decisions:
+                self._say(f"resume: {note}")
+        return ck
 
     def explain(self, model: torch.nn.Module, *inputs: Any, **kwargs: Any) -> Explanation:
         """`torchplace.explain`: which tensor or module sits on the wrong device, and where."""
@@ -197,6 +248,56 @@ def _decide_resume(resume: bool | Literal["auto"], checkpoint_dir: str | os.Path
             decisions.append(f"resume: could not record job {job!r} in {checkpoint_dir} ({exc}); a restart "
                              "torchrun does not count will start from the beginning")
     return decision.path
+
+
+def describe_resume(path: Path, world_size: int) -> list[str]:
+    """What continuing from PATH will restore, read from its header (no tensor is loaded): the step and epoch
+    the program saved in extra=, the loader's position in its epoch, and, when the file was saved by another
+    number of ranks than WORLD_SIZE, what loads as it was, what is resharded and what cannot be."""
+    from .checkpoint import codec
+    from .checkpoint.distributed import SIDE_FILE
+    from .checkpoint.format import read_header
+    from .placement.loader_state import is_position, pick
+
+    sharded = path.is_dir()
+    try:
+        header = read_header(path / SIDE_FILE if sharded else path)
+        tree = codec.decode(header.meta["state"], codec.TensorRef) if header.meta else {}
+    except (CheckpointError, ValueError, KeyError, OSError) as exc:
+        return [f"{path}: its header could not be read for the summary ({exc}); rt.resume() says what it loads"]
+    meta = header.meta or {}
+    saved_world = int(meta.get("world_size") or 1)
+    extra = tree.get("extra") if isinstance(tree.get("extra"), dict) else {}
+    where = ", ".join(f"{k} {extra[k]}" for k in ("step", "epoch") if isinstance(extra.get(k), int))
+    lines = []
+    position = tree.get("loader")
+    if is_position(position):
+        state, skip, note = pick(position, 0, world_size)
+        length = state.get("length")
+        epoch = state.get("sampler", {}).get("epoch")
+        at = (f"batch {skip + 1}{f' of {length}' if length and saved_world == world_size else ''} of its epoch"
+              + (f" (sampler epoch {epoch})" if epoch is not None else "")
+              + f": the {skip} batch(es) before are skipped by index, not loaded"
+              if skip else "the start of an epoch (the checkpoint was saved between epochs)")
+        lines.append(f"{path.name}: {where + '; ' if where else ''}the loader continues at {at}")
+        if note:
+            lines.append(note)
+    elif where:
+        lines.append(f"{path.name}: {where}; no loader position saved (rt.save without an rt.loader): "
+                     "the loop decides where its epoch starts")
+    if saved_world != world_size:
+        rng = (tree.get("rng") or {})
+        per_rank = isinstance(rng, dict) and "per_rank" in rng
+        lines.append(
+            f"saved by {saved_world} rank(s), this run has {world_size}: "
+            + ("the model and optimizer shards are resharded by torch.distributed.checkpoint" if sharded else
+               "the model and optimizer (one unsharded copy) load whole on every rank")
+            + "; per-rank RNG cannot be resharded: "
+            + ("every rank restores rank 0's generators" if per_rank else
+               "the file holds rank 0's generators only: rank 0 restores them, the others keep their own"
+               if isinstance(meta.get("rng_rank"), int) else "every rank restores the one process's generators")
+            + " (random draws such as dropout differ from an unbroken run from here on)")
+    return lines
 
 
 def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "auto",
@@ -315,8 +416,10 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
         decisions.append(f"strict mode: {mode}s on device mistakes")
 
     resume_from = _decide_resume(resume, checkpoint_dir, info, launch, decisions)
+    if resume_from is not None:
+        decisions.extend(f"resume: {line}" for line in describe_resume(resume_from, info.world_size if info else 1))
     runtime = Runtime(dev, policy, plan, info, seed, mode, decisions,
-                      Path(checkpoint_dir) if checkpoint_dir is not None else None, resume_from)
+                      Path(checkpoint_dir) if checkpoint_dir is not None else None, resume_from, _verbose=verbose)
     if verbose and runtime.is_main:
         _report(runtime.summary())
     return runtime

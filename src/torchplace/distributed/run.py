@@ -47,6 +47,9 @@ TORCHRUN_OPTIONS = ("nnodes", "node_rank", "rdzv_backend", "rdzv_endpoint", "rdz
                     "redirects", "tee", "local_addr", "local_ranks_filter")
 #: torch's switch that gives each rendezvous round its own store (the module docstring says why)
 _UNSHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+#: what `torchplace run` tells a job of several nodes about its rendezvous (torchrun tells workers only the store's
+#: address): "backend=etcd-v2 endpoint=host:2379 id=job nnodes=1:2", for `torchplace doctor` inside the job
+RDZV_ENV = "TORCHPLACE_RDZV"
 _MULTINODE_OPTIONS = ("nnodes", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "master_addr", "master_port")
 #: programs that start one process per GPU themselves: run under torchrun, they would nest launchers
 _LAUNCHERS = {"torchrun": "torchrun", "deepspeed": "deepspeed", "accelerate": "accelerate launch",
@@ -216,6 +219,10 @@ def plan(cmd: Sequence[str], *, gpus: str | int | GpuRequest = 1, nproc: int | N
         changes[_UNSHARED_STORE] = "1"
         notes.append(f"several nodes: {_UNSHARED_STORE}=1, so a node that dies and is started again can "
                      "rejoin the job (torch's shared rendezvous store would keep it out)")
+    if multinode:
+        changes[RDZV_ENV] = " ".join(f"{key}={torchrun[name]}" for key, name in (
+            ("backend", "rdzv_backend"), ("endpoint", "rdzv_endpoint"), ("id", "rdzv_id"), ("nnodes", "nnodes"))
+            if name in torchrun)
     for name in TORCHRUN_OPTIONS:
         if name in torchrun:
             argv += [f"--{name.replace('_', '-')}", str(torchrun[name])]

@@ -55,7 +55,11 @@ def check_rendezvous(facts: Facts) -> list[Finding]:
                         str(exc))]
     title = f"Inside a distributed job started by {_LAUNCHERS.get(launch.launcher or '', launch.launcher)}: " \
             f"{_where(launch)}"
-    found = [Finding("launch.rendezvous", "info", title, _store(launch) + ".")]
+    rdzv = dict(item.split("=", 1) for item in facts.env.get("TORCHPLACE_RDZV", "").split() if "=" in item)
+    found = [Finding("launch.rendezvous", "info", title, _store(launch) + (
+        f"; the nodes met through the {rdzv.get('backend', 'static')} rendezvous at {rdzv.get('endpoint', '?')}"
+        f" (nnodes {rdzv.get('nnodes', '?')}, rdzv id {rdzv.get('id', 'none')}; torchplace run)" if rdzv else "")
+        + ".")]
     if launch.launcher == "torchrun" and launch.use_agent_store and (launch.nnodes or 1) > 1:
         found.append(Finding(
             "launch.shared_store", "warning",

@@ -30,6 +30,7 @@ from . import _fork, _slots  # noqa: F401  (_fork: its at-fork hooks)
 from ._inline import Epoch, InlineIter, close_upstream
 from ._stage import Staged, Stager
 from .collate import PackedBatch
+from .loader_state import Position, Tracked
 from .transfer import target_device, to_device
 
 T = TypeVar("T")
@@ -99,6 +100,16 @@ class DeviceLoader(Generic[T]):
         self.pack = pack
         self.background = background
         self._stream: Any = None
+        self._position = Position(loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands in its epoch (plain data): saved with a checkpoint, `load_state_dict`
+        resumes at the next batch without loading the ones before (torchplace.placement.loader_state)."""
+        return self._position.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Start the next epoch (iter()) at the saved position STATE instead of its beginning."""
+        self._position.load_state_dict(state)
 
     @property
     def stream(self) -> Any:
@@ -131,13 +142,13 @@ class DeviceLoader(Generic[T]):
             old = old() if old is not None else None
             if old is not None:
                 old.supersede()
-        epoch = self._epoch()
-        if one_iterator and isinstance(epoch, Epoch):
+        epoch = Tracked(self._epoch(), self._position)
+        if one_iterator:
             _epochs[self.loader] = weakref.ref(epoch)
         return epoch
 
     def _epoch(self) -> Iterator[T]:
-        it = iter(self.loader)
+        it = self._position.open()  # iter(self.loader), at a saved position when one is pending
         owned = it is not self.loader  # a fresh iterator nobody else holds: ours to close early
         kind = self.device.type
         mod = device_module(kind)
