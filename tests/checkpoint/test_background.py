@@ -287,7 +287,7 @@ def test_the_sharded_writer_group_dies_with_its_process_group(monkeypatch) -> No
     import torch.distributed as dist
     from ports import free_port
 
-    from torchplace.checkpoint.background_sharded import writer_group
+    from torchplace.checkpoint.background import writer_group
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))

@@ -24,8 +24,8 @@ from torch import nn
 import torchplace
 from torchplace.checkpoint.codec import TensorRef
 from torchplace.checkpoint.dcp_reader import read_dcp_metadata
-from torchplace.checkpoint.distributed import SIDE_FILE
 from torchplace.checkpoint.fileio import write_file
+from torchplace.checkpoint.format import SIDE_FILE
 from torchplace.cli import main as cli_main
 from torchplace.runtime import setup
 

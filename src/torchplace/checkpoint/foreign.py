@@ -40,18 +40,9 @@ FIX_PATH = "Fix: check the path; torchplace.load(DIRECTORY) finds the newest che
 FIX_COMPLETE = "Fix: check that the file is complete (compare its size with the original)."
 
 
-def sniff(path: Path) -> str:
-    """What PATH is: safetensors (torchplace's too), torch-zip, torch-pickle, dcp, accelerate, or unknown."""
-    from .dcp_reader import is_dcp_dir
-    from .distributed import SIDE_FILE
-
-    if path.is_dir():
-        if is_dcp_dir(path):
-            return "dcp" if (path / SIDE_FILE).is_file() else "dcp-foreign"
-        names = set(os.listdir(path))
-        if names & set(ACCELERATE_FILES) or any(n.startswith(("model", "pytorch_model")) for n in names):
-            return "accelerate"
-        return "unknown"
+def file_kind(path: Path) -> str:
+    """What the file PATH is: safetensors (torchplace's too), torch-zip, torch-pickle or unknown (its first bytes);
+    a path that is not a regular file (a FIFO, /dev/zero) is refused."""
     fd, _ = safeio.open_regular(path, CheckpointError, FIX_PATH)
     try:
         head = os.pread(fd, 9, 0)
@@ -69,8 +60,14 @@ def sniff(path: Path) -> str:
     return "unknown"
 
 
+def is_accelerate_dir(path: Path) -> bool:
+    """True for a folder of accelerate's `save_state` files or transformers' `save_pretrained` weights."""
+    names = set(os.listdir(path))
+    return bool(names & set(ACCELERATE_FILES)) or any(n.startswith(("model", "pytorch_model")) for n in names)
+
+
 def folder_tool(path: Path) -> str:
-    """Who wrote the folder `sniff` calls "accelerate": transformers' `save_pretrained` (a config.json beside
+    """Who wrote the folder `reading.kind_of` calls "accelerate": transformers' `save_pretrained` (a config.json beside
     the weights, none of accelerate's save_state files) or accelerate's `save_state`."""
     names = set(os.listdir(path))
     if "config.json" in names and not names & set(ACCELERATE_FILES) and not any(
@@ -121,7 +118,7 @@ def torch_load(path: Path, map_location: Any, trust_pickle: bool, *, mmap: bool 
         kwargs["mmap"] = True
     if path.is_dir():
         raise CheckpointError(f"{path} is a directory, not a torch.save file. {FIX_PATH}")
-    if sniff(path) == "torch-zip":  # sniff refuses what is not a regular file (a FIFO, /dev/zero)
+    if file_kind(path) == "torch-zip":  # file_kind refuses what is not a regular file (a FIFO, /dev/zero)
         check_zip(path)
     try:
         with warnings.catch_warnings():  # a plain pickle of protocol 4+ is explained below, once
@@ -281,7 +278,7 @@ def load_index(index: Path, load_file: Callable[[Path], dict[str, Any]], map_loc
 def _check_zips_together(index: Path, paths: list[Path]) -> None:
     """The zip budget for a sharded model's .bin shards taken together: each file alone may unpack to
     zip_budget's 128 MiB floor, so a thousand small deflated shards would otherwise take 128 GiB."""
-    zips = [p for p in paths if os.path.lexists(p) and sniff(p) == "torch-zip"]
+    zips = [p for p in paths if os.path.lexists(p) and file_kind(p) == "torch-zip"]
     if len(zips) < 2:
         return
     size = sum(p.stat().st_size for p in zips)

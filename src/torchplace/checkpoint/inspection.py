@@ -20,8 +20,8 @@ from ..errors import CheckpointError, CheckpointFormatError
 from ..progress import ProgressFn, begin, reporting
 from . import codec, foreign
 from .dcp_reader import read_dcp_metadata
-from .distributed import SIDE_FILE
-from .format import Header, dtype_name, open_for_read, read_header
+from .format import SIDE_FILE, Header, dtype_name, open_for_read, read_header
+from .reading import sniff
 from .rotation import POINTER, check_format, complete_checkpoints, is_pointer
 from .stream import verify_data
 
@@ -146,7 +146,7 @@ def _from_torch_file(path: Path, info: CheckpointInfo, trust_pickle: bool) -> No
         locations[storage.data_ptr()] = location
         return storage
 
-    obj = foreign.torch_load(path, record, trust_pickle, mmap=foreign.sniff(path) == "torch-zip")
+    obj = foreign.torch_load(path, record, trust_pickle, mmap=sniff(path) == "torch-zip")
     info.tool, state = foreign.normalize(obj, path)
     found: list[tuple[str, torch.Tensor]] = []
     _walk_tensors(state, (), found)
@@ -175,7 +175,7 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
         raise CheckpointError(f"{safeio.missing(path)} Fix: check the path.")
     folder = path.parent if is_pointer(path) else path
     newer: list = []
-    series = complete_checkpoints(folder, newer=newer) if folder.is_dir() and foreign.sniff(folder) == "unknown" else []
+    series = complete_checkpoints(folder, newer=newer) if folder.is_dir() and sniff(folder) == "unknown" else []
     if series:  # a run folder (save(..., keep_last=N)): what torchplace.load(folder) would load
         info = inspect(series[0], verify=verify, trust_pickle=trust_pickle, progress=progress)
         info.series = [p.name for p in series]
@@ -189,7 +189,7 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
                              f"{series[0].name}, {loads}; "
                              f"{len(series)} in the series, newest first: {', '.join(info.series)}")
         return info
-    kind = foreign.sniff(path)
+    kind = sniff(path)
     info = CheckpointInfo(str(path), kind, _size(path))
     if kind == "safetensors":
         fd = open_for_read(path)

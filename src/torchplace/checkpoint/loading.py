@@ -25,12 +25,12 @@ from torch import nn
 
 from ..errors import CheckpointError
 from ..placement.resolve import DeviceSpec
-from . import distributed as tpdist
-from . import dry_load, fitting, foreign, keymap, rng, state_dicts
+from . import dry_load, fitting, keymap, rng, state_dicts
+from . import sharded as tpsharded
 from .dcp_reader import is_dcp_dir
 from .fileio import read_file
 from .format import read_header
-from .reading import Read, place_optimizer_state, read_any
+from .reading import Read, place_optimizer_state, read_any, sniff
 from .rotation import POINTER, check_format, complete_checkpoints, is_pointer
 from .state_dicts import module_device, saved_versions, unwrap, versions_of
 
@@ -248,7 +248,7 @@ def _restore_rng(ck: Checkpoint, dev: torch.device) -> None:
         return
     if "per_rank" in saved:
         ranks = saved["per_rank"] or []
-        rank, world_size = tpdist.world()
+        rank, world_size = tpsharded.world()
         if rank < len(ranks) and len(ranks) == world_size:
             saved = ranks[rank]
         else:
@@ -256,7 +256,7 @@ def _restore_rng(ck: Checkpoint, dev: torch.device) -> None:
             ck.notes.append(f"RNG states were saved by {len(ranks)} ranks and this run has {world_size}; "
                             "rank 0's states were restored")
     elif isinstance(ck.metadata.get("rng_rank"), int):  # saved by one rank alone: its generators only
-        rank, world_size = tpdist.world()
+        rank, world_size = tpsharded.world()
         saver = ck.metadata["rng_rank"]
         if world_size > 1 and rank != saver:
             ck.rng_skipped = {name: f"the file holds rank {saver}'s generators only (saved by rank {saver} alone); "
@@ -270,8 +270,8 @@ def _load_one(path: Path, *, dev: torch.device | None, model: nn.Module | None, 
               strict: bool, restore_rng: bool, trust_pickle: bool,
               read: Read | None = None, prefix: str | None = None) -> Checkpoint:
     optimizer = objects.get("optimizer")
-    if read is None and model is not None and is_dcp_dir(path) and not (path / tpdist.SIDE_FILE).exists():
-        read = tpdist.read_plain(path, model, optimizer, trust_pickle)  # written by torch alone: read via DCP, safely
+    if read is None and model is not None and is_dcp_dir(path) and not (path / tpsharded.SIDE_FILE).exists():
+        read = tpsharded.read_plain(path, model, optimizer, trust_pickle)  # torch alone wrote it: read via DCP
     if read is None and is_dcp_dir(path):
         ck = _load_dcp(path, model=model, optimizer=optimizer, trust_pickle=trust_pickle)
         rest = {k: v for k, v in objects.items() if k != "optimizer"}
@@ -291,14 +291,14 @@ def _load_one(path: Path, *, dev: torch.device | None, model: nn.Module | None, 
 
 
 def _load_dcp(path: Path, *, model: nn.Module | None, optimizer: Any, trust_pickle: bool) -> Checkpoint:
-    side = path / tpdist.SIDE_FILE
+    side = path / tpsharded.SIDE_FILE
     if model is None:
         raise CheckpointError(f"{path} is a sharded checkpoint (torch.distributed.checkpoint). Fix: pass model= "
                               "(and optimizer=) set up and sharded as in this run; the shards are loaded into them.")
     fs = read_file(side, lambda _: torch.device("cpu"), trust_pickle=trust_pickle)
     tree = fs.tree
     skeleton: dict[str, Any] = {k: tree[k] for k in ("model", "optimizer") if k in tree}
-    msd, osd = tpdist.load_sharded(path, model, optimizer, skeleton, trust_pickle)
+    msd, osd = tpsharded.load_sharded(path, model, optimizer, skeleton, trust_pickle)
     tree["model"] = msd
     if osd is not None:
         tree["optimizer"] = osd
@@ -392,7 +392,7 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
     candidates = complete_checkpoints(target, newer=newer)
     check_format(target, candidates, newer)
     if not candidates:
-        if foreign.sniff(target) == "accelerate":
+        if sniff(target) == "accelerate":
             return one(target)
         names = sorted(os.listdir(target))[:10]
         held = ", ".join(names) or "nothing"

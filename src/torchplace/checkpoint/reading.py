@@ -18,11 +18,22 @@ from torch import nn
 
 from ..errors import CheckpointError
 from . import codec, foreign
+from .dcp_reader import is_dcp_dir
 from .fileio import FileState, read_file
-from .format import read_header
+from .format import SIDE_FILE, read_header
 from .keymap import match
 from .state_dicts import module_device, module_devices, optimizer_devices, unwrap
 from .torchfile import from_torch_save
+
+
+def sniff(path: Path) -> str:
+    """What PATH is: safetensors (ours too), torch-zip, torch-pickle, dcp, dcp-foreign, accelerate or unknown."""
+    if path.is_dir():
+        if is_dcp_dir(path):
+            return "dcp" if (path / SIDE_FILE).is_file() else "dcp-foreign"
+        return "accelerate" if foreign.is_accelerate_dir(path) else "unknown"
+    return foreign.file_kind(path)
+
 
 Read = tuple[str, dict[str, Any], dict[str, Any], list[str], Mapping[str, Any] | None]
 
@@ -69,7 +80,7 @@ def read_any(path: Path, *, dev: torch.device | None, model: nn.Module | None, o
     default = dev or (module_device(unwrap(model)) if model is not None else torch.device("cpu"))
     if default.type == "meta":
         default = torch.device("cpu")
-    kind = foreign.sniff(path)
+    kind = sniff(path)
 
     def load_st(p: Path) -> dict[str, Any]:  # a foreign safetensors file's tensors, onto the default device
         return read_file(p, lambda _: default).tree["model"]

@@ -50,7 +50,8 @@ from typing import Any
 
 from ..errors import CheckpointError, CheckpointFormatError, TorchplaceWarning
 from .atomic import write_bytes
-from .format import read_header
+from .dcp_reader import is_dcp_dir
+from .format import SIDE_FILE, read_header
 
 POINTER = "latest"
 POINTER_FORMAT = "torchplace-latest/1"
@@ -316,9 +317,6 @@ def _order(path: Path, rotation_only: bool,
     """Where PATH's torchplace header places it (newer sorts higher): (has a sequence, sequence, creation
     time when it has none), or None when PATH is not a complete one (or, with ROTATION_ONLY, not one saved
     with keep_last / latest=True)."""
-    from .dcp_reader import is_dcp_dir
-    from .distributed import SIDE_FILE
-
     probe = path / SIDE_FILE if is_dcp_dir(path) else path
     try:
         meta = read_header(probe).meta

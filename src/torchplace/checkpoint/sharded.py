@@ -36,10 +36,10 @@ from ..errors import CheckpointError
 from .atomic import fsync_dir
 from .codec import TensorRef
 from .dcp_reader import dcp_load, reader_classes
+from .format import SIDE_FILE
 from .state_dicts import unwrap
 
 T = TypeVar("T")
-SIDE_FILE = "torchplace.safetensors"
 
 
 def world() -> tuple[int, int]:
