@@ -30,7 +30,8 @@ from ..progress import ProgressFn, begin, reporting
 from . import keymap, torchfile
 from .atomic import write_bytes
 from .fileio import write_file
-from .reading import read_any
+from .options import ReadOptions
+from .reading import kind_of, read_any
 from .rotation import check_name
 from .state_dicts import saved_versions, versions_of
 
@@ -64,8 +65,8 @@ def _convert(src: Path, dst: Path, *, trust_pickle: bool, weights_only: bool) ->
                               "overwrite the input. Fix: write to a new name, check it with `torchplace ckpt "
                               "inspect`, then move it.")
     begin(f"reading {src.name}")
-    tool, state, meta, notes, _ = read_any(src, dev=torch.device("cpu"), model=None, optimizer=None,
-                                     trust_pickle=trust_pickle)
+    opts = ReadOptions(device=torch.device("cpu"), trust_pickle=trust_pickle)
+    tool, state, meta, notes, _ = read_any(src, kind_of(src), opts, model=None, optimizer=None)
     notes = list(notes)
     prefix = ""
     versions: dict[str, Any] | None = None

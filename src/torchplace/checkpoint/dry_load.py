@@ -26,8 +26,8 @@ _HOOKS = ("_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_state_d
 _OWN = ("_parameters", "_buffers", "_modules")  # the twin's own tables: copied (their tensors as meta shells)
 
 
-def rehearse(module: nn.Module, state: Mapping[str, Any], strict: bool) -> RuntimeError | None:
-    """The RuntimeError `module.load_state_dict(state, strict=strict)` would raise, or None when it
+def rehearse(module: nn.Module, state: Mapping[str, Any], strict_keys: bool) -> RuntimeError | None:
+    """The RuntimeError `module.load_state_dict(state, strict=strict_keys)` would raise, or None when it
     would load (or when no rehearsal can tell: see the module docstring). Nothing of MODULE changes."""
     twin = _meta_twin(module)
     if twin is None:
@@ -37,7 +37,7 @@ def rehearse(module: nn.Module, state: Mapping[str, Any], strict: bool) -> Runti
         shadow._metadata = getattr(state, "_metadata", None)  # type: ignore[attr-defined]
         with warnings.catch_warnings():  # the real load says what there is to say, once
             warnings.simplefilter("ignore")
-            twin.load_state_dict(shadow, strict=strict)
+            twin.load_state_dict(shadow, strict=strict_keys)
     except RuntimeError as exc:  # torch's verdict, or a module's own loading that needs real data
         return exc if _verdict(exc) else None
     except Exception:  # noqa: BLE001 - a module whose loading needs real data: the real load decides

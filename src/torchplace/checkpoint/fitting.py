@@ -79,7 +79,7 @@ def meta_to_fill(path: Path, notes: list[str], sd: Mapping[str, Any], target: nn
     return True
 
 
-def fit_fix(saved: Mapping[str, Any], model: nn.Module, strict: bool) -> str:
+def fit_fix(saved: Mapping[str, Any], model: nn.Module, strict_keys: bool) -> str:
     """The fix for a load_state_dict refusal: strict=False skips missing and unexpected keys, but
     torch refuses a tensor of another shape either way, so for shapes it is no fix."""
     own = model.state_dict()
@@ -91,7 +91,7 @@ def fit_fix(saved: Mapping[str, Any], model: nn.Module, strict: bool) -> str:
                 f"another shape ({'; '.join(shapes[:3])}{more}), which strict=False does not skip. To load the "
                 "rest, take the state (tp.load(path)['model']), delete those keys, and call "
                 "model.load_state_dict(state, strict=False).")
-    if strict:
+    if strict_keys:
         return ("pass the model the checkpoint was saved from, or strict=False to load the keys that match "
                 "(missing and unexpected keys are then reported).")
     return "pass the model the checkpoint was saved from."

@@ -27,6 +27,7 @@ import torch
 from .. import safeio
 from ..errors import CheckpointError
 from .codec import PICKLE_FIX
+from .options import ReadOptions
 from .state_dicts import layout_problem
 
 MODEL_KEYS = ("model", "model_state_dict", "state_dict", "model_state", "net", "module")
@@ -111,9 +112,12 @@ def check_zip_stream(fh: Any, size: int, limit: int, where: str) -> int:
     return declared
 
 
-def torch_load(path: Path, map_location: Any, trust_pickle: bool, *, mmap: bool = False) -> Any:
-    """torch.load without unrestricted pickle unless TRUST_PICKLE; refusals become CheckpointError."""
-    kwargs: dict[str, Any] = {"map_location": map_location, "weights_only": not trust_pickle}
+def torch_load(path: Path, opts: ReadOptions, *, map_location: Any = None, mmap: bool = False) -> Any:
+    """torch.load onto MAP_LOCATION (default: opts.map_location), without unrestricted pickle unless
+    opts.trust_pickle; refusals become CheckpointError."""
+    trust_pickle = opts.trust_pickle
+    kwargs: dict[str, Any] = {"map_location": opts.map_location if map_location is None else map_location,
+                              "weights_only": not trust_pickle}
     if mmap:
         kwargs["mmap"] = True
     if path.is_dir():
@@ -251,19 +255,18 @@ def _normalize(obj: Any) -> tuple[str, dict[str, Any]]:
 
 
 def _accelerate_model(path: Path, load_file: Callable[[Path], dict[str, Any]],
-                      map_location: Any, trust_pickle: bool) -> dict[str, Any] | None:
+                      opts: ReadOptions) -> dict[str, Any] | None:
     for name in ("model.safetensors", "pytorch_model.bin"):  # lexists: a FIFO or a dangling link by these
         if os.path.lexists(path / name):                       # names is refused, not passed over
             return load_file(path / name) if name.endswith(".safetensors") else \
-                torch_load(path / name, map_location, trust_pickle)
+                torch_load(path / name, opts)
     for index in INDEX_FILES:
         if os.path.lexists(path / index):
-            return load_index(path / index, load_file, map_location, trust_pickle)
+            return load_index(path / index, load_file, opts)
     return None
 
 
-def load_index(index: Path, load_file: Callable[[Path], dict[str, Any]], map_location: Any,
-               trust_pickle: bool) -> dict[str, Any]:
+def load_index(index: Path, load_file: Callable[[Path], dict[str, Any]], opts: ReadOptions) -> dict[str, Any]:
     """The model state of the shards a sharded model's index JSON lists (transformers' save_pretrained)."""
     shards = _index_shards(index)
     path = index.parent
@@ -271,14 +274,14 @@ def load_index(index: Path, load_file: Callable[[Path], dict[str, Any]], map_loc
     out: dict[str, Any] = {}
     for shard in shards:
         out.update(load_file(path / shard) if shard.endswith(".safetensors") else
-                   torch_load(path / shard, map_location, trust_pickle))
+                   torch_load(path / shard, opts))
     return out
 
 
 def _check_zips_together(index: Path, paths: list[Path]) -> None:
     """The zip budget for a sharded model's .bin shards taken together: each file alone may unpack to
     zip_budget's 128 MiB floor, so a thousand small deflated shards would otherwise take 128 GiB."""
-    zips = [p for p in paths if os.path.lexists(p) and file_kind(p) == "torch-zip"]
+    zips = [p for p in paths if os.path.lexists(p) and not p.is_dir() and file_kind(p) == "torch-zip"]
     if len(zips) < 2:
         return
     size = sum(p.stat().st_size for p in zips)
@@ -310,24 +313,24 @@ def _index_shards(index: Path) -> list[str]:
     return shards
 
 
-def load_accelerate(path: Path, load_file: Callable[[Path], dict[str, Any]], map_location: Any,
-                    trust_pickle: bool) -> tuple[dict[str, Any], list[str]]:
+def load_accelerate(path: Path, load_file: Callable[[Path], dict[str, Any]],
+                    opts: ReadOptions) -> tuple[dict[str, Any], list[str]]:
     """State of an accelerate `save_state` directory, and notes on what was left out."""
     state: dict[str, Any] = {}
     notes: list[str] = []
-    model = _accelerate_model(path, load_file, map_location, trust_pickle)
+    model = _accelerate_model(path, load_file, opts)
     if model is not None:
         state["model"] = model
     for name, file in (("optimizer", "optimizer.bin"), ("scheduler", "scheduler.bin"), ("scaler", "scaler.pt")):
         if os.path.lexists(path / file):
-            state[name] = torch_load(path / file, map_location, trust_pickle)
+            state[name] = torch_load(path / file, opts)
     extra_models = sorted(n for n in os.listdir(path) if n.startswith("model_") and n.endswith(".safetensors"))
     if extra_models:
         state["extra"] = {n.removesuffix(".safetensors"): load_file(path / n) for n in extra_models}
     rng_files = sorted(n for n in os.listdir(path) if n.startswith("random_states_"))
     if rng_files:
-        if trust_pickle:
-            state.setdefault("extra", {})["random_states"] = torch_load(path / rng_files[0], "cpu", True)
+        if opts.trust_pickle:
+            state.setdefault("extra", {})["random_states"] = torch_load(path / rng_files[0], opts, map_location="cpu")
         else:
             notes.append(f"{', '.join(rng_files)} left out: accelerate pickles numpy RNG state "
                          "(pass trust_pickle=True to include it)")

@@ -21,8 +21,9 @@ from ..progress import ProgressFn, begin, reporting
 from . import codec, foreign
 from .dcp_reader import read_dcp_metadata
 from .format import SIDE_FILE, Header, dtype_name, open_for_read, read_header
-from .reading import sniff
-from .rotation import POINTER, check_format, complete_checkpoints, is_pointer
+from .options import ReadOptions
+from .reading import kind_of
+from .rotation import POINTER, check_format, complete_checkpoints
 from .stream import verify_data
 
 _META_SHOWN = ("format_version", "torchplace_version", "torch_version", "created_utc", "hostname", "world_size",
@@ -139,14 +140,14 @@ def _walk_tensors(tree: Any, path: tuple[str, ...], out: list[tuple[str, torch.T
             _walk_tensors(v, path + (str(i),), out)
 
 
-def _from_torch_file(path: Path, info: CheckpointInfo, trust_pickle: bool) -> None:
+def _from_torch_file(path: Path, info: CheckpointInfo, opts: ReadOptions, zipped: bool) -> None:
     locations: dict[int, str] = {}
 
     def record(storage: Any, location: str) -> Any:
         locations[storage.data_ptr()] = location
         return storage
 
-    obj = foreign.torch_load(path, record, trust_pickle, mmap=sniff(path) == "torch-zip")
+    obj = foreign.torch_load(path, opts, map_location=record, mmap=zipped)
     info.tool, state = foreign.normalize(obj, path)
     found: list[tuple[str, torch.Tensor]] = []
     _walk_tensors(state, (), found)
@@ -173,9 +174,10 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{safeio.missing(path)} Fix: check the path.")
-    folder = path.parent if is_pointer(path) else path
+    kind = kind_of(path)
+    folder = path.parent if kind == "pointer" else path
     newer: list = []
-    series = complete_checkpoints(folder, newer=newer) if folder.is_dir() and sniff(folder) == "unknown" else []
+    series = complete_checkpoints(folder, newer=newer) if kind in ("pointer", "folder") else []
     if series:  # a run folder (save(..., keep_last=N)): what torchplace.load(folder) would load
         info = inspect(series[0], verify=verify, trust_pickle=trust_pickle, progress=progress)
         info.series = [p.name for p in series]
@@ -189,7 +191,7 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
                              f"{series[0].name}, {loads}; "
                              f"{len(series)} in the series, newest first: {', '.join(info.series)}")
         return info
-    kind = sniff(path)
+    kind = "unknown" if kind in ("pointer", "folder", "index") else kind
     info = CheckpointInfo(str(path), kind, _size(path))
     if kind == "safetensors":
         fd = open_for_read(path)
@@ -207,7 +209,7 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
         finally:
             os.close(fd)
     elif kind in ("torch-zip", "torch-pickle"):
-        _from_torch_file(path, info, trust_pickle)
+        _from_torch_file(path, info, ReadOptions(trust_pickle=trust_pickle), zipped=kind == "torch-zip")
     elif kind in ("dcp", "dcp-foreign"):
         with reporting(progress):
             _from_dcp(path, info, verify)
