@@ -172,8 +172,9 @@ def _decide_resume(resume: bool | Literal["auto"], checkpoint_dir: str | os.Path
                    info: DistInfo | None, launch: LaunchEnv, decisions: list[str]) -> Path | None:
     """What every rank agreed to continue from: each reads the folder, rank 0's view wins, and
     views that differ (folders not shared between nodes) are refused. Rank 0 then records the job's
-    run id in the folder, so a restart torchrun does not count still continues (checkpoint/resume.py)."""
-    from .checkpoint.resume import decide_resume, job_id, mark_started, newest_name, started_here
+    run id in the folder, so a restart torchrun does not count still continues (policy/resume.py)."""
+    from .checkpoint.rotation import mark_started, newest_name
+    from .policy.resume import decide_resume, job_id, started_here
 
     looks = resume is not False and checkpoint_dir is not None
     job = job_id(launch.run_id) if looks else None

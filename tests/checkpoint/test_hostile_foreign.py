@@ -249,7 +249,8 @@ def test_truncated_at_every_byte_of_the_header(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "deep-json", "a-list"])
 def test_a_planted_job_file_is_no_restart_and_never_blocks(tmp_path: Path, kind: str) -> None:
     """setup() reads checkpoint_dir/.torchplace-job: a FIFO there blocked it, deep JSON raised RecursionError."""
-    from torchplace.checkpoint.resume import JOB_FILE, mark_started, started_here
+    from torchplace.checkpoint.rotation import mark_started
+    from torchplace.policy.resume import JOB_FILE, started_here
 
     job = tmp_path / JOB_FILE
     if kind == "fifo":
