@@ -10,6 +10,7 @@ import torch
 
 from torchplace.checkpoint import stream
 from torchplace.checkpoint.format import plan_layout
+from torchplace.shared.staging import ThreadStaging
 
 
 def test_pieces_round_trip_through_the_staging_buffer_across_chunk_boundaries():
@@ -19,7 +20,7 @@ def test_pieces_round_trip_through_the_staging_buffer_across_chunk_boundaries():
     flat = {e.key: stream.byte_view(tensors[e.key]) for e in entries}
     out = {k: torch.zeros_like(t) for k, t in tensors.items()}
     flat_out = {e.key: stream.byte_view(out[e.key]) for e in entries}
-    staging = stream._Staging(chunk, pinned=False)
+    staging = ThreadStaging(chunk, pinned=False)
     image = torch.zeros(data_bytes, dtype=torch.uint8)  # what the file would hold
     chunks = list(stream._chunks(entries, data_bytes, chunk))
     assert len(chunks) > 5

@@ -30,6 +30,8 @@ import torch
 from ..errors import CheckpointError
 from ..hardware.accelerator import device_module
 from ..progress import advance
+from ..shared.staging import SideStreams, ThreadStaging, done_events, host_buffer
+from ..shared.threads import helper_threads
 from .checksum import crc32
 from .format import CHUNK_BYTES, DAMAGED_FIX, Header, TensorEntry
 
@@ -48,14 +50,9 @@ LOAD_MAX_WORKERS = 12  # a load: threads reading the page cache; 12 measured bes
 READ_BYTES = 8 * 2**20  # a load reads and checksums in pieces this size (measured best of 2 and 8 MiB)
 
 
-def _threads(data_bytes: int, most: int) -> int:
-    """One thread for a small region (starting threads would cost more than they save), else one a core up to MOST."""
-    return 1 if data_bytes < PARALLEL_MIN_BYTES else max(1, min(most, os.cpu_count() or 1))
-
-
 def default_workers(data_bytes: int) -> int:
     """Threads for one save: enough to overlap I/O, checksums and copies, at most SAVE_MAX_WORKERS."""
-    return _threads(data_bytes, SAVE_MAX_WORKERS)
+    return helper_threads(data_bytes, SAVE_MAX_WORKERS, least_bytes=PARALLEL_MIN_BYTES)
 
 
 def lower_priority(nice: int) -> int | None:
@@ -75,7 +72,7 @@ def lower_priority(nice: int) -> int | None:
 
 def load_workers(data_bytes: int) -> int:
     """Threads for one load or verification: one per core, at most LOAD_MAX_WORKERS."""
-    return _threads(data_bytes, LOAD_MAX_WORKERS)
+    return helper_threads(data_bytes, LOAD_MAX_WORKERS, least_bytes=PARALLEL_MIN_BYTES)
 
 
 Chunk = tuple[int, int, int, list["_Piece"]]  # (index, start, end, pieces) of one chunk of the data region
@@ -111,29 +108,6 @@ def byte_view(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-class _Staging:
-    """Per-thread pinned buffers and CUDA streams, reused across chunks."""
-
-    def __init__(self, nbytes: int, pinned: bool) -> None:
-        self.nbytes, self.pinned = nbytes, pinned
-        self._local = threading.local()
-
-    def buffer(self) -> torch.Tensor:
-        buf = getattr(self._local, "buf", None)
-        if buf is None:
-            buf = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self.pinned)
-            self._local.buf = buf
-        return buf
-
-    def stream(self, device: torch.device) -> Any:
-        streams = getattr(self._local, "streams", None)
-        if streams is None:
-            streams = self._local.streams = {}
-        if device not in streams:  # callers synchronize the device first, so no ordering is needed here
-            streams[device] = torch.cuda.Stream(device=device)  # cuda-only: only CUDA pieces use streams (_copy_pieces)
-        return streams[device]
-
-
 def _run(tasks: Sequence[Callable[[], Any]], workers: int) -> list[Any]:
     """Run TASKS on a thread pool; on the first failure, skip the rest and re-raise it.
 
@@ -167,7 +141,7 @@ def _run(tasks: Sequence[Callable[[], Any]], workers: int) -> list[Any]:
     return [f.result() for f in futures]
 
 
-def _copy_pieces(pieces: list[_Piece], flat: dict[str, torch.Tensor], buf: torch.Tensor, staging: _Staging, *,
+def _copy_pieces(pieces: list[_Piece], flat: dict[str, torch.Tensor], buf: torch.Tensor, staging: ThreadStaging, *,
                  into_buffer: bool) -> set[Any]:
     """Copy each piece between its tensor slice and its place in the staging BUF (INTO_BUFFER: tensor
     -> buffer, else buffer -> tensor); CUDA pieces go on this thread's stream for their device,
@@ -192,11 +166,11 @@ def _device_tensors(tensors: Sequence[torch.Tensor]) -> set[torch.device]:
     return {t.device for t in tensors if t.device.type not in ("cpu", "meta")}
 
 
-def _settle(devices: set[torch.device], chunk: int) -> _Staging | None:
+def _settle(devices: set[torch.device], chunk: int) -> ThreadStaging | None:
     """Wait for every device's queued work, and make the staging buffers (pinned where CUDA copies from them)."""
     for dev in devices:
         device_module(dev.type).synchronize(dev)
-    return _Staging(chunk, pinned=any(d.type == "cuda" for d in devices)) if devices else None
+    return ThreadStaging(chunk, pinned=any(d.type == "cuda" for d in devices)) if devices else None
 
 
 def write_data(sink: Sink, data_offset: int, entries: Sequence[TensorEntry], tensors: dict[str, torch.Tensor],
@@ -352,9 +326,9 @@ def read_chunks_to_cuda(flat: dict[str, torch.Tensor], entries: Sequence[TensorE
     size = max(w[-1][2] - w[0][1] for w in windows)
     pin = any(t.device.type == "cuda" for t in flat.values())  # (tests run the windows with CPU tensors)
     nbuf = min(BUFFERS, len(windows))
-    bufs = [torch.empty(size, dtype=torch.uint8, pin_memory=pin) for _ in range(nbuf)]
+    bufs = [host_buffer(size, pin) for _ in range(nbuf)]
     done: list[list[Any]] = [[] for _ in bufs]  # events marking each buffer's copies done
-    streams: dict[torch.device, Any] = {}
+    streams = SideStreams()  # the caller synchronized the devices, so new streams need no ordering
     order = sorted((e for e in entries if e.nbytes), key=lambda e: e.start)
     ends = [e.end for e in order]  # sorted too: entries do not overlap
 
@@ -393,7 +367,7 @@ def read_chunks_to_cuda(flat: dict[str, torch.Tensor], entries: Sequence[TensorE
 
 
 def _copy_window(buf: torch.Tensor, w0: int, w1: int, order: Sequence[TensorEntry], ends: list[int],
-                 flat: dict[str, torch.Tensor], streams: dict[torch.device, Any]) -> list[Any]:
+                 flat: dict[str, torch.Tensor], streams: SideStreams) -> list[Any]:
     """Queue one copy per tensor overlapping the data range [W0, W1) held in BUF (ORDER: the entries
     sorted by start, ENDS their ends); return the events that mark the copies done (CPU tensors are
     copied at once)."""
@@ -406,16 +380,11 @@ def _copy_window(buf: torch.Tensor, w0: int, w1: int, order: Sequence[TensorEntr
         if tensor.device.type != "cuda":
             tensor.copy_(src)
             continue
-        s = streams.get(tensor.device)
-        if s is None:  # the caller synchronized the device, so a new stream needs no ordering
-            s = streams[tensor.device] = torch.cuda.Stream(device=tensor.device)  # cuda-only: CUDA tensors only
+        s = streams(tensor.device)
         with torch.cuda.stream(s):  # cuda-only: the copy queues on the CUDA stream made above
             tensor.copy_(src, non_blocking=True)
         used.add(s)
-    events = [torch.cuda.Event() for _ in used]  # cuda-only: events of the CUDA streams used above
-    for event, s in zip(events, used):
-        event.record(s)
-    return events
+    return done_events(used)
 
 
 def verify_data(fd: int, header: Header, *, workers: int | None = None) -> None:
