@@ -18,7 +18,7 @@ matching the model's keys.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ import torch
 
 from ..errors import CheckpointError
 from ..progress import ProgressFn, begin, reporting
+from ..shared.tree import leaves
 from . import keymap, torchfile
 from .atomic import write_bytes
 from .fileio import write_file
@@ -95,7 +96,7 @@ def _convert(src: Path, dst: Path, *, trust_pickle: bool, weights_only: bool) ->
         torchfile.write(dst, state, info)
     else:
         write_file(dst, state, info=info)
-    count = sum(1 for _ in _tensors(state))
+    count = sum(1 for _ in leaves(state))
     return Converted(dst, tool, prefix, count, notes)
 
 
@@ -134,14 +135,3 @@ def _write_weights(src: Path, dst: Path, tool: str, state: dict[str, Any], prefi
                  "passes none to the modules (a quantization observer then resets its eps)")
     write_bytes(dst, to_bytes(tensors, metadata={"format": "pt"}))
     return Converted(dst, tool, prefix, len(tensors), notes, weights_only=True)
-
-
-def _tensors(tree: object) -> Iterator[torch.Tensor]:
-    if isinstance(tree, torch.Tensor):
-        yield tree
-    elif isinstance(tree, dict):
-        for v in tree.values():
-            yield from _tensors(v)
-    elif isinstance(tree, (list, tuple)):
-        for v in tree:
-            yield from _tensors(v)

@@ -18,6 +18,7 @@ import torch
 from .. import safeio
 from ..errors import CheckpointError, CheckpointFormatError
 from ..progress import ProgressFn, begin, reporting
+from ..shared.tree import leaves
 from . import codec, foreign
 from .dcp_reader import read_dcp_metadata
 from .format import SIDE_FILE, Header, dtype_name, open_for_read, read_header
@@ -76,20 +77,7 @@ def _size(path: Path) -> int:
 
 def _describe(value: Any) -> str:
     """A one-line summary of a top-level entry of the state tree (tensors as placeholders)."""
-    tensors = 0
-
-    def count(node: Any) -> None:
-        nonlocal tensors
-        if isinstance(node, (codec.TensorRef, torch.Tensor)):
-            tensors += 1
-        elif isinstance(node, dict):
-            for v in node.values():
-                count(v)
-        elif isinstance(node, (list, tuple)):
-            for v in node:
-                count(v)
-
-    count(value)
+    tensors = sum(1 for _ in leaves(value, (codec.TensorRef, torch.Tensor)))
     if isinstance(value, dict):
         parts = [f"{len(value)} {'entry' if len(value) == 1 else 'entries'}"]
         groups = value.get("param_groups")
@@ -129,17 +117,6 @@ def _from_header(header: Header, info: CheckpointInfo) -> None:
                                        saved_on.get(e.key, default)))
 
 
-def _walk_tensors(tree: Any, path: tuple[str, ...], out: list[tuple[str, torch.Tensor]]) -> None:
-    if isinstance(tree, torch.Tensor):
-        out.append(("/".join(path), tree))
-    elif isinstance(tree, dict):
-        for k, v in tree.items():
-            _walk_tensors(v, path + (str(k),), out)
-    elif isinstance(tree, (list, tuple)):
-        for i, v in enumerate(tree):
-            _walk_tensors(v, path + (str(i),), out)
-
-
 def _from_torch_file(path: Path, info: CheckpointInfo, opts: ReadOptions, zipped: bool) -> None:
     locations: dict[int, str] = {}
 
@@ -149,9 +126,8 @@ def _from_torch_file(path: Path, info: CheckpointInfo, opts: ReadOptions, zipped
 
     obj = foreign.torch_load(path, opts, map_location=record, mmap=zipped)
     info.tool, state = foreign.normalize(obj, path)
-    found: list[tuple[str, torch.Tensor]] = []
-    _walk_tensors(state, (), found)
-    for key, t in found:
+    for where, t in leaves(state):
+        key = "/".join(map(str, where))
         loc = locations.get(t.untyped_storage().data_ptr())
         info.tensors.append(TensorInfo(key, dtype_name(t.dtype), list(t.shape), t.numel() * t.element_size(), loc))
     info.contents = {k: _describe(v) for k, v in state.items()}

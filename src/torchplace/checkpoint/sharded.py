@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import CheckpointError
+from ..shared.tree import leaves
 from .atomic import fsync_dir
 from .codec import TensorRef
 from .dcp_reader import dcp_load, reader_classes
@@ -263,7 +264,7 @@ def load_sharded(path: Path, model: nn.Module, optimizer: Any, skeleton: dict[st
     msd, osd = get_state_dict(model, optimizer if optimizer is not None else [])
     current = {"model": msd, **({"optimizer": osd} if optimizer is not None else {})}
     dest, _ = flat_tensors(current)
-    saved_keys = set(flat_tensors(skeleton)[0]) | {r.key for r in _refs(skeleton)}
+    saved_keys = set(flat_tensors(skeleton)[0]) | {r.key for _, r in leaves(skeleton, TensorRef)}
     wanted = {k for k in dest if k.startswith("model/") or optimizer is not None}
     missing = sorted(wanted - saved_keys)
     if missing:
@@ -275,16 +276,6 @@ def load_sharded(path: Path, model: nn.Module, optimizer: Any, skeleton: dict[st
     set_state_dict(model, optimizer if optimizer is not None else [], model_state_dict=msd,
                    optim_state_dict=new_osd if new_osd is not None else {})
     return msd, new_osd
-
-
-def _refs(tree: Any) -> list[TensorRef]:
-    if isinstance(tree, TensorRef):
-        return [tree]
-    if isinstance(tree, dict):
-        return [r for v in tree.values() for r in _refs(v)]
-    if isinstance(tree, (list, tuple)):
-        return [r for v in tree for r in _refs(v)]
-    return []
 
 
 def _model_prefix(path: Path, entries: dict[str, Any], own: list[str]) -> str:

@@ -43,10 +43,6 @@ class HostStaging:
         self._dcp_pinned = False
         self.dcp_bytes = 0  # bytes of shards the DCP stager last copied (and keeps for the next save)
 
-    @property
-    def capacity(self) -> int:
-        return sum(s.numel() for s in self.slabs)
-
     def _layout(self, nbytes: int, pinned: bool) -> tuple[list[torch.Tensor], list[int]]:
         """(slabs to keep, sizes of slabs to allocate) for holding NBYTES, pinned if PINNED."""
         usable = self.slabs if self.pinned or not pinned else []  # pageable slabs cannot take fast device copies

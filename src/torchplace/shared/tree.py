@@ -1,4 +1,5 @@
-"""`map_tensors`: the one traversal of nested batches, for moving, pinning and `record_stream`.
+"""`map_tensors`: the one traversal of nested batches, for moving, pinning and `record_stream`; `leaves`:
+the one enumeration of a state tree's tensors with their paths.
 
 One function serves every caller, so a container kind or a keyword is never handled in one of
 them and forgotten in another (torchtnt's recursive helper forgot to forward `stream`, and its
@@ -13,7 +14,7 @@ import dataclasses
 import functools
 import sys
 from collections import OrderedDict, UserDict, defaultdict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -150,6 +151,20 @@ def walk(x: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any] 
     if fields is not None and not isinstance(x, type):
         return _rebuild_fields(x, [a.name for a in fields], fn, other)
     return x
+
+
+def leaves(tree: Any, kinds: type | tuple[type, ...] = _Tensor,
+           path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """(path, leaf) for each leaf of KINDS in TREE's dicts, lists and tuples, depth first and in order: the
+    walk that enumerates a state tree (the path is its keys and indices), where `map_tensors` rebuilds one."""
+    if isinstance(tree, kinds):
+        yield path, tree
+    elif isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from leaves(v, kinds, path + (k,))
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            yield from leaves(v, kinds, path + (i,))
 
 
 def has_to(x: Any) -> bool:
