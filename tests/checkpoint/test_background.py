@@ -210,7 +210,7 @@ def test_a_stuck_sharded_write_is_abandoned_at_exit(tmp_path: Path) -> None:
     out = _run("import threading\n"
                "from pathlib import Path\n"
                "from torchplace.checkpoint import background\n"
-               "from torchplace.checkpoint.staging import HostStaging\n"
+               "from torchplace.checkpoint import HostStaging\n"
                "background.SHARDED_EXIT_WAIT_S = 0.2\n"
                "fut = background.SaveFuture(Path('sharded-ckpt'))\n"
                "fut.sharded_rank = 1\n"

@@ -26,8 +26,7 @@ from adversarial import crafting  # tests/ is on the path
 from safetensors.torch import save_file
 
 import torchplace
-from torchplace.checkpoint import convert, inspect
-from torchplace.checkpoint.dcp_reader import read_dcp_metadata
+from torchplace.checkpoint import convert, inspect, read_dcp_metadata
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
