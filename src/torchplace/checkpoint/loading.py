@@ -25,7 +25,7 @@ from torch import nn
 
 from ..errors import CheckpointError
 from ..placement.resolve import DeviceSpec
-from . import dry_load, fitting, keymap, rng, state_dicts
+from . import fitting, keymap, rng, state_dicts
 from . import sharded as tpsharded
 from .dcp_reader import is_dcp_dir
 from .fileio import read_file
@@ -176,7 +176,7 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
         ties = state_dicts.tied_groups(target) if empty else []
         refused = None
         try:
-            refused = dry_load.rehearse(target, sd, strict_keys)  # torch would copy what fits, then raise
+            refused = fitting.rehearse(target, sd, strict_keys)  # torch would copy what fits, then raise
             if refused is not None:
                 raise refused
             if empty:  # a model made on meta takes the file's tensors as its own (a copy into meta does nothing)
@@ -216,7 +216,7 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
         if name == "optimizer" and foreign_file and isinstance(value, Mapping):
             value = place_optimizer_state(obj, dict(value))
         try:
-            refused = dry_load.rehearse(obj, value, strict_keys=True) if isinstance(obj, nn.Module) else None
+            refused = fitting.rehearse(obj, value, strict_keys=True) if isinstance(obj, nn.Module) else None
             if refused is not None:  # an EMA model: left as it was, as the model above
                 raise refused
             obj.load_state_dict(value)
