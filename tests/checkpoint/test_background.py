@@ -265,7 +265,7 @@ def test_the_writer_runs_at_the_module_s_priority(tmp_path: Path, monkeypatch: p
 
 
 def test_the_shard_stager_waits_on_the_devices_the_state_is_on() -> None:
-    from torchplace.checkpoint.staging import _devices
+    from torchplace.shared.staging import accelerators as _devices
 
     assert _devices({"a": torch.ones(1), "b": torch.empty(2, device="meta"), "c": 3}) == set()
 

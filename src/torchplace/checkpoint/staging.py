@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
-from ..shared.staging import SideStreams, host_buffer
+from ..shared.staging import SideStreams, accelerators, host_buffer
 from ..units import format_bytes
 from .fileio import Planned, write_planned
 from .stream import byte_view, write_region
@@ -93,7 +93,7 @@ class HostStaging:
             self._dcp_pinned, self.dcp_bytes = pinned, 0
         staged = self._dcp.stage(tensors, non_blocking=pinned)
         if pinned:  # the copies are complete on return: on every device they were queued on, which need
-            for device in _devices(tensors):  # not be the current one (a model moved to cuda:1 without set_device)
+            for device in accelerators(tensors):  # not be the current one (a model moved to cuda:1 without set_device)
                 torch.accelerator.synchronize(device)
         self.dcp_bytes = local_bytes(tensors)
         return dict(staged)
@@ -162,15 +162,3 @@ def available_memory() -> int:
     import psutil
 
     return int(psutil.virtual_memory().available)
-
-
-def _devices(tensors: dict[str, Any]) -> set[torch.device]:
-    """The accelerators TENSORS (and DTensors' local shards) are on."""
-    found = set()
-    for t in tensors.values():
-        if isinstance(t, torch.Tensor):
-            device = (t.to_local() if hasattr(t, "to_local") else t).device
-            if device.type not in ("cpu", "meta"):
-                found.add(device)
-    return found
-

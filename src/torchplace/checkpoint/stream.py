@@ -31,7 +31,7 @@ import torch
 from ..errors import CheckpointError
 from ..hardware.accelerator import device_module
 from ..progress import advance
-from ..shared.staging import SideStreams, ThreadStaging, done_events, host_buffer
+from ..shared.staging import SideStreams, ThreadStaging, accelerators, done_events, host_buffer
 from ..shared.threads import helper_threads
 from .format import CHUNK_BYTES, DAMAGED_FIX, Header, TensorEntry
 
@@ -170,11 +170,6 @@ def _copy_pieces(pieces: list[_Piece], flat: dict[str, torch.Tensor], buf: torch
     return used
 
 
-def _device_tensors(tensors: Sequence[torch.Tensor]) -> set[torch.device]:
-    """The accelerator devices among TENSORS (any back end): their bytes go through a host staging buffer."""
-    return {t.device for t in tensors if t.device.type not in ("cpu", "meta")}
-
-
 def _settle(devices: set[torch.device], chunk: int) -> ThreadStaging | None:
     """Wait for every device's queued work, and make the staging buffers (pinned where CUDA copies from them)."""
     for dev in devices:
@@ -187,7 +182,7 @@ def write_data(sink: Sink, data_offset: int, entries: Sequence[TensorEntry], ten
     """Write every tensor's bytes at DATA_OFFSET + its offset; return each chunk's CRC-32 as hex."""
     flat = {e.key: byte_view(tensors[e.key]) for e in entries if e.nbytes}
     # producers of these tensors have finished before any side stream reads them
-    staging = _settle(_device_tensors(list(flat.values())), chunk)
+    staging = _settle(accelerators(flat.values()), chunk)
 
     def task(c0: int, c1: int, pieces: list[_Piece]) -> str:
         if staging is None:  # all on the CPU: write straight from the tensors' memory
@@ -278,7 +273,7 @@ def read_data(fd: int, header: Header, out: dict[str, torch.Tensor], *, workers:
     crcs, chunk = _checksums(header)
     flat = {e.key: byte_view(out[e.key]) for e in header.entries if e.nbytes}
     # memory handed out for OUT may still be in use by queued kernels of any stream
-    devices = _device_tensors(list(flat.values()))
+    devices = accelerators(flat.values())
     staging = _settle(devices, chunk)  # its buffers are made only when a thread first asks for one
     path, base = header.path, header.data_offset
 

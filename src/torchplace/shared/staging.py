@@ -9,10 +9,22 @@ first, or `wait_stream` on the current stream) before queueing copies on it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+
+
+def accelerators(tensors: Iterable[Any] | Mapping[Any, Any]) -> set[torch.device]:
+    """The accelerator devices (any back end) that the tensors among TENSORS (a mapping: its values) live on
+    (a DTensor: its local shard's): their bytes go through host staging."""
+    found = set()
+    for t in tensors.values() if isinstance(tensors, Mapping) else tensors:
+        if isinstance(t, torch.Tensor):
+            device = (t.to_local() if hasattr(t, "to_local") else t).device
+            if device.type not in ("cpu", "meta"):
+                found.add(device)
+    return found
 
 
 def host_buffer(nbytes: int, pinned: bool) -> torch.Tensor:
