@@ -28,7 +28,8 @@ import torch
 from ..errors import CheckpointError
 from ..progress import ProgressFn, begin, reporting
 from ..shared.tree import leaves
-from . import keymap, torchfile
+from . import _torchfile as torchfile
+from . import keymap
 from .atomic import write_bytes
 from .fileio import write_file
 from .options import ReadOptions

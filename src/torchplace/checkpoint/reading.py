@@ -22,6 +22,7 @@ from torch import nn
 
 from ..errors import CheckpointError
 from . import codec, foreign
+from ._torchfile import from_torch_save
 from .dcp_reader import is_dcp_dir
 from .fileio import FileState, read_file
 from .format import SIDE_FILE, read_header
@@ -29,7 +30,6 @@ from .keymap import match
 from .options import ReadOptions
 from .rotation import complete_checkpoints, is_pointer
 from .state_dicts import module_device, module_devices, optimizer_devices, unwrap
-from .torchfile import from_torch_save
 
 
 def kind_of(path: Path) -> str:

@@ -6,7 +6,7 @@
 Save writes model weights (unwrapped: no `module.` / `_orig_mod.`, not even from compiled
 submodules, with the modules' versions), optimizer, scheduler, scaler, RNG states, extras and
 metadata as one safetensors-compatible file, atomically, with checksums (or, under a .pt/.pth/.tar/.ckpt
-name, as the torch.save file such a name promises: torchfile.py). In a process group only
+name, as the torch.save file such a name promises: _torchfile.py). In a process group only
 rank 0 writes; sharded models go through torch.distributed.checkpoint (see `distributed`).
 Reading it back is loading.py.
 """
@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
-from . import rng, torchfile
+from . import _torchfile as torchfile
+from . import rng
 from . import sharded as tpsharded
 from .fileio import write_file
 from .rotation import check_name, check_pointer_slot, next_sequence, rotate, series_lock
@@ -73,7 +74,7 @@ HF_WEIGHT_NAMES = re.compile(r"(model|adapter_model)(-\d+-of-\d+)?\.safetensors|
 def check_request(path: str | os.PathLike[str], keep_last: int | None, more_state: Mapping[str, Any],
                   torch_names: bool = False) -> Path:
     """PATH as a Path, after the checks every save makes before touching anything. TORCH_NAMES: the caller
-    writes a torch.save file under a .pt/.pth/.tar/.ckpt name (torchfile.py); otherwise such a name is refused."""
+    writes a torch.save file under a .pt/.pth/.tar/.ckpt name (_torchfile.py); otherwise such a name is refused."""
     bad = [k for k in more_state if k in RESERVED]
     if bad:
         raise TypeError(f"save() got {bad[0]!r} as named state; that name is reserved. Use another name.")
