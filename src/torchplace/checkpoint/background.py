@@ -411,9 +411,8 @@ def _stage_file(fut: SaveFuture, staging: HostStaging, planned: Planned, meta: d
     return write
 
 
-# -- the writer thread's part of one background save --
-# The writer thread's part of one background save: wait for the saves before it, write at a lowered CPU
-# priority, and hand back the error without frames (the future keeps it; frames would keep the staging).
+# -- the writer thread's part: wait for the saves before it, write at a lowered CPU priority, and hand back
+# the error without frames (the future keeps it; frames would keep the staging) --
 
 
 def written(fut: Any, before: threading.Event | None, write: Callable[[], None], nice: int) -> CheckpointError | None:
@@ -455,7 +454,6 @@ def without_frames(error: CheckpointError) -> CheckpointError:
 
 
 # -- save_async of a sharded model (FSDP, DTensor): DCP's two steps, the copy at the call, the write behind --
-#
 # `torch.distributed.checkpoint.async_save` is two steps: copy each rank's shards into host memory
 # (torch's DefaultStager), then `dcp.save` them from a thread. save_async takes the same two steps
 # itself, so that the background part is a torchplace save like the others:
