@@ -57,17 +57,17 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, trust_p
     plain safetensors state dict of the model's weights. PROGRESS, if given,
     hears the reading and the writing (see torchplace.progress)."""
     with reporting(progress):
-        return _convert(Path(src), Path(dst), trust_pickle=trust_pickle, weights_only=weights_only)
+        opts = ReadOptions(device=torch.device("cpu"), trust_pickle=trust_pickle)
+        return _convert(Path(src), Path(dst), opts, weights_only=weights_only)
 
 
-def _convert(src: Path, dst: Path, *, trust_pickle: bool, weights_only: bool) -> Converted:
+def _convert(src: Path, dst: Path, opts: ReadOptions, *, weights_only: bool) -> Converted:
     check_name(dst)  # `latest` is the pointer's name, in convert as in save
     if dst.exists() and src.exists() and os.path.samefile(src, dst):
         raise CheckpointError(f"IN and OUT are the same file ({src} and {dst}); converting in place would "
                               "overwrite the input. Fix: write to a new name, check it with `torchplace ckpt "
                               "inspect`, then move it.")
     begin(f"reading {src.name}")
-    opts = ReadOptions(device=torch.device("cpu"), trust_pickle=trust_pickle)
     tool, state, meta, notes, _ = read_any(src, kind_of(src), opts, model=None, optimizer=None)
     notes = list(notes)
     prefix = ""

@@ -271,7 +271,7 @@ def load_sharded(path: Path, model: nn.Module, optimizer: Any, skeleton: dict[st
         raise CheckpointError(f"{path} has no tensors for {', '.join(missing[:5])}"
                               f"{' and more' if len(missing) > 5 else ''}. Fix: load with the model (and optimizer) "
                               "the checkpoint was saved from, sharded the same way or differently.")
-    dcp_load(path, dest, opts.trust_pickle, single_process=world()[1] == 1)
+    dcp_load(path, dest, opts, single_process=world()[1] == 1)
     new_osd = fill_refs(skeleton["optimizer"], dest) if optimizer is not None and "optimizer" in skeleton else None
     set_state_dict(model, optimizer if optimizer is not None else [], model_state_dict=msd,
                    optim_state_dict=new_osd if new_osd is not None else {})
@@ -384,7 +384,7 @@ def read_plain(path: Path, model: nn.Module, optimizer: Any, opts: ReadOptions
                 raise CheckpointError(f"{path}: the optimizer state {key!r} is {list(md.size)} {md.properties.dtype}, "
                                       f"which cannot be allocated here ({str(exc).splitlines()[0][:200]}). Fix: load "
                                       "it on a machine with the memory it was saved on.") from None
-    dcp_load(path, dest, opts.trust_pickle, single_process=world()[1] == 1)
+    dcp_load(path, dest, opts, single_process=world()[1] == 1)
     state: dict[str, Any] = {"model": {k: dest[prefix + k] for k in own if prefix + k in dest}}
     notes = [f"read the model's weights from the keys under {prefix!r}"] if prefix else []
     if opt_keys:
