@@ -131,7 +131,7 @@ class Runtime:
         if state.get("all_ranks") and self.world_size > 1:
             import torch.distributed as dist
 
-            from .checkpoint.distributed import join_ranks
+            from .checkpoint.sharded import join_ranks
 
             join_ranks(Path(path), "rt.save(all_ranks=True) gathering every rank's loader position")  # no hang
             every: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
@@ -223,8 +223,9 @@ def _decide_resume(resume: bool | Literal["auto"], checkpoint_dir: str | os.Path
                    info: DistInfo | None, launch: LaunchEnv, decisions: list[str]) -> Path | None:
     """What every rank agreed to continue from: each reads the folder, rank 0's view wins, and
     views that differ (folders not shared between nodes) are refused. Rank 0 then records the job's
-    run id in the folder, so a restart torchrun does not count still continues (checkpoint/resume.py)."""
-    from .checkpoint.resume import decide_resume, job_id, mark_started, newest_name, started_here
+    run id in the folder, so a restart torchrun does not count still continues (policy/resume.py)."""
+    from .checkpoint.rotation import mark_started, newest_name
+    from .policy.resume import decide_resume, job_id, started_here
 
     looks = resume is not False and checkpoint_dir is not None
     job = job_id(launch.run_id) if looks else None
@@ -255,8 +256,7 @@ def describe_resume(path: Path, world_size: int) -> list[str]:
     the program saved in extra=, the loader's position in its epoch, and, when the file was saved by another
     number of ranks than WORLD_SIZE, what loads as it was, what is resharded and what cannot be."""
     from .checkpoint import codec
-    from .checkpoint.distributed import SIDE_FILE
-    from .checkpoint.format import read_header
+    from .checkpoint.format import SIDE_FILE, read_header
     from .placement.loader_state import is_position, pick
 
     sharded = path.is_dir()

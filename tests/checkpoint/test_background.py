@@ -210,7 +210,7 @@ def test_a_stuck_sharded_write_is_abandoned_at_exit(tmp_path: Path) -> None:
     out = _run("import threading\n"
                "from pathlib import Path\n"
                "from torchplace.checkpoint import background\n"
-               "from torchplace.checkpoint.staging import HostStaging\n"
+               "from torchplace.checkpoint import HostStaging\n"
                "background.SHARDED_EXIT_WAIT_S = 0.2\n"
                "fut = background.SaveFuture(Path('sharded-ckpt'))\n"
                "fut.sharded_rank = 1\n"
@@ -265,7 +265,7 @@ def test_the_writer_runs_at_the_module_s_priority(tmp_path: Path, monkeypatch: p
 
 
 def test_the_shard_stager_waits_on_the_devices_the_state_is_on() -> None:
-    from torchplace.checkpoint.staging import _devices
+    from torchplace.shared.staging import accelerators as _devices
 
     assert _devices({"a": torch.ones(1), "b": torch.empty(2, device="meta"), "c": 3}) == set()
 
@@ -287,7 +287,7 @@ def test_the_sharded_writer_group_dies_with_its_process_group(monkeypatch) -> No
     import torch.distributed as dist
     from ports import free_port
 
-    from torchplace.checkpoint.background_sharded import writer_group
+    from torchplace.checkpoint.background import writer_group
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))

@@ -112,7 +112,7 @@ def test_a_sharded_model_on_the_gpu_with_an_nccl_group(tmp_path: Path) -> None:
 def test_sharded_staging_waits_for_copies_on_a_gpu_other_than_the_current_one() -> None:
     # torch.accelerator.synchronize() waited for the current device only: a state on cuda:1 (moved
     # there without set_device) came back while its copies still ran behind queued work
-    from torchplace.checkpoint.staging import HostStaging
+    from torchplace.checkpoint import HostStaging
 
     torch.cuda.set_device(0)
     value = torch.full((64 * 2**20,), 3.0, device="cuda:1")

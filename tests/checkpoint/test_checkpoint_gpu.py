@@ -16,8 +16,7 @@ import torch
 from torch import nn
 
 import torchplace
-from torchplace.checkpoint import fileio, inspect
-from torchplace.checkpoint.format import read_header
+from torchplace.checkpoint import fileio, inspect, read_header
 
 pytestmark = pytest.mark.gpu
 HELPER = Path(__file__).parent / "helpers" / "load_without_cuda.py"

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 import torchplace
-from torchplace.checkpoint.format import read_header
+from torchplace.checkpoint import read_header
 from torchplace.cli import main
 
 

@@ -14,8 +14,7 @@ import pytest
 import torch
 
 import torchplace
-from torchplace.checkpoint import loading, rotation
-from torchplace.checkpoint.format import read_header
+from torchplace.checkpoint import loading, read_header, rotation
 
 # a writer: waits for GO (so two start together), then saves N checkpoints named TAG-i with the given rotation
 WRITER = textwrap.dedent("""
@@ -146,7 +145,7 @@ def test_dataloader_workers_forked_during_a_rotation_save_do_not_hold_the_folder
     out = _python("""
         import torch, torchplace
         from torch.utils.data import DataLoader
-        from torchplace.checkpoint.rotation import series_lock
+        from torchplace.checkpoint import series_lock
         from pathlib import Path
         with series_lock(Path(".")):  # as a background rotation save holds it while it writes
             loader = DataLoader(list(range(8)), num_workers=2, persistent_workers=True,

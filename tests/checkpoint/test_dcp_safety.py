@@ -22,10 +22,9 @@ from adversarial.crafting import Payload  # tests/ is on the path
 from torch import nn
 
 import torchplace
+from torchplace.checkpoint import read_dcp_metadata, write_file
 from torchplace.checkpoint.codec import TensorRef
-from torchplace.checkpoint.dcp_reader import read_dcp_metadata
-from torchplace.checkpoint.distributed import SIDE_FILE
-from torchplace.checkpoint.fileio import write_file
+from torchplace.checkpoint.format import SIDE_FILE
 from torchplace.cli import main as cli_main
 from torchplace.runtime import setup
 

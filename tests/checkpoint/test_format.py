@@ -13,6 +13,7 @@ import torch
 import torchplace
 from torchplace.checkpoint import fileio
 from torchplace.checkpoint import format as fmt
+from torchplace.checkpoint.options import ReadOptions
 
 
 def _tensors() -> dict[str, torch.Tensor]:
@@ -68,7 +69,7 @@ def test_pieces_spanning_chunks_and_threads(tmp_path: Path) -> None:
     path = fileio.write_file(tmp_path / "c", tree, info={}, chunk_bytes=1000, workers=4)
     header = fmt.read_header(path)
     assert len(header.meta["crc32"]) == -(-header.data_bytes // 1000) > 40
-    got = fileio.read_file(path, lambda _: torch.device("cpu"), workers=4).tree
+    got = fileio.read_file(path, lambda _: torch.device("cpu"), ReadOptions(workers=4)).tree
     for key, t in tree["model"].items():
         assert torch.equal(got["model"][key], t)
 

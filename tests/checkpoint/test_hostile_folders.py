@@ -106,3 +106,25 @@ def test_resuming_from_a_folder_whose_newest_is_torn_continues_from_the_one_befo
     rt = torchplace.setup("cpu", threads=None, verbose=False, checkpoint_dir=tmp_path, resume=True)
     assert rt.resume_from == tmp_path / "step-1.safetensors"
     assert rt.resume() is not None and torchplace.load(tmp_path).extra == {"step": 1}
+
+
+@pytest.mark.parametrize("keep_last", [None, 3])
+def test_saving_into_a_symlink_loop_names_the_loop(tmp_path: Path, keep_last: int | None) -> None:
+    """With keep_last the series lock's open raised a bare OSError (ELOOP), then `latest` was blamed."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(torchplace.CheckpointError, match=r"loop is a symbolic link that leads back to itself.*Fix: "
+                                                         r"point the link at a real directory") as info:
+        torchplace.save(loop / "step-1.safetensors", model={"w": torch.zeros(2)}, keep_last=keep_last)
+    assert "latest" not in str(info.value)
+    with pytest.raises(torchplace.CheckpointError, match="Too many levels of symbolic links.*Fix:"):
+        torchplace.load(loop)
+
+
+def test_a_fifo_named_like_a_checkpoint_blocks_neither_load_nor_rotation(tmp_path: Path) -> None:
+    torchplace.save(tmp_path / "step-1.safetensors", model={"w": torch.zeros(2)}, keep_last=2)
+    os.mkfifo(tmp_path / "step-9.safetensors")
+    assert torchplace.load(tmp_path)["model"]["w"].sum() == 0
+    torchplace.save(tmp_path / "step-2.safetensors", model={"w": torch.ones(2)}, keep_last=2)
+    assert torchplace.load(tmp_path)["model"]["w"].sum() == 2
+    assert (tmp_path / "step-9.safetensors").exists()  # not ours: never rotated away

@@ -26,8 +26,7 @@ from adversarial import crafting  # tests/ is on the path
 from safetensors.torch import save_file
 
 import torchplace
-from torchplace.checkpoint import convert, inspect
-from torchplace.checkpoint.dcp_reader import read_dcp_metadata
+from torchplace.checkpoint import convert, inspect, read_dcp_metadata
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
@@ -249,7 +248,8 @@ def test_truncated_at_every_byte_of_the_header(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "deep-json", "a-list"])
 def test_a_planted_job_file_is_no_restart_and_never_blocks(tmp_path: Path, kind: str) -> None:
     """setup() reads checkpoint_dir/.torchplace-job: a FIFO there blocked it, deep JSON raised RecursionError."""
-    from torchplace.checkpoint.resume import JOB_FILE, mark_started, started_here
+    from torchplace.checkpoint.rotation import mark_started
+    from torchplace.policy.resume import JOB_FILE, started_here
 
     job = tmp_path / JOB_FILE
     if kind == "fifo":

@@ -20,8 +20,7 @@ from torch import nn
 from torch.ao.quantization.observer import MinMaxObserver
 
 import torchplace
-from torchplace.checkpoint import convert, inspect
-from torchplace.checkpoint.format import read_header
+from torchplace.checkpoint import convert, inspect, read_header
 from torchplace.cli import main
 
 

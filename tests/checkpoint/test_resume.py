@@ -74,7 +74,7 @@ def test_resume_after_n_steps_is_bit_identical(tmp_path: Path, make_net) -> None
 
 
 def test_decide_resume_continues_after_a_restart_only_when_asked_to(tmp_path: Path) -> None:
-    from torchplace.checkpoint.resume import decide_resume
+    from torchplace.policy.resume import decide_resume
 
     ck = tmp_path / "ck"
     fresh = decide_resume("auto", ck, restarted=False, found=["epoch003.tpck"])
@@ -95,7 +95,8 @@ def test_decide_resume_continues_after_a_restart_only_when_asked_to(tmp_path: Pa
 
 
 def test_a_job_is_known_by_its_run_id_in_the_folder(tmp_path: Path) -> None:
-    from torchplace.checkpoint.resume import JOB_FILE, job_id, mark_started, started_here
+    from torchplace.checkpoint.rotation import mark_started
+    from torchplace.policy.resume import JOB_FILE, job_id, started_here
 
     assert [job_id(r) for r in ("job42", "none", "", None)] == ["job42", None, None, None]  # "none": torchrun's default
     assert not started_here(tmp_path / "ck", "job42")  # no folder yet
@@ -114,8 +115,8 @@ def test_a_job_is_known_by_its_run_id_in_the_folder(tmp_path: Path) -> None:
      r"Rank 0 sees epoch004.tpck .* but rank 2 on node2 sees none .*not one shared file system"),
 ])
 def test_decide_resume_refuses_what_cannot_work(directory, resume, found, match) -> None:
-    from torchplace.checkpoint.resume import decide_resume
     from torchplace.errors import CheckpointError
+    from torchplace.policy.resume import decide_resume
 
     with pytest.raises(CheckpointError, match=match):
         decide_resume(resume, directory, restarted=True, found=found, hosts=["node0", "node1", "node2"])

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 import torchplace
-from torchplace.checkpoint import complete_checkpoints, latest
-from torchplace.checkpoint.format import read_header
+from torchplace.checkpoint import complete_checkpoints, latest, read_header
 
 
 def _save(directory: Path, step: int, **kwargs) -> Path:
@@ -189,7 +188,7 @@ def test_a_clock_that_jumps_ahead_and_back_does_not_pin_the_newest(tmp_path: Pat
 
 def test_equal_sequences_are_ordered_by_name(tmp_path: Path) -> None:
     """Two writers that read the directory at the same moment get the same number: the name decides."""
-    from torchplace.checkpoint.fileio import write_file
+    from torchplace.checkpoint import write_file
 
     for name in ("b.safetensors", "a.safetensors"):
         write_file(tmp_path / name, {"extra": {"name": name}}, info={"rotation": True, "sequence": 7})
@@ -199,7 +198,7 @@ def test_equal_sequences_are_ordered_by_name(tmp_path: Path) -> None:
 def test_checkpoints_without_a_sequence_rank_below_those_with_one(tmp_path: Path, clock: Clock) -> None:
     """A directory from an older torchplace: its files carry no sequence, so they count as older than any that
     does (and among themselves follow their creation time, the only order they have)."""
-    from torchplace.checkpoint.fileio import write_file
+    from torchplace.checkpoint import write_file
 
     clock.now += 7200  # the old files were written with a clock ahead of today's
     for step in (1, 2):

@@ -10,8 +10,7 @@ import torch
 from adversarial.crafting import Payload  # tests/ is on the path
 
 import torchplace
-from torchplace.checkpoint import convert, inspect
-from torchplace.checkpoint.dcp_reader import read_dcp_metadata
+from torchplace.checkpoint import convert, inspect, read_dcp_metadata
 
 
 def test_a_torch_save_file_with_a_payload_is_refused(tmp_path: Path, marker: Path) -> None:

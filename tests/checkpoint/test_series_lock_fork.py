@@ -15,7 +15,7 @@ from pathlib import Path
 SCRIPT = textwrap.dedent("""
     import fcntl, os, signal, sys, threading, time
     from pathlib import Path
-    from torchplace.checkpoint.rotation import series_lock
+    from torchplace.checkpoint import series_lock
     folder = Path(sys.argv[1])
     done = threading.Event()
     def save():  # as save_async's writer thread holds the series while it writes

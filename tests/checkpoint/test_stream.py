@@ -10,6 +10,7 @@ import torch
 
 from torchplace.checkpoint import stream
 from torchplace.checkpoint.format import plan_layout
+from torchplace.shared.staging import ThreadStaging
 
 
 def test_pieces_round_trip_through_the_staging_buffer_across_chunk_boundaries():
@@ -19,7 +20,7 @@ def test_pieces_round_trip_through_the_staging_buffer_across_chunk_boundaries():
     flat = {e.key: stream.byte_view(tensors[e.key]) for e in entries}
     out = {k: torch.zeros_like(t) for k, t in tensors.items()}
     flat_out = {e.key: stream.byte_view(out[e.key]) for e in entries}
-    staging = stream._Staging(chunk, pinned=False)
+    staging = ThreadStaging(chunk, pinned=False)
     image = torch.zeros(data_bytes, dtype=torch.uint8)  # what the file would hold
     chunks = list(stream._chunks(entries, data_bytes, chunk))
     assert len(chunks) > 5
@@ -47,16 +48,14 @@ def _image_and_chunks(tensors: dict[str, torch.Tensor], chunk: int):
 
 @pytest.mark.parametrize("buffers", [2, 3, 4])
 def test_windowed_load_fills_every_tensor_across_windows_and_chunks(monkeypatch, buffers):
-    """The CUDA load's windows (cuda_load.py), run with CPU tensors: tensors cut across chunks and
+    """The CUDA load's windows (stream.read_chunks_to_cuda), run with CPU tensors: tensors cut across chunks and
     windows, a window smaller than a tensor, a last window shorter than the others, rings of 2-4 windows."""
-    from torchplace.checkpoint import cuda_load
-
-    monkeypatch.setattr(cuda_load, "BUFFERS", buffers)
+    monkeypatch.setattr(stream, "BUFFERS", buffers)
     tensors = {"a": torch.randn(1000), "b": torch.arange(37, dtype=torch.int16), "c": torch.randn(3, 300).double(),
                "d": torch.randn(5000)}
     chunk = 1024
     entries, image, chunks = _image_and_chunks(tensors, chunk)
-    monkeypatch.setattr(cuda_load, "WINDOW_BYTES", 3 * chunk)
+    monkeypatch.setattr(stream, "WINDOW_BYTES", 3 * chunk)
     out = {k: torch.zeros_like(t) for k, t in tensors.items()}
     flat = {e.key: stream.byte_view(out[e.key]) for e in entries}
     read = []
@@ -66,7 +65,7 @@ def test_windowed_load_fills_every_tensor_across_windows_and_chunks(monkeypatch,
         view[:] = image[c0:c1].numpy()
         read.append(c0)
 
-    cuda_load.read_chunks_to_cuda(flat, entries, chunks, chunk, 3, read_chunk)
+    stream.read_chunks_to_cuda(flat, entries, chunks, chunk, 3, read_chunk)
     assert sorted(read) == [c[1] for c in chunks]  # each chunk read once
     assert all(torch.equal(out[k], tensors[k]) for k in tensors)
 
@@ -76,12 +75,11 @@ def test_windowed_load_raises_a_readers_error_and_stops(monkeypatch):
     are never started (one reader thread, busy with the chunk after the damaged one meanwhile)."""
     import threading
 
-    from torchplace.checkpoint import cuda_load
     from torchplace.errors import CheckpointError
 
     tensors = {"a": torch.randn(4000)}
     entries, image, chunks = _image_and_chunks(tensors, 1024)
-    monkeypatch.setattr(cuda_load, "WINDOW_BYTES", 2 * 1024)  # two chunks a window
+    monkeypatch.setattr(stream, "WINDOW_BYTES", 2 * 1024)  # two chunks a window
     flat = {"a": stream.byte_view(torch.zeros(4000))}
     read: list[int] = []
     caller = threading.get_ident()
@@ -105,5 +103,5 @@ def test_windowed_load_raises_a_readers_error_and_stops(monkeypatch):
         view[:] = image[c[1]:c[2]].numpy()
 
     with pytest.raises(CheckpointError, match="chunk 2"):
-        cuda_load.read_chunks_to_cuda(flat, entries, chunks, 1024, 1, read_chunk)
+        stream.read_chunks_to_cuda(flat, entries, chunks, 1024, 1, read_chunk)
     assert sorted(read) == [0, 1, 2, 3]  # window 2 (chunks 4 and 5) was queued, and cancelled

@@ -14,7 +14,7 @@ thread then does what `save` does from there: checksums, temporary file, fsync, 
 Sharded models (FSDP, DTensor parameters) go through torch.distributed.checkpoint as with `save`:
 every rank calls save_async, copies its own shards to host memory at the call (torch's stager, the
 one `dcp.async_save` uses) and writes them in the background into a temporary folder, which rank 0
-publishes atomically once every rank is done (background_sharded.py). Each rank then holds a host
+publishes atomically once every rank is done (`stage_sharded`). Each rank then holds a host
 copy of its shards (for FSDP about 1/world size of the model and optimizer state), pinned on a GPU,
 kept and reused by the next save of the same tensors.
 
@@ -47,24 +47,26 @@ from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import sys
 import threading
 import time
+import traceback
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
 from torch import nn
 
 from ..errors import CheckpointError
-from . import distributed as tpdist
-from .background_sharded import stage_sharded
-from .background_write import written
+from . import sharded as tpsharded
 from .fileio import Planned, plan_file
 from .rotation import rotate, series_lock
-from .saving import capture_rng, check_request, collect_state, series_info
-from .staging import HostStaging, check_memory
-from .stream import default_workers
+from .saving import capture_rng, check_request, collect_side, collect_state, series_info
+from .staging import HostStaging, check_memory, local_bytes
+from .stream import default_workers, lower_priority
 
 MAX_BACKGROUND_WORKERS = 4  # writer threads: enough for a disk, few enough to leave the CPU to training
 WRITER_NICE = 10  # how much the writer threads lower their CPU priority (Linux nice; 0: not at all)
@@ -324,13 +326,13 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
     target = check_request(path, keep_last, more_state)
     if not isinstance(max_in_flight, int) or isinstance(max_in_flight, bool) or max_in_flight < 1:
         raise ValueError(f"max_in_flight={max_in_flight!r}: allow at least 1 save in flight.")
-    sharded = model if isinstance(model, nn.Module) and tpdist.is_sharded(model) else None
+    sharded = model if isinstance(model, nn.Module) and tpsharded.is_sharded(model) else None
     saver = default_saver()
-    rank, world_size = tpdist.world()
+    rank, world_size = tpsharded.world()
     rotate_after = keep_last is not None or latest
     collective = world_size > 1 and (sharded is not None or all_ranks)
     if collective:  # bounded: a call under `if rank == 0:` raises naming the absent ranks instead of hanging
-        tpdist.join_ranks(target, "saving a sharded model" if sharded is not None else "save_async(all_ranks=True)")
+        tpsharded.join_ranks(target, "saving a sharded model" if sharded is not None else "save_async(all_ranks=True)")
     staging: HostStaging | None = None
     waited = 0.0
     if rank == 0 or sharded is not None:  # the ranks that write
@@ -373,7 +375,7 @@ def _raise_earlier_failure(saver: BackgroundSaver, target: Path, world_size: int
     """Raise, on every rank, a background save's error that nobody collected (on any rank)."""
     failed = saver.uncollected()
     if world_size > 1:  # every rank learns of every rank's failure
-        messages = tpdist.all_gather(str(failed._error) if failed is not None else None)
+        messages = tpsharded.all_gather(str(failed._error) if failed is not None else None)
         first = next(((k, m) for k, m in enumerate(messages) if m is not None), None)
         if first is not None and failed is None:
             raise CheckpointError(f"rank {first[0]}'s earlier background save failed, so this "
@@ -407,3 +409,208 @@ def _stage_file(fut: SaveFuture, staging: HostStaging, planned: Planned, meta: d
                 rotate(target, keep_last)
 
     return write
+
+
+# -- the writer thread's part: wait for the saves before it, write at a lowered CPU priority, and hand back
+# the error without frames (the future keeps it; frames would keep the staging) --
+
+
+def written(fut: Any, before: threading.Event | None, write: Callable[[], None], nice: int) -> CheckpointError | None:
+    """Run WRITE (after BEFORE is set) at NICE more than the caller's nice value; its CheckpointError
+    (without frames) or None. FUT's writer_nice records the priority it ran at."""
+    try:
+        fut.writer_nice = lower_priority(nice)
+        if before is not None:  # saves reach the disk (and the rotation series) in call order
+            before.wait()
+        write()
+    except CheckpointError as exc:
+        return without_frames(exc)
+    except BaseException as exc:  # reported through the future, never lost in a thread
+        error = CheckpointError(f"the background save of {fut.path} failed: {type(exc).__name__}: {exc}")
+        error.__cause__ = exc
+        return without_frames(error)
+    return None
+
+
+def without_frames(error: CheckpointError) -> CheckpointError:
+    """ERROR with its chain's tracebacks kept as text (a note, Python 3.11+) instead of frames.
+
+    The future keeps its error; frames would keep what they reach (the write's closures, the staging
+    buffers, the frame that caught the error and so the error again): a reference cycle that only a
+    garbage collection frees, and one in a forked DataLoader worker frees the parent's pinned memory.
+    """
+    told = traceback.TracebackException.from_exception(error)
+    lines = list(told.format())
+    text = "".join(lines[:len(lines) - len(list(told.format_exception_only()))])  # the message is said already
+    seen: set[int] = set()
+    link: BaseException | None = error
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    if hasattr(error, "add_note"):
+        error.add_note(f"torchplace: raised in the background writer thread:\n{text.rstrip()}")
+    return error
+
+
+# -- save_async of a sharded model (FSDP, DTensor): DCP's two steps, the copy at the call, the write behind --
+# `torch.distributed.checkpoint.async_save` is two steps: copy each rank's shards into host memory
+# (torch's DefaultStager), then `dcp.save` them from a thread. save_async takes the same two steps
+# itself, so that the background part is a torchplace save like the others:
+#
+# - the copy happens at the call, on every rank, with a stager kept per staging slot (its host copies
+#   are reused by the next save of the same tensors: pinned once, on a GPU);
+# - `dcp.save` runs in the writer thread, after the saves called before it (call order), at the
+#   writer's lowered priority, on a gloo group of its own: a background thread's collectives never
+#   interleave with the training's on the default group, and DCP needs a CPU group (an NCCL default
+#   group is not one);
+# - then the publish that `save` does: the shards go into `.NAME.dcp-TOKEN`; once every rank's shards
+#   and DCP's metadata are written, rank 0 writes the side file (checksummed) and swaps the symlink
+#   atomically, then rotates; every rank's future ends after that, with rank 0's outcome.
+
+# (the default group it was made for, the gloo group), both weakly: torch's registry owns them until
+# destroy_process_group, after which nothing of ours may keep a group (and its threads) alive into exit
+_group: tuple[weakref.ref[Any], weakref.ref[Any]] | None = None
+
+
+def writer_group() -> Any:
+    """The gloo group background sharded saves use (made on first use, on every rank: a collective)."""
+    global _group
+    world = dist.group.WORLD
+    group = _group[1]() if _group is not None and _group[0]() is world else None
+    if group is None:
+        group = dist.new_group(backend="gloo")
+        _group = (weakref.ref(world), weakref.ref(group))
+    return group
+
+
+def stage_sharded(fut: Any, staging: HostStaging, target: Path, model: nn.Module, optimizer: Any,
+                  side: tuple[Any, Any, Any, dict[str, Any], Any, dict[str, Any]], *, keep_last: int | None,
+                  rotate_after: bool, allow_pickle: bool, max_in_flight: int,
+                  threads: Callable[[int], int]) -> Callable[[], None]:
+    """Copy this rank's shards of MODEL (and OPTIMIZER) and, on rank 0, the side file's state (SIDE:
+    scheduler, scaler, extra, more_state, RNG tree, metadata) into STAGING; return the write to run in
+    the background (every rank runs its own).
+
+    Every step that can fail on one rank alone (rank 0's side file, each host's memory check, the
+    copies) comes first; then one collective tells every rank every rank's outcome (and rank 0's
+    token), so a failure anywhere raises the same CheckpointError on every rank, before any other
+    collective (a rank waiting in a broadcast its peer never reaches would wait forever)."""
+    rank, _ = tpsharded.world()
+    failure: BaseException | None = None
+    try:
+        staged, planned, meta, nbytes = _stage(fut, staging, target, model, optimizer, side, allow_pickle,
+                                               max_in_flight)
+    except BaseException as exc:  # told to every rank below, then raised
+        failure = exc
+    token = secrets.token_hex(4) if rank == 0 else ""
+    outcomes = tpsharded.all_gather((None if failure is None else f"{type(failure).__name__}: {failure}", token))
+    failed = [(k, message) for k, (message, _) in enumerate(outcomes) if message is not None]
+    if failed:
+        reasons = "; ".join(f"rank {k}: {message}" for k, message in failed)
+        error = CheckpointError(f"save_async({str(target)!r}) of a sharded model saved nothing on any rank: "
+                                f"{'rank' if len(failed) == 1 else 'ranks'} {', '.join(str(k) for k, _ in failed)} "
+                                f"could not copy its state ({reasons}). Nothing was written; the previous checkpoint "
+                                "is untouched.")
+        if failure is not None and not isinstance(failure, Exception):
+            raise failure  # KeyboardInterrupt and the like, after telling the other ranks
+        raise error from failure
+    token = outcomes[0][1]
+    group = writer_group()
+    tmp_dir = tpsharded.dcp_folder(target, token)
+    n = threads(nbytes)
+
+    def write() -> None:
+        import torch.distributed.checkpoint as dcp
+
+        error: BaseException | None = None
+        published = False
+        try:  # every rank writes its shards; DCP's coordinator (rank 0) then writes .metadata
+            dcp.save(staged, storage_writer=dcp.FileSystemWriter(str(tmp_dir), thread_count=n), process_group=group)
+        except BaseException as exc:
+            error = _dcp_error(exc, target)
+        status = (True, "", False)
+        if rank == 0:
+            if error is None and planned is not None:
+                try:
+                    info = {**meta, **series_info(target, rotate_after)}
+                    staging.write_file(tmp_dir / tpsharded.SIDE_FILE, planned, info, n)
+                    tpsharded.publish_folder(tmp_dir, target, token)
+                    published = True
+                    if rotate_after:
+                        rotate(target, keep_last)
+                except BaseException as exc:
+                    error = _rotate_error(exc, target, keep_last) if published else exc
+            if error is not None:
+                status = (False, f"{type(error).__name__}: {error}", published)
+        ok, message, published = tpsharded.broadcast(status, group=group)  # every rank ends with rank 0's outcome
+        if rank == 0 and not ok:
+            tpsharded.discard_unpublished(tmp_dir, target)
+        if error is not None:
+            raise error
+        if not ok and published:  # the checkpoint is there: only what follows the publish failed
+            raise CheckpointError(f"{target} is saved (rank 0 published it), but rank 0 failed after that: {message}")
+        if not ok:
+            raise CheckpointError(f"rank 0 could not save {target}, so no rank has a new checkpoint: {message}")
+
+    return write
+
+
+def _stage(fut: Any, staging: HostStaging, target: Path, model: nn.Module, optimizer: Any,
+           side: tuple[Any, Any, Any, dict[str, Any], Any, dict[str, Any]], allow_pickle: bool,
+           max_in_flight: int) -> tuple[dict[str, Any], Planned | None, dict[str, Any], int]:
+    """This rank's part of the call, with no collective: (the staged shards, rank 0's staged side file
+    or None, its metadata, this rank's bytes of shards)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    rank, _ = tpsharded.world()
+    msd, osd = get_state_dict(model, optimizer if optimizer is not None else [])
+    tensors, skeleton = tpsharded.flat_tensors({"model": msd, **({"optimizer": osd} if optimizer is not None else {})})
+    del msd, osd
+    planned: Planned | None = None
+    meta: dict[str, Any] = {}
+    if rank == 0:  # the side file: scheduler, scaler, RNG, extras and the trees around the shards
+        tree, meta = collect_side(model, *side[:4], skeleton, *side[4:])
+        planned = plan_file(tree, allow_pickle=allow_pickle)
+    nbytes = local_bytes(tensors)
+    pinned = any((t.to_local() if hasattr(t, "to_local") else t).device.type == "cuda" for t in tensors.values())
+    side_pinned = planned is not None and any(t.device.type == "cuda" for t in planned.tensors.values())
+    need = staging.dcp_need(nbytes, pinned) + (staging.need(planned.data_bytes, side_pinned) if planned else 0)
+    check_memory(f"save_async({str(target)!r}) of a sharded model", need, max_in_flight)
+    staged = staging.dcp_stage(tensors, pinned)
+    del tensors
+    if planned is not None:
+        staging.ensure(planned.data_bytes, side_pinned)
+        staging.copy_in(planned)
+        planned.tensors = {}  # the copy is taken: keep none of the caller's tensors alive
+    fut.allocated_bytes, fut.pinned = need, pinned
+    return staged, planned, meta, nbytes
+
+
+def _rotate_error(exc: BaseException, target: Path, keep_last: int | None) -> CheckpointError:
+    """A failure after TARGET was published (the rotation): the checkpoint is saved, say so."""
+    if isinstance(exc, CheckpointError) and "was saved" in str(exc):
+        return exc  # rotation's own message says it already
+    error = CheckpointError(f"{target} was saved (every rank's shards, published), but rotating the series after it "
+                            f"(keep_last={keep_last}, the `latest` pointer) failed: {type(exc).__name__}: {exc}. "
+                            f"Fix: check {target.parent} (the older checkpoints may still be there).")
+    error.__cause__ = exc
+    return error
+
+
+def _dcp_error(exc: BaseException, target: Path) -> BaseException:
+    """DCP's failure as a CheckpointError naming each rank's error in one line (DCP's own message is
+    every rank's traceback); other errors as they are."""
+    failures = getattr(exc, "failures", None)
+    if not isinstance(failures, dict) or not failures:
+        return exc
+    parts = []
+    for rank, pair in sorted(failures.items()):
+        cause = pair[0] if isinstance(pair, tuple) else pair
+        parts.append(f"rank {rank}: {type(cause).__name__}: {cause}")
+    error = CheckpointError(f"could not save {target}: torch.distributed.checkpoint failed to write the shards "
+                            f"({'; '.join(parts)}); the previous checkpoint is untouched. Fix: make "
+                            f"{target.parent} a writable directory that every rank sees (a shared file system "
+                            "when the ranks run on several hosts).")
+    error.__cause__ = exc
+    return error

@@ -184,9 +184,15 @@ def _shaped(node: dict[str, Any], tag: str, field_: str, kind: type) -> Any:
     return value
 
 
-def _dtype(name: str) -> torch.dtype:
-    from .format import dtype_by_name
+def dtype_by_name(name: str) -> torch.dtype | None:
+    """torch.NAME when it is a dtype, else None. Looked up in torch's namespace, never with getattr:
+    torch imports some submodules on first access (`torch._dynamo`, `torch._inductor`: hundreds of
+    modules), which a name from a file must not trigger."""
+    value = vars(torch).get(name)
+    return value if isinstance(value, torch.dtype) else None
 
+
+def _dtype(name: str) -> torch.dtype:
     value = dtype_by_name(name)
     if value is None:
         raise StateError(f"{name!r:.60} is not a dtype of this torch ({torch.__version__})")

@@ -18,7 +18,7 @@ matching the model's keys.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,10 +27,13 @@ import torch
 
 from ..errors import CheckpointError
 from ..progress import ProgressFn, begin, reporting
-from . import keymap, torchfile
+from ..shared.tree import leaves
+from . import _torchfile as torchfile
+from . import keymap
 from .atomic import write_bytes
 from .fileio import write_file
-from .reading import read_any
+from .options import ReadOptions
+from .reading import kind_of, read_any
 from .rotation import check_name
 from .state_dicts import saved_versions, versions_of
 
@@ -54,18 +57,18 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, trust_p
     plain safetensors state dict of the model's weights. PROGRESS, if given,
     hears the reading and the writing (see torchplace.progress)."""
     with reporting(progress):
-        return _convert(Path(src), Path(dst), trust_pickle=trust_pickle, weights_only=weights_only)
+        opts = ReadOptions(device=torch.device("cpu"), trust_pickle=trust_pickle)
+        return _convert(Path(src), Path(dst), opts, weights_only=weights_only)
 
 
-def _convert(src: Path, dst: Path, *, trust_pickle: bool, weights_only: bool) -> Converted:
+def _convert(src: Path, dst: Path, opts: ReadOptions, *, weights_only: bool) -> Converted:
     check_name(dst)  # `latest` is the pointer's name, in convert as in save
     if dst.exists() and src.exists() and os.path.samefile(src, dst):
         raise CheckpointError(f"IN and OUT are the same file ({src} and {dst}); converting in place would "
                               "overwrite the input. Fix: write to a new name, check it with `torchplace ckpt "
                               "inspect`, then move it.")
     begin(f"reading {src.name}")
-    tool, state, meta, notes, _ = read_any(src, dev=torch.device("cpu"), model=None, optimizer=None,
-                                     trust_pickle=trust_pickle)
+    tool, state, meta, notes, _ = read_any(src, kind_of(src), opts, model=None, optimizer=None)
     notes = list(notes)
     prefix = ""
     versions: dict[str, Any] | None = None
@@ -94,7 +97,7 @@ def _convert(src: Path, dst: Path, *, trust_pickle: bool, weights_only: bool) ->
         torchfile.write(dst, state, info)
     else:
         write_file(dst, state, info=info)
-    count = sum(1 for _ in _tensors(state))
+    count = sum(1 for _ in leaves(state))
     return Converted(dst, tool, prefix, count, notes)
 
 
@@ -133,14 +136,3 @@ def _write_weights(src: Path, dst: Path, tool: str, state: dict[str, Any], prefi
                  "passes none to the modules (a quantization observer then resets its eps)")
     write_bytes(dst, to_bytes(tensors, metadata={"format": "pt"}))
     return Converted(dst, tool, prefix, len(tensors), notes, weights_only=True)
-
-
-def _tensors(tree: object) -> Iterator[torch.Tensor]:
-    if isinstance(tree, torch.Tensor):
-        yield tree
-    elif isinstance(tree, dict):
-        for v in tree.values():
-            yield from _tensors(v)
-    elif isinstance(tree, (list, tuple)):
-        for v in tree:
-            yield from _tensors(v)

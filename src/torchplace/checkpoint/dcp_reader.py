@@ -27,6 +27,7 @@ from .. import safeio
 from ..errors import CheckpointError
 from .codec import PICKLE_FIX
 from .foreign import check_zip_stream
+from .options import ReadOptions
 
 
 class _Refused(pickle.UnpicklingError):
@@ -508,13 +509,14 @@ class _Slice(io.RawIOBase):
         return len(data)
 
 
-def dcp_load(root: Path, dest: dict[str, Any], trust_pickle: bool, single_process: bool) -> None:
+def dcp_load(root: Path, dest: dict[str, Any], opts: ReadOptions, single_process: bool) -> None:
     """torch.distributed.checkpoint.load of ROOT into the flat dict DEST, with our reader and planner;
     every failure becomes one CheckpointError (DCP wraps them in its own CheckpointException)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     reader_cls, planner_cls = reader_classes()
+    trust_pickle = opts.trust_pickle
     reader_cls(root, trust_pickle).read_metadata()  # its refusals raised as they are (DCP would bury them)
     try:
         with warnings.catch_warnings():  # one process: torch warns that it assumes exactly that

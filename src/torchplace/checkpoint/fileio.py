@@ -40,6 +40,7 @@ from .format import (
     read_header,
     seal,
 )
+from .options import PLAIN, ReadOptions
 from .stream import allocate, read_data, write_data
 
 DeviceFor = Callable[[tuple[Any, ...]], torch.device]
@@ -148,8 +149,7 @@ class FileState:
         return self.header.meta or {}
 
 
-def read_file(path: Path, device_for: DeviceFor, *, trust_pickle: bool = False,
-              workers: int | None = None) -> FileState:
+def read_file(path: Path, device_for: DeviceFor, opts: ReadOptions = PLAIN) -> FileState:
     """Read PATH; DEVICE_FOR(path_in_tree) picks each tensor's device; every checksum is checked."""
     fd = open_for_read(path)
     try:
@@ -157,20 +157,20 @@ def read_file(path: Path, device_for: DeviceFor, *, trust_pickle: bool = False,
         if header.meta is None:  # a safetensors file from another tool: its tensors are the model
             targets = {e.key: device_for(("model", e.key)) for e in header.entries}
             out = allocate(header, targets)
-            read_data(fd, header, out, workers=workers)
+            read_data(fd, header, out, workers=opts.workers)
             return FileState({"model": out}, header)
         meta = header.meta
-        if meta.get("pickled") and not trust_pickle:
+        if meta.get("pickled") and not opts.trust_pickle:
             raise CheckpointError(f"{path} holds entries that only pickle can rebuild ({', '.join(meta['pickled'])}; "
                                   "saved with allow_pickle=True), and a pickle runs code when loaded. "
                                   f"{codec.PICKLE_FIX}")
         paths = codec.tensor_keys_by_path(meta["state"])
         targets = {key: device_for(p) for p, key in paths.items()}
         out = allocate(header, targets)
-        read_data(fd, header, out, workers=workers)
+        read_data(fd, header, out, workers=opts.workers)
     finally:
         os.close(fd)
-    unpickle = (lambda key: codec.unpickle_bytes(out[key])) if trust_pickle else None
+    unpickle = (lambda key: codec.unpickle_bytes(out[key])) if opts.trust_pickle else None
     try:
         tree = codec.decode(meta["state"], out.__getitem__, unpickle=unpickle)
     except (KeyError, ValueError, TypeError) as exc:

@@ -27,6 +27,7 @@ import torch
 from .. import safeio
 from ..errors import CheckpointError
 from .codec import PICKLE_FIX
+from .options import ReadOptions
 from .state_dicts import layout_problem
 
 MODEL_KEYS = ("model", "model_state_dict", "state_dict", "model_state", "net", "module")
@@ -40,18 +41,9 @@ FIX_PATH = "Fix: check the path; torchplace.load(DIRECTORY) finds the newest che
 FIX_COMPLETE = "Fix: check that the file is complete (compare its size with the original)."
 
 
-def sniff(path: Path) -> str:
-    """What PATH is: safetensors (torchplace's too), torch-zip, torch-pickle, dcp, accelerate, or unknown."""
-    from .dcp_reader import is_dcp_dir
-    from .distributed import SIDE_FILE
-
-    if path.is_dir():
-        if is_dcp_dir(path):
-            return "dcp" if (path / SIDE_FILE).is_file() else "dcp-foreign"
-        names = set(os.listdir(path))
-        if names & set(ACCELERATE_FILES) or any(n.startswith(("model", "pytorch_model")) for n in names):
-            return "accelerate"
-        return "unknown"
+def file_kind(path: Path) -> str:
+    """What the file PATH is: safetensors (torchplace's too), torch-zip, torch-pickle or unknown (its first bytes);
+    a path that is not a regular file (a FIFO, /dev/zero) is refused."""
     fd, _ = safeio.open_regular(path, CheckpointError, FIX_PATH)
     try:
         head = os.pread(fd, 9, 0)
@@ -69,8 +61,14 @@ def sniff(path: Path) -> str:
     return "unknown"
 
 
+def is_accelerate_dir(path: Path) -> bool:
+    """True for a folder of accelerate's `save_state` files or transformers' `save_pretrained` weights."""
+    names = set(os.listdir(path))
+    return bool(names & set(ACCELERATE_FILES)) or any(n.startswith(("model", "pytorch_model")) for n in names)
+
+
 def folder_tool(path: Path) -> str:
-    """Who wrote the folder `sniff` calls "accelerate": transformers' `save_pretrained` (a config.json beside
+    """Who wrote the folder `reading.kind_of` calls "accelerate": transformers' `save_pretrained` (a config.json beside
     the weights, none of accelerate's save_state files) or accelerate's `save_state`."""
     names = set(os.listdir(path))
     if "config.json" in names and not names & set(ACCELERATE_FILES) and not any(
@@ -114,14 +112,17 @@ def check_zip_stream(fh: Any, size: int, limit: int, where: str) -> int:
     return declared
 
 
-def torch_load(path: Path, map_location: Any, trust_pickle: bool, *, mmap: bool = False) -> Any:
-    """torch.load without unrestricted pickle unless TRUST_PICKLE; refusals become CheckpointError."""
-    kwargs: dict[str, Any] = {"map_location": map_location, "weights_only": not trust_pickle}
+def torch_load(path: Path, opts: ReadOptions, *, map_location: Any = None, mmap: bool = False) -> Any:
+    """torch.load onto MAP_LOCATION (default: opts.map_location), without unrestricted pickle unless
+    opts.trust_pickle; refusals become CheckpointError."""
+    trust_pickle = opts.trust_pickle
+    kwargs: dict[str, Any] = {"map_location": opts.map_location if map_location is None else map_location,
+                              "weights_only": not trust_pickle}
     if mmap:
         kwargs["mmap"] = True
     if path.is_dir():
         raise CheckpointError(f"{path} is a directory, not a torch.save file. {FIX_PATH}")
-    if sniff(path) == "torch-zip":  # sniff refuses what is not a regular file (a FIFO, /dev/zero)
+    if file_kind(path) == "torch-zip":  # file_kind refuses what is not a regular file (a FIFO, /dev/zero)
         check_zip(path)
     try:
         with warnings.catch_warnings():  # a plain pickle of protocol 4+ is explained below, once
@@ -254,19 +255,18 @@ def _normalize(obj: Any) -> tuple[str, dict[str, Any]]:
 
 
 def _accelerate_model(path: Path, load_file: Callable[[Path], dict[str, Any]],
-                      map_location: Any, trust_pickle: bool) -> dict[str, Any] | None:
+                      opts: ReadOptions) -> dict[str, Any] | None:
     for name in ("model.safetensors", "pytorch_model.bin"):  # lexists: a FIFO or a dangling link by these
         if os.path.lexists(path / name):                       # names is refused, not passed over
             return load_file(path / name) if name.endswith(".safetensors") else \
-                torch_load(path / name, map_location, trust_pickle)
+                torch_load(path / name, opts)
     for index in INDEX_FILES:
         if os.path.lexists(path / index):
-            return load_index(path / index, load_file, map_location, trust_pickle)
+            return load_index(path / index, load_file, opts)
     return None
 
 
-def load_index(index: Path, load_file: Callable[[Path], dict[str, Any]], map_location: Any,
-               trust_pickle: bool) -> dict[str, Any]:
+def load_index(index: Path, load_file: Callable[[Path], dict[str, Any]], opts: ReadOptions) -> dict[str, Any]:
     """The model state of the shards a sharded model's index JSON lists (transformers' save_pretrained)."""
     shards = _index_shards(index)
     path = index.parent
@@ -274,14 +274,14 @@ def load_index(index: Path, load_file: Callable[[Path], dict[str, Any]], map_loc
     out: dict[str, Any] = {}
     for shard in shards:
         out.update(load_file(path / shard) if shard.endswith(".safetensors") else
-                   torch_load(path / shard, map_location, trust_pickle))
+                   torch_load(path / shard, opts))
     return out
 
 
 def _check_zips_together(index: Path, paths: list[Path]) -> None:
     """The zip budget for a sharded model's .bin shards taken together: each file alone may unpack to
     zip_budget's 128 MiB floor, so a thousand small deflated shards would otherwise take 128 GiB."""
-    zips = [p for p in paths if os.path.lexists(p) and sniff(p) == "torch-zip"]
+    zips = [p for p in paths if os.path.lexists(p) and not p.is_dir() and file_kind(p) == "torch-zip"]
     if len(zips) < 2:
         return
     size = sum(p.stat().st_size for p in zips)
@@ -313,24 +313,24 @@ def _index_shards(index: Path) -> list[str]:
     return shards
 
 
-def load_accelerate(path: Path, load_file: Callable[[Path], dict[str, Any]], map_location: Any,
-                    trust_pickle: bool) -> tuple[dict[str, Any], list[str]]:
+def load_accelerate(path: Path, load_file: Callable[[Path], dict[str, Any]],
+                    opts: ReadOptions) -> tuple[dict[str, Any], list[str]]:
     """State of an accelerate `save_state` directory, and notes on what was left out."""
     state: dict[str, Any] = {}
     notes: list[str] = []
-    model = _accelerate_model(path, load_file, map_location, trust_pickle)
+    model = _accelerate_model(path, load_file, opts)
     if model is not None:
         state["model"] = model
     for name, file in (("optimizer", "optimizer.bin"), ("scheduler", "scheduler.bin"), ("scaler", "scaler.pt")):
         if os.path.lexists(path / file):
-            state[name] = torch_load(path / file, map_location, trust_pickle)
+            state[name] = torch_load(path / file, opts)
     extra_models = sorted(n for n in os.listdir(path) if n.startswith("model_") and n.endswith(".safetensors"))
     if extra_models:
         state["extra"] = {n.removesuffix(".safetensors"): load_file(path / n) for n in extra_models}
     rng_files = sorted(n for n in os.listdir(path) if n.startswith("random_states_"))
     if rng_files:
-        if trust_pickle:
-            state.setdefault("extra", {})["random_states"] = torch_load(path / rng_files[0], "cpu", True)
+        if opts.trust_pickle:
+            state.setdefault("extra", {})["random_states"] = torch_load(path / rng_files[0], opts, map_location="cpu")
         else:
             notes.append(f"{', '.join(rng_files)} left out: accelerate pickles numpy RNG state "
                          "(pass trust_pickle=True to include it)")

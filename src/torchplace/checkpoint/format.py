@@ -38,6 +38,8 @@ import torch
 
 from .. import safeio
 from ..errors import CheckpointError, CheckpointFormatError
+from .codec import dtype_by_name, skeleton
+from .state_dicts import layout_problem
 
 FORMAT_VERSION = 1
 META_KEY = "torchplace"
@@ -49,6 +51,7 @@ SMALL_HEADER_BYTES = 8 * 2**20
 MAX_DIM = 2**62  # a tensor dimension (and element count) beyond this is no real tensor
 CHUNK_BYTES = 16 * 2**20
 ZERO_CRC = "00000000"
+SIDE_FILE = "torchplace.safetensors"  # in a sharded checkpoint's DCP folder: everything but the shards
 # the rest of __metadata__: "format": "pt" tells tools such as transformers that these are torch tensors
 OTHER_METADATA = {"format": "pt"}
 
@@ -71,14 +74,6 @@ _DTYPE_CODE: dict[torch.dtype, str] = {v: k for k, v in _CODES.items()}
 def dtype_name(dtype: torch.dtype) -> str:
     """'float32' for torch.float32: the name used in metadata and by `torchplace ckpt inspect`."""
     return str(dtype).removeprefix("torch.")
-
-
-def dtype_by_name(name: str) -> torch.dtype | None:
-    """torch.NAME when it is a dtype, else None. Looked up in torch's namespace, never with getattr:
-    torch imports some submodules on first access (`torch._dynamo`, `torch._inductor`: hundreds of
-    modules), which a name from a file must not trigger."""
-    value = vars(torch).get(name)
-    return value if isinstance(value, torch.dtype) else None
 
 
 def dtype_from_name(name: str, path: Path | str) -> torch.dtype:
@@ -363,9 +358,6 @@ def _is_str_list(value: Any) -> bool:
 def _meta_problem(meta: dict[str, Any], keys: set[str]) -> str | None:
     """What is wrong with the metadata fields readers use (None when nothing): their JSON types, and
     the state tree (see `codec.check`). The checksum says a file is intact, not that it is well-formed."""
-    from .codec import skeleton
-    from .state_dicts import layout_problem
-
     devices = meta.get("devices", {})
     if not isinstance(devices, dict) or not isinstance(devices.get("default"), (str, type(None))) \
             or not isinstance(devices.get("except", {}), dict) \

@@ -18,11 +18,13 @@ import torch
 from .. import safeio
 from ..errors import CheckpointError, CheckpointFormatError
 from ..progress import ProgressFn, begin, reporting
+from ..shared.tree import leaves
 from . import codec, foreign
 from .dcp_reader import read_dcp_metadata
-from .distributed import SIDE_FILE
-from .format import Header, dtype_name, open_for_read, read_header
-from .rotation import POINTER, check_format, complete_checkpoints, is_pointer
+from .format import SIDE_FILE, Header, dtype_name, open_for_read, read_header
+from .options import ReadOptions
+from .reading import kind_of
+from .rotation import POINTER, check_format, complete_checkpoints
 from .stream import verify_data
 
 _META_SHOWN = ("format_version", "torchplace_version", "torch_version", "created_utc", "hostname", "world_size",
@@ -75,20 +77,7 @@ def _size(path: Path) -> int:
 
 def _describe(value: Any) -> str:
     """A one-line summary of a top-level entry of the state tree (tensors as placeholders)."""
-    tensors = 0
-
-    def count(node: Any) -> None:
-        nonlocal tensors
-        if isinstance(node, (codec.TensorRef, torch.Tensor)):
-            tensors += 1
-        elif isinstance(node, dict):
-            for v in node.values():
-                count(v)
-        elif isinstance(node, (list, tuple)):
-            for v in node:
-                count(v)
-
-    count(value)
+    tensors = sum(1 for _ in leaves(value, (codec.TensorRef, torch.Tensor)))
     if isinstance(value, dict):
         parts = [f"{len(value)} {'entry' if len(value) == 1 else 'entries'}"]
         groups = value.get("param_groups")
@@ -128,29 +117,17 @@ def _from_header(header: Header, info: CheckpointInfo) -> None:
                                        saved_on.get(e.key, default)))
 
 
-def _walk_tensors(tree: Any, path: tuple[str, ...], out: list[tuple[str, torch.Tensor]]) -> None:
-    if isinstance(tree, torch.Tensor):
-        out.append(("/".join(path), tree))
-    elif isinstance(tree, dict):
-        for k, v in tree.items():
-            _walk_tensors(v, path + (str(k),), out)
-    elif isinstance(tree, (list, tuple)):
-        for i, v in enumerate(tree):
-            _walk_tensors(v, path + (str(i),), out)
-
-
-def _from_torch_file(path: Path, info: CheckpointInfo, trust_pickle: bool) -> None:
+def _from_torch_file(path: Path, info: CheckpointInfo, opts: ReadOptions, zipped: bool) -> None:
     locations: dict[int, str] = {}
 
     def record(storage: Any, location: str) -> Any:
         locations[storage.data_ptr()] = location
         return storage
 
-    obj = foreign.torch_load(path, record, trust_pickle, mmap=foreign.sniff(path) == "torch-zip")
+    obj = foreign.torch_load(path, opts, map_location=record, mmap=zipped)
     info.tool, state = foreign.normalize(obj, path)
-    found: list[tuple[str, torch.Tensor]] = []
-    _walk_tensors(state, (), found)
-    for key, t in found:
+    for where, t in leaves(state):
+        key = "/".join(map(str, where))
         loc = locations.get(t.untyped_storage().data_ptr())
         info.tensors.append(TensorInfo(key, dtype_name(t.dtype), list(t.shape), t.numel() * t.element_size(), loc))
     info.contents = {k: _describe(v) for k, v in state.items()}
@@ -173,9 +150,10 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{safeio.missing(path)} Fix: check the path.")
-    folder = path.parent if is_pointer(path) else path
+    kind = kind_of(path)
+    folder = path.parent if kind == "pointer" else path
     newer: list = []
-    series = complete_checkpoints(folder, newer=newer) if folder.is_dir() and foreign.sniff(folder) == "unknown" else []
+    series = complete_checkpoints(folder, newer=newer) if kind in ("pointer", "folder") else []
     if series:  # a run folder (save(..., keep_last=N)): what torchplace.load(folder) would load
         info = inspect(series[0], verify=verify, trust_pickle=trust_pickle, progress=progress)
         info.series = [p.name for p in series]
@@ -189,7 +167,7 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
                              f"{series[0].name}, {loads}; "
                              f"{len(series)} in the series, newest first: {', '.join(info.series)}")
         return info
-    kind = foreign.sniff(path)
+    kind = "unknown" if kind in ("pointer", "folder", "index") else kind
     info = CheckpointInfo(str(path), kind, _size(path))
     if kind == "safetensors":
         fd = open_for_read(path)
@@ -207,7 +185,7 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
         finally:
             os.close(fd)
     elif kind in ("torch-zip", "torch-pickle"):
-        _from_torch_file(path, info, trust_pickle)
+        _from_torch_file(path, info, ReadOptions(trust_pickle=trust_pickle), zipped=kind == "torch-zip")
     elif kind in ("dcp", "dcp-foreign"):
         with reporting(progress):
             _from_dcp(path, info, verify)

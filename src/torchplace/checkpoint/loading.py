@@ -25,13 +25,14 @@ from torch import nn
 
 from ..errors import CheckpointError
 from ..policy.devices import DeviceSpec
-from . import distributed as tpdist
-from . import dry_load, fitting, foreign, keymap, rng, state_dicts
+from . import fitting, keymap, rng, state_dicts
+from . import sharded as tpsharded
 from .dcp_reader import is_dcp_dir
 from .fileio import read_file
 from .format import read_header
-from .reading import Read, place_optimizer_state, read_any
-from .rotation import POINTER, check_format, complete_checkpoints, is_pointer
+from .options import ReadOptions
+from .reading import Read, kind_of, place_optimizer_state, read_any
+from .rotation import POINTER, check_format, complete_checkpoints
 from .state_dicts import module_device, saved_versions, unwrap, versions_of
 
 
@@ -150,7 +151,7 @@ def _under_prefix(ck: Checkpoint, sd: Mapping[str, Any], prefix: str) -> Mapping
     return chosen
 
 
-def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], strict: bool,
+def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], strict_keys: bool,
            foreign_file: bool, prefix: str | None = None) -> None:
     state, path = ck.state, ck.path
     fitting.check_objects(path, state, model=model, objects=objects)  # refused here: nothing has changed
@@ -175,14 +176,14 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
         ties = state_dicts.tied_groups(target) if empty else []
         refused = None
         try:
-            refused = dry_load.rehearse(target, sd, strict)  # torch would copy what fits, then raise
+            refused = fitting.rehearse(target, sd, strict_keys)  # torch would copy what fits, then raise
             if refused is not None:
                 raise refused
             if empty:  # a model made on meta takes the file's tensors as its own (a copy into meta does nothing)
-                result = target.load_state_dict(state_dicts.for_assign(sd, target), strict=strict, assign=True)
+                result = target.load_state_dict(state_dicts.for_assign(sd, target), strict=strict_keys, assign=True)
                 state_dicts.retie(target, ties)
             else:
-                result = target.load_state_dict(sd, strict=strict)
+                result = target.load_state_dict(sd, strict=strict_keys)
         except RuntimeError as exc:
             tried = "" if found.complete else (
                 f"\n{found.matched} of {found.total} saved keys name a tensor of the model, under the best "
@@ -190,7 +191,7 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
                 "tried at the start and inside).")
             kept = " The model was left as it was." if refused is not None else ""
             raise CheckpointError(f"{path}: the weights do not fit {type(target).__name__}: {exc}{tried}{kept}\n"
-                                  f"Fix: {fitting.fit_fix(sd, target, strict)}") from None
+                                  f"Fix: {fitting.fit_fix(sd, target, strict_keys)}") from None
         ck.missing_keys, ck.unexpected_keys = list(result.missing_keys), list(result.unexpected_keys)
     elif isinstance(state.get("model"), Mapping):
         sd = state["model"]
@@ -215,7 +216,7 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
         if name == "optimizer" and foreign_file and isinstance(value, Mapping):
             value = place_optimizer_state(obj, dict(value))
         try:
-            refused = dry_load.rehearse(obj, value, strict=True) if isinstance(obj, nn.Module) else None
+            refused = fitting.rehearse(obj, value, strict_keys=True) if isinstance(obj, nn.Module) else None
             if refused is not None:  # an EMA model: left as it was, as the model above
                 raise refused
             obj.load_state_dict(value)
@@ -248,7 +249,7 @@ def _restore_rng(ck: Checkpoint, dev: torch.device) -> None:
         return
     if "per_rank" in saved:
         ranks = saved["per_rank"] or []
-        rank, world_size = tpdist.world()
+        rank, world_size = tpsharded.world()
         if rank < len(ranks) and len(ranks) == world_size:
             saved = ranks[rank]
         else:
@@ -256,7 +257,7 @@ def _restore_rng(ck: Checkpoint, dev: torch.device) -> None:
             ck.notes.append(f"RNG states were saved by {len(ranks)} ranks and this run has {world_size}; "
                             "rank 0's states were restored")
     elif isinstance(ck.metadata.get("rng_rank"), int):  # saved by one rank alone: its generators only
-        rank, world_size = tpdist.world()
+        rank, world_size = tpsharded.world()
         saver = ck.metadata["rng_rank"]
         if world_size > 1 and rank != saver:
             ck.rng_skipped = {name: f"the file holds rank {saver}'s generators only (saved by rank {saver} alone); "
@@ -266,39 +267,38 @@ def _restore_rng(ck: Checkpoint, dev: torch.device) -> None:
     ck.rng_restored, ck.rng_skipped = rng.restore(dict(saved), dev, ck.metadata.get("primary_device"))
 
 
-def _load_one(path: Path, *, dev: torch.device | None, model: nn.Module | None, objects: dict[str, Any],
-              strict: bool, restore_rng: bool, trust_pickle: bool,
-              read: Read | None = None, prefix: str | None = None) -> Checkpoint:
+def _load_one(path: Path, kind: str, opts: ReadOptions, *, model: nn.Module | None, objects: dict[str, Any],
+              strict_keys: bool, restore_rng: bool, read: Read | None = None, prefix: str | None = None) -> Checkpoint:
+    """Load PATH, of KIND (`kind_of`), into MODEL and OBJECTS; READ: what `read_any` already read of it."""
     optimizer = objects.get("optimizer")
-    if read is None and model is not None and is_dcp_dir(path) and not (path / tpdist.SIDE_FILE).exists():
-        read = tpdist.read_plain(path, model, optimizer, trust_pickle)  # written by torch alone: read via DCP, safely
-    if read is None and is_dcp_dir(path):
-        ck = _load_dcp(path, model=model, optimizer=optimizer, trust_pickle=trust_pickle)
+    if read is None and model is not None and kind == "dcp-foreign":  # torch alone wrote it: read through DCP
+        read = tpsharded.read_plain(path, model, optimizer, opts)
+    if read is None and kind in ("dcp", "dcp-foreign"):
+        ck = _load_dcp(path, opts, model=model, optimizer=optimizer)
         rest = {k: v for k, v in objects.items() if k != "optimizer"}
-        _apply(ck, model=None, objects=rest, strict=strict, foreign_file=False)
+        _apply(ck, model=None, objects=rest, strict_keys=strict_keys, foreign_file=False)
     else:
-        tool, state, meta, notes, source = read or read_any(path, dev=dev, model=model, optimizer=optimizer,
-                                                         trust_pickle=trust_pickle)
+        tool, state, meta, notes, source = read or read_any(path, kind, opts, model=model, optimizer=optimizer)
         ck = Checkpoint(path, state, meta, tool, notes=list(notes), source=source)
-        _apply(ck, model=model, objects=objects, strict=strict, foreign_file=not tool.startswith("torchplace"),
-               prefix=prefix)
-        if model is not None and dev is not None:  # no-op unless it was made on meta
-            unwrap(model).to(dev)
+        _apply(ck, model=model, objects=objects, strict_keys=strict_keys,
+               foreign_file=not tool.startswith("torchplace"), prefix=prefix)
+        if model is not None and opts.device is not None:  # no-op unless it was made on meta
+            unwrap(model).to(opts.device)
     if restore_rng:
-        where = dev or (module_device(unwrap(model)) if model is not None else torch.device("cpu"))
+        where = opts.device or (module_device(unwrap(model)) if model is not None else torch.device("cpu"))
         _restore_rng(ck, where)
     return ck
 
 
-def _load_dcp(path: Path, *, model: nn.Module | None, optimizer: Any, trust_pickle: bool) -> Checkpoint:
-    side = path / tpdist.SIDE_FILE
+def _load_dcp(path: Path, opts: ReadOptions, *, model: nn.Module | None, optimizer: Any) -> Checkpoint:
+    side = path / tpsharded.SIDE_FILE
     if model is None:
         raise CheckpointError(f"{path} is a sharded checkpoint (torch.distributed.checkpoint). Fix: pass model= "
                               "(and optimizer=) set up and sharded as in this run; the shards are loaded into them.")
-    fs = read_file(side, lambda _: torch.device("cpu"), trust_pickle=trust_pickle)
+    fs = read_file(side, lambda _: torch.device("cpu"), opts)
     tree = fs.tree
     skeleton: dict[str, Any] = {k: tree[k] for k in ("model", "optimizer") if k in tree}
-    msd, osd = tpdist.load_sharded(path, model, optimizer, skeleton, trust_pickle)
+    msd, osd = tpsharded.load_sharded(path, model, optimizer, skeleton, opts)
     tree["model"] = msd
     if osd is not None:
         tree["optimizer"] = osd
@@ -332,7 +332,7 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
         optimizer: its `load_state_dict` is called with the saved state.
         scheduler: as `optimizer`.
         scaler: as `optimizer`.
-        strict: passed to the model's `load_state_dict`.
+        strict: passed to the model's `load_state_dict` (inside torchplace: `strict_keys`, apart from strict mode).
         restore_rng: restore the RNG states that make sense here (the result says which were
             skipped and why).
         trust_pickle: allow files that need pickle, which runs code from the file; only for files
@@ -375,25 +375,26 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
     dev = _resolve(device)  # validated before anything is touched
     if model is not None and dev is not None and not state_dicts.meta_names(unwrap(model)):
         unwrap(model).to(dev)  # a model on meta is moved after its load: its tensors are read onto DEV
+    opts = ReadOptions(device=dev, trust_pickle=trust_pickle)
     target = Path(path)
+    kind = kind_of(target)
     pointed: list[str] = []
-    if is_pointer(target):  # DIR/latest: the directory's newest, found by the headers as for DIR itself
+    if kind == "pointer":  # DIR/latest: the directory's newest, found by the headers as for DIR itself
         target = target.parent
+        kind = kind_of(target)
         pointed.append(f"{path} is the `{POINTER}` pointer of {target}: loaded the newest complete checkpoint there "
                        "(ordered by sequence number, as for the directory itself)")
 
-    def one(where: Path, read: Read | None = None) -> Checkpoint:
-        return _load_one(where, dev=dev, model=model, objects=objects, strict=strict, restore_rng=restore_rng,
-                         trust_pickle=trust_pickle, read=read, prefix=prefix)
+    def one(where: Path, kind: str, read: Read | None = None) -> Checkpoint:
+        return _load_one(where, kind, opts, model=model, objects=objects, strict_keys=strict,
+                         restore_rng=restore_rng, read=read, prefix=prefix)
 
-    if not target.is_dir() or is_dcp_dir(target):
-        return one(target)
+    if kind != "folder":
+        return one(target, kind)
     newer: list = []
     candidates = complete_checkpoints(target, newer=newer)
     check_format(target, candidates, newer)
     if not candidates:
-        if foreign.sniff(target) == "accelerate":
-            return one(target)
         names = sorted(os.listdir(target))[:10]
         held = ", ".join(names) or "nothing"
         raise CheckpointError(f"{target} holds no complete torchplace checkpoint (it holds: {held}). Fix: point at a "
@@ -403,11 +404,12 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
     for _ in range(MAX_RELISTS + 1):
         for candidate in candidates:
             if is_dcp_dir(candidate):
-                ck = one(candidate)
+                ck = one(candidate, "dcp")
                 ck.notes[:0] = pointed
                 return ck
             try:
-                read = read_any(candidate, dev=dev, model=model, optimizer=optimizer, trust_pickle=trust_pickle)
+                kind = kind_of(candidate)
+                read = read_any(candidate, kind, opts, model=model, optimizer=optimizer)
             except CheckpointError as exc:
                 if not os.path.lexists(candidate):  # deleted since the listing: another process rotates here
                     vanished.append(candidate.name)
@@ -419,7 +421,7 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
                 warnings.warn(f"skipping {candidate}: {exc}", RuntimeWarning, stacklevel=2)
                 skipped.append(f"skipped {candidate.name}: {exc}")
                 continue
-            ck = one(candidate, read)
+            ck = one(candidate, kind, read)
             ck.notes[:0] = pointed + skipped
             return ck
         else:

@@ -5,11 +5,15 @@ and named state. For torchplace files (and plain safetensors files) each tensor 
 its final device before the bytes are read, chosen from the objects being loaded: a model's
 tensors on the device of the parameter they fill, optimizer state with its parameter, RNG states
 on the CPU. Other tools' files (torch.save, Lightning, accelerate) go through `foreign`.
+
+`kind_of` is the one place that decides what a path is; `load`, `inspect` and `convert` ask it once and
+hand the answer, with one `ReadOptions`, to the reader it picks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +22,33 @@ from torch import nn
 
 from ..errors import CheckpointError
 from . import codec, foreign
+from ._torchfile import from_torch_save
+from .dcp_reader import is_dcp_dir
 from .fileio import FileState, read_file
-from .format import read_header
+from .format import SIDE_FILE, read_header
 from .keymap import match
+from .options import ReadOptions
+from .rotation import complete_checkpoints, is_pointer
 from .state_dicts import module_device, module_devices, optimizer_devices, unwrap
-from .torchfile import from_torch_save
+
+
+def kind_of(path: Path) -> str:
+    """What PATH is, decided once for every reader: "pointer" (a series' `latest`), "dcp" (a sharded checkpoint
+    of ours), "dcp-foreign" (torch.distributed.checkpoint's own folder), "accelerate" (accelerate's save_state,
+    transformers' save_pretrained), "folder" (any other folder: a series of ours), "index" (a sharded model's
+    index JSON), or a file's format: "safetensors" (ours too), "torch-zip", "torch-pickle", "unknown"."""
+    if is_pointer(path):
+        return "pointer"
+    if path.is_dir():
+        if is_dcp_dir(path):
+            return "dcp" if (path / SIDE_FILE).is_file() else "dcp-foreign"
+        newer: list = []  # a folder of ours whose files start with "model" is still ours
+        if foreign.is_accelerate_dir(path) and not complete_checkpoints(path, newer=newer) and not newer:
+            return "accelerate"
+        return "folder"
+    kind = foreign.file_kind(path)
+    return "index" if kind == "unknown" and path.name in foreign.INDEX_FILES else kind
+
 
 Read = tuple[str, dict[str, Any], dict[str, Any], list[str], Mapping[str, Any] | None]
 
@@ -61,39 +87,36 @@ def _skeleton(path: Path) -> dict[str, Any]:
     return codec.decode(header.meta["state"], codec.TensorRef)
 
 
-def read_any(path: Path, *, dev: torch.device | None, model: nn.Module | None, optimizer: Any,
-             trust_pickle: bool) -> Read:
-    """(tool, state tree, metadata, notes, the file's own top-level mapping) of PATH, every tensor on its target
-    device; the last is what torch.load gives for another tool's dict file (its keys as the user wrote them),
-    else None."""
-    default = dev or (module_device(unwrap(model)) if model is not None else torch.device("cpu"))
-    if default.type == "meta":
-        default = torch.device("cpu")
-    kind = foreign.sniff(path)
+def read_any(path: Path, kind: str, opts: ReadOptions, *, model: nn.Module | None, optimizer: Any) -> Read:
+    """(tool, state tree, metadata, notes, the file's own top-level mapping) of PATH, of KIND (`kind_of`), every
+    tensor on its target device; the last is what torch.load gives for another tool's dict file (its keys as the
+    user wrote them), else None."""
+    default = opts.device or (module_device(unwrap(model)) if model is not None else torch.device("cpu"))
+    opts = replace(opts, device=default if default.type != "meta" else torch.device("cpu"))
 
     def load_st(p: Path) -> dict[str, Any]:  # a foreign safetensors file's tensors, onto the default device
-        return read_file(p, lambda _: default).tree["model"]
+        return read_file(p, lambda _: opts.map_location, opts).tree["model"]
 
     if kind == "safetensors":
         skeleton = _skeleton(path)
         saved_model = skeleton.get("model") or {}
-        device_for = _device_for(unwrap(model) if model is not None else None, optimizer, default,
+        device_for = _device_for(unwrap(model) if model is not None else None, optimizer, opts.map_location,
                                  list(saved_model), skeleton.get("optimizer"))
-        fs: FileState = read_file(path, device_for, trust_pickle=trust_pickle)
+        fs: FileState = read_file(path, device_for, opts)
         tool = "torchplace" if fs.header.meta is not None else "safetensors"
         return tool, fs.tree, fs.meta, [], None
     if kind in ("torch-zip", "torch-pickle"):
-        obj = foreign.torch_load(path, default, trust_pickle)
+        obj = foreign.torch_load(path, opts)
         ours = from_torch_save(obj)
         if ours is not None:  # torchplace.save under a torch.save name
             return "torchplace (torch.save file)", ours[0], ours[1], [], None
         tool, state = foreign.normalize(obj, path)
         return tool, state, {}, [], obj if isinstance(obj, Mapping) and not foreign.is_state_dict(obj) else None
     if kind == "accelerate":
-        state, notes = foreign.load_accelerate(path, load_st, default, trust_pickle)
+        state, notes = foreign.load_accelerate(path, load_st, opts)
         return foreign.folder_tool(path), state, {}, notes, None
-    if kind == "unknown" and path.name in foreign.INDEX_FILES:  # a sharded model's index: the shards it lists
-        return "accelerate", {"model": foreign.load_index(path, load_st, default, trust_pickle)}, {}, [], None
+    if kind == "index":  # a sharded model's index: the shards it lists
+        return "accelerate", {"model": foreign.load_index(path, load_st, opts)}, {}, [], None
     if kind == "dcp":
         raise CheckpointError(f"{path} is a sharded checkpoint (torch.distributed.checkpoint): its tensors only "
                               "exist as shards. Fix: torchplace.load it with model= (and optimizer=) in a process "

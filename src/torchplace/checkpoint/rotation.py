@@ -49,8 +49,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, CheckpointFormatError, TorchplaceWarning
+from ..policy.resume import JOB_FILE
 from .atomic import write_bytes
-from .format import read_header
+from .dcp_reader import is_dcp_dir
+from .format import SIDE_FILE, read_header
 
 POINTER = "latest"
 POINTER_FORMAT = "torchplace-latest/1"
@@ -316,9 +318,6 @@ def _order(path: Path, rotation_only: bool,
     """Where PATH's torchplace header places it (newer sorts higher): (has a sequence, sequence, creation
     time when it has none), or None when PATH is not a complete one (or, with ROTATION_ONLY, not one saved
     with keep_last / latest=True)."""
-    from .dcp_reader import is_dcp_dir
-    from .distributed import SIDE_FILE
-
     probe = path / SIDE_FILE if is_dcp_dir(path) else path
     try:
         meta = read_header(probe).meta
@@ -363,3 +362,19 @@ def latest(directory: str | os.PathLike[str]) -> Path | None:
     """The newest complete checkpoint in DIRECTORY, or None."""
     found = complete_checkpoints(directory)
     return found[0] if found else None
+
+
+def newest_name(checkpoint_dir: str | os.PathLike[str] | None) -> str | None:
+    """The file name of the newest complete checkpoint in CHECKPOINT_DIR, or None (none, or no folder)."""
+    if checkpoint_dir is None or not Path(checkpoint_dir).is_dir():
+        return None
+    newer: list = []
+    found = complete_checkpoints(checkpoint_dir, newer=newer)
+    check_format(Path(checkpoint_dir), found, newer)  # a newer torchplace's checkpoint may be the newest: refuse
+    return found[0].name if found else None
+
+
+def mark_started(checkpoint_dir: str | os.PathLike[str], job: str) -> None:
+    """Record in CHECKPOINT_DIR (made if missing) that the job JOB started there (rank 0 only)."""
+    Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    write_bytes(Path(checkpoint_dir) / JOB_FILE, json.dumps({"run_id": job}).encode())

@@ -6,7 +6,7 @@
 Save writes model weights (unwrapped: no `module.` / `_orig_mod.`, not even from compiled
 submodules, with the modules' versions), optimizer, scheduler, scaler, RNG states, extras and
 metadata as one safetensors-compatible file, atomically, with checksums (or, under a .pt/.pth/.tar/.ckpt
-name, as the torch.save file such a name promises: torchfile.py). In a process group only
+name, as the torch.save file such a name promises: _torchfile.py). In a process group only
 rank 0 writes; sharded models go through torch.distributed.checkpoint (see `distributed`).
 Reading it back is loading.py.
 """
@@ -23,8 +23,9 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
-from . import distributed as tpdist
-from . import rng, torchfile
+from . import _torchfile as torchfile
+from . import rng
+from . import sharded as tpsharded
 from .fileio import write_file
 from .rotation import check_name, check_pointer_slot, next_sequence, rotate, series_lock
 from .state_dicts import clean_state, module_device, state_of, unwrap, versions_of
@@ -73,7 +74,7 @@ HF_WEIGHT_NAMES = re.compile(r"(model|adapter_model)(-\d+-of-\d+)?\.safetensors|
 def check_request(path: str | os.PathLike[str], keep_last: int | None, more_state: Mapping[str, Any],
                   torch_names: bool = False) -> Path:
     """PATH as a Path, after the checks every save makes before touching anything. TORCH_NAMES: the caller
-    writes a torch.save file under a .pt/.pth/.tar/.ckpt name (torchfile.py); otherwise such a name is refused."""
+    writes a torch.save file under a .pt/.pth/.tar/.ckpt name (_torchfile.py); otherwise such a name is refused."""
     bad = [k for k in more_state if k in RESERVED]
     if bad:
         raise TypeError(f"save() got {bad[0]!r} as named state; that name is reserved. Use another name.")
@@ -98,7 +99,7 @@ def capture_rng(rng_state: bool, world_size: int) -> Any:
     """The RNG states to save (every rank's, gathered on rank 0, in a process group), or None."""
     rng_tree: Any = rng.capture() if rng_state else None
     if world_size > 1 and rng_state:
-        rng_tree = {"per_rank": tpdist.gather(rng_tree)}
+        rng_tree = {"per_rank": tpsharded.gather(rng_tree)}
     return rng_tree
 
 
@@ -190,9 +191,9 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
         ```
     """
     target = check_request(path, keep_last, more_state, torch_names=True)
-    rank, world_size = tpdist.world()
+    rank, world_size = tpsharded.world()
     rotate_after = keep_last is not None or latest
-    sharded = isinstance(model, nn.Module) and tpdist.is_sharded(model)
+    sharded = isinstance(model, nn.Module) and tpsharded.is_sharded(model)
     torch_file = torchfile.is_torch_name(target)
     if torch_file and target.suffix.lower() == ".ckpt" and torchfile.is_lightning_module(model):
         raise CheckpointError(
@@ -208,7 +209,7 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
                                        "is saved as a folder, by torch.distributed.checkpoint")
     collective = world_size > 1 and (sharded or all_ranks)
     if collective:
-        tpdist.join_ranks(target, "saving a sharded model" if sharded else "save(all_ranks=True)")
+        tpsharded.join_ranks(target, "saving a sharded model" if sharded else "save(all_ranks=True)")
     elif world_size > 1 and rank != 0:
         return target  # rank 0 writes; this rank's call has nothing to do
     rng_tree = capture_rng(rng_state, world_size if collective else 1)
@@ -222,9 +223,9 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
             tree, meta = collect_side(model, scheduler, scaler, extra, more_state, skeleton, rng_tree, info)
             write_file(side, tree, allow_pickle=allow_pickle, info={**meta, **series_info(target, rotate_after)})
 
-        tpdist.save_sharded(target, model, optimizer, write_side)
+        tpsharded.save_sharded(target, model, optimizer, write_side)
         if rotate_after:
-            tpdist.on_rank0(lambda: rotate(target, keep_last), target)
+            tpsharded.on_rank0(lambda: rotate(target, keep_last), target)
         return target
 
     def write() -> Path:
@@ -238,7 +239,7 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
         return target
 
     if collective:
-        tpdist.on_rank0(write, target)
+        tpsharded.on_rank0(write, target)
         return target
     return write()
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
+from ..shared.staging import SideStreams, accelerators, host_buffer
 from ..units import format_bytes
 from .fileio import Planned, write_planned
 from .stream import byte_view, write_region
@@ -37,14 +38,10 @@ class HostStaging:
     def __init__(self) -> None:
         self.slabs: list[torch.Tensor] = []
         self.pinned = False
-        self._streams: dict[torch.device, Any] = {}
+        self._side = SideStreams()  # the background save overlaps its device-to-host copy on CUDA side streams
         self._dcp: Any = None  # torch's StateDictStager for sharded states, made on first use
         self._dcp_pinned = False
         self.dcp_bytes = 0  # bytes of shards the DCP stager last copied (and keeps for the next save)
-
-    @property
-    def capacity(self) -> int:
-        return sum(s.numel() for s in self.slabs)
 
     def _layout(self, nbytes: int, pinned: bool) -> tuple[list[torch.Tensor], list[int]]:
         """(slabs to keep, sizes of slabs to allocate) for holding NBYTES, pinned if PINNED."""
@@ -68,7 +65,7 @@ class HostStaging:
         if not keep:
             self.pinned = pinned
         self.slabs = keep  # dropped buffers go back to torch's (pinned) host cache
-        self.slabs += [torch.empty(n, dtype=torch.uint8, pin_memory=self.pinned) for n in sizes]
+        self.slabs += [host_buffer(n, self.pinned) for n in sizes]
 
     def dcp_need(self, nbytes: int, pinned: bool) -> int:
         """Bytes that staging NBYTES of shards would allocate: those beyond what the kept stager holds
@@ -96,7 +93,7 @@ class HostStaging:
             self._dcp_pinned, self.dcp_bytes = pinned, 0
         staged = self._dcp.stage(tensors, non_blocking=pinned)
         if pinned:  # the copies are complete on return: on every device they were queued on, which need
-            for device in _devices(tensors):  # not be the current one (a model moved to cuda:1 without set_device)
+            for device in accelerators(tensors):  # not be the current one (a model moved to cuda:1 without set_device)
                 torch.accelerator.synchronize(device)
         self.dcp_bytes = local_bytes(tensors)
         return dict(staged)
@@ -109,13 +106,6 @@ class HostStaging:
 
         write_planned(path, planned, info=info, workers=workers, data=data)
 
-    def stream(self, device: torch.device) -> Any:
-        if device not in self._streams:
-            # cuda-only: the background save overlaps its device-to-host copy on CUDA streams (measured on H200);
-            # other back ends copy synchronously
-            self._streams[device] = torch.cuda.Stream(device=device)  # cuda-only: side streams are CUDA's (above)
-        return self._streams[device]
-
     def copy_in(self, planned: Planned) -> None:
         """Copy every tensor of PLANNED to its place in the data region; return once all copies are done."""
         size = self.slabs[0].numel() if self.slabs else 1
@@ -126,7 +116,7 @@ class HostStaging:
             t = planned.tensors[e.key]
             cuda = t.device.type == "cuda"
             if cuda and t.device not in used:  # the side stream sees everything queued before this call
-                used[t.device] = self.stream(t.device)
+                used[t.device] = self._side(t.device)
                 # cuda-only: the background save overlaps its device-to-host copy on CUDA streams (measured on
                 # H200); other back ends copy synchronously
                 used[t.device].wait_stream(torch.cuda.current_stream(t.device))  # cuda-only: CUDA side streams
@@ -172,15 +162,3 @@ def available_memory() -> int:
     import psutil
 
     return int(psutil.virtual_memory().available)
-
-
-def _devices(tensors: dict[str, Any]) -> set[torch.device]:
-    """The accelerators TENSORS (and DTensors' local shards) are on."""
-    found = set()
-    for t in tensors.values():
-        if isinstance(t, torch.Tensor):
-            device = (t.to_local() if hasattr(t, "to_local") else t).device
-            if device.type not in ("cpu", "meta"):
-                found.add(device)
-    return found
-

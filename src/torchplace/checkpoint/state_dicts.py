@@ -96,12 +96,6 @@ def clean_state(sd: Mapping[str, Any]) -> OrderedDict[str, Any]:
     return clean(sd)[0]
 
 
-def module_versions(model: nn.Module) -> dict[str, Any]:
-    """The per-module `_metadata` PyTorch attaches to state dicts (versions used by BatchNorm, ...),
-    keyed like the saved (clean) state."""
-    return versions_of(module_state(model))
-
-
 def versions_of(sd: Any) -> dict[str, Any]:
     """SD's `_metadata` as plain maps of JSON values ({} if it has none)."""
     from .keymap import versions_of as read
@@ -114,14 +108,6 @@ def saved_versions(value: Any) -> dict[str, dict[str, Any]] | None:
     if isinstance(value, Mapping) and all(isinstance(k, str) and isinstance(v, Mapping) for k, v in value.items()):
         return {k: dict(v) for k, v in value.items()}
     return None
-
-
-def with_versions(sd: Mapping[str, Any], versions: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    if not versions:
-        return sd
-    out: OrderedDict[str, Any] = OrderedDict(sd)
-    out._metadata = OrderedDict((k, dict(v)) for k, v in versions.items())  # type: ignore[attr-defined]
-    return out
 
 
 def module_devices(model: nn.Module) -> dict[str, torch.device]:

@@ -4,21 +4,23 @@ The data region is cut into fixed chunks (``format.CHUNK_BYTES``). A pool of thr
 chunks independently: each one copies its slice off the device (through its own pinned staging
 buffer and CUDA stream), computes the chunk's CRC-32 and writes it at its offset (the file sink
 starts the disk write-out of those bytes at once, so the final fsync has little left to do);
-loading runs the same steps backwards (onto CUDA devices through cuda_load.py: reader threads
-fill pinned windows, one thread queues the copies), checksumming each piece as it is read; a
+loading runs the same steps backwards (onto CUDA devices through pinned windows: reader threads
+fill them, one thread queues the copies; see `read_chunks_to_cuda`), checksumming each piece as it is read; a
 chunk whose CRC fails raises before anything loaded is returned.
-pread/pwrite, CRC-32 (checksum.py) and CUDA copies all release the GIL, so copies, checksums and
+pread/pwrite, CRC-32 (ISA-L's) and CUDA copies all release the GIL, so copies, checksums and
 disk I/O overlap across threads, and nothing is ever pickled. CPU tensors are written from and
 read into their own memory directly.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
 import sys
 import threading
+import zlib
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -29,8 +31,18 @@ import torch
 from ..errors import CheckpointError
 from ..hardware.accelerator import device_module
 from ..progress import advance
-from .checksum import crc32
+from ..shared.staging import SideStreams, ThreadStaging, accelerators, done_events, host_buffer
+from ..shared.threads import helper_threads
 from .format import CHUNK_BYTES, DAMAGED_FIX, Header, TensorEntry
+
+# CRC-32 of the chunks: zlib's value (what every torchplace file records), computed by ISA-L (the `isal`
+# package, a dependency) about 6x faster than the system zlib (28 vs 4.3 GB/s a core, measured 2026-12-01),
+# which decides how fast a verified load can go; zlib's where `isal` is missing (a platform without its wheel).
+crc32: Callable[..., int] = zlib.crc32  # crc32(data, value): the CRC-32 of DATA (any buffer), from VALUE (0)
+try:
+    from isal.isal_zlib import crc32
+except ImportError:  # pragma: no cover - isal is a dependency; kept for platforms without its wheel
+    pass
 
 
 class Sink(Protocol):
@@ -47,14 +59,9 @@ LOAD_MAX_WORKERS = 12  # a load: threads reading the page cache; 12 measured bes
 READ_BYTES = 8 * 2**20  # a load reads and checksums in pieces this size (measured best of 2 and 8 MiB)
 
 
-def _threads(data_bytes: int, most: int) -> int:
-    """One thread for a small region (starting threads would cost more than they save), else one a core up to MOST."""
-    return 1 if data_bytes < PARALLEL_MIN_BYTES else max(1, min(most, os.cpu_count() or 1))
-
-
 def default_workers(data_bytes: int) -> int:
     """Threads for one save: enough to overlap I/O, checksums and copies, at most SAVE_MAX_WORKERS."""
-    return _threads(data_bytes, SAVE_MAX_WORKERS)
+    return helper_threads(data_bytes, SAVE_MAX_WORKERS, least_bytes=PARALLEL_MIN_BYTES)
 
 
 def lower_priority(nice: int) -> int | None:
@@ -74,7 +81,7 @@ def lower_priority(nice: int) -> int | None:
 
 def load_workers(data_bytes: int) -> int:
     """Threads for one load or verification: one per core, at most LOAD_MAX_WORKERS."""
-    return _threads(data_bytes, LOAD_MAX_WORKERS)
+    return helper_threads(data_bytes, LOAD_MAX_WORKERS, least_bytes=PARALLEL_MIN_BYTES)
 
 
 Chunk = tuple[int, int, int, list["_Piece"]]  # (index, start, end, pieces) of one chunk of the data region
@@ -110,29 +117,6 @@ def byte_view(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-class _Staging:
-    """Per-thread pinned buffers and CUDA streams, reused across chunks."""
-
-    def __init__(self, nbytes: int, pinned: bool) -> None:
-        self.nbytes, self.pinned = nbytes, pinned
-        self._local = threading.local()
-
-    def buffer(self) -> torch.Tensor:
-        buf = getattr(self._local, "buf", None)
-        if buf is None:
-            buf = torch.empty(self.nbytes, dtype=torch.uint8, pin_memory=self.pinned)
-            self._local.buf = buf
-        return buf
-
-    def stream(self, device: torch.device) -> Any:
-        streams = getattr(self._local, "streams", None)
-        if streams is None:
-            streams = self._local.streams = {}
-        if device not in streams:  # callers synchronize the device first, so no ordering is needed here
-            streams[device] = torch.cuda.Stream(device=device)  # cuda-only: only CUDA pieces use streams (_copy_pieces)
-        return streams[device]
-
-
 def _run(tasks: Sequence[Callable[[], Any]], workers: int) -> list[Any]:
     """Run TASKS on a thread pool; on the first failure, skip the rest and re-raise it.
 
@@ -166,7 +150,7 @@ def _run(tasks: Sequence[Callable[[], Any]], workers: int) -> list[Any]:
     return [f.result() for f in futures]
 
 
-def _copy_pieces(pieces: list[_Piece], flat: dict[str, torch.Tensor], buf: torch.Tensor, staging: _Staging, *,
+def _copy_pieces(pieces: list[_Piece], flat: dict[str, torch.Tensor], buf: torch.Tensor, staging: ThreadStaging, *,
                  into_buffer: bool) -> set[Any]:
     """Copy each piece between its tensor slice and its place in the staging BUF (INTO_BUFFER: tensor
     -> buffer, else buffer -> tensor); CUDA pieces go on this thread's stream for their device,
@@ -186,16 +170,11 @@ def _copy_pieces(pieces: list[_Piece], flat: dict[str, torch.Tensor], buf: torch
     return used
 
 
-def _device_tensors(tensors: Sequence[torch.Tensor]) -> set[torch.device]:
-    """The accelerator devices among TENSORS (any back end): their bytes go through a host staging buffer."""
-    return {t.device for t in tensors if t.device.type not in ("cpu", "meta")}
-
-
-def _settle(devices: set[torch.device], chunk: int) -> _Staging | None:
+def _settle(devices: set[torch.device], chunk: int) -> ThreadStaging | None:
     """Wait for every device's queued work, and make the staging buffers (pinned where CUDA copies from them)."""
     for dev in devices:
         device_module(dev.type).synchronize(dev)
-    return _Staging(chunk, pinned=any(d.type == "cuda" for d in devices)) if devices else None
+    return ThreadStaging(chunk, pinned=any(d.type == "cuda" for d in devices)) if devices else None
 
 
 def write_data(sink: Sink, data_offset: int, entries: Sequence[TensorEntry], tensors: dict[str, torch.Tensor],
@@ -203,7 +182,7 @@ def write_data(sink: Sink, data_offset: int, entries: Sequence[TensorEntry], ten
     """Write every tensor's bytes at DATA_OFFSET + its offset; return each chunk's CRC-32 as hex."""
     flat = {e.key: byte_view(tensors[e.key]) for e in entries if e.nbytes}
     # producers of these tensors have finished before any side stream reads them
-    staging = _settle(_device_tensors(list(flat.values())), chunk)
+    staging = _settle(accelerators(flat.values()), chunk)
 
     def task(c0: int, c1: int, pieces: list[_Piece]) -> str:
         if staging is None:  # all on the CPU: write straight from the tensors' memory
@@ -288,13 +267,13 @@ def read_data(fd: int, header: Header, out: dict[str, torch.Tensor], *, workers:
     has them, as torchplace's do); a chunk that fails raises CheckpointError and OUT must then be
     dropped (the callers do: nothing of a damaged file is returned).
 
-    CUDA targets go through cuda_load.py (reader threads fill pinned windows, the calling thread
+    CUDA targets go through `read_chunks_to_cuda` (reader threads fill pinned windows, the calling thread
     queues the copies); other accelerators copy synchronously from a pinned staging chunk; CPU
     targets are read straight into their memory."""
     crcs, chunk = _checksums(header)
     flat = {e.key: byte_view(out[e.key]) for e in header.entries if e.nbytes}
     # memory handed out for OUT may still be in use by queued kernels of any stream
-    devices = _device_tensors(list(flat.values()))
+    devices = accelerators(flat.values())
     staging = _settle(devices, chunk)  # its buffers are made only when a thread first asks for one
     path, base = header.path, header.data_offset
 
@@ -319,10 +298,97 @@ def read_data(fd: int, header: Header, out: dict[str, torch.Tensor], *, workers:
     chunks = list(_chunks(header.entries, header.data_bytes, chunk))
     n = workers or load_workers(header.data_bytes)
     if devices and all(d.type == "cuda" for d in devices):
-        from .cuda_load import read_chunks_to_cuda
         read_chunks_to_cuda(flat, header.entries, chunks, chunk, n, read_chunk)
     else:
         _run([partial(task, *c) for c in chunks], n)
+
+
+# -- loads onto CUDA devices at memory speed: reader threads fill pinned windows, one thread copies --
+# Reading a file into pinned memory and checksumming it scale with threads (on an H200 host, 16
+# threads read the page cache at 74 GB/s with CRC-32). What does not scale is Python handing out
+# work: with a copy and an event per 8 MiB piece queued by one thread while 8-16 readers ran, that
+# thread waited for the GIL 150-300 us per piece, and a 10 GiB load ran at 21-33 GB/s (measured
+# 2026-12-01, docs/results/experiments). So the data region is read in windows of WINDOW_BYTES, a
+# ring of BUFFERS of them: threads fill the next windows (one task per checksum chunk) while the
+# calling thread queues the copies of the window read first, one per tensor overlapping it, on one
+# stream per device. Two buffers: rings of 3-8 windows of 32-256 MiB with 8-16 threads loaded
+# 10 GiB at 17-31 GB/s, no faster, and pin more memory (H200 host, 2026-12-01, docs/results/experiments).
+
+WINDOW_BYTES = 128 * 2**20  # one pinned buffer; BUFFERS of them: windows being copied and being read
+BUFFERS = 2
+
+
+def read_chunks_to_cuda(flat: dict[str, torch.Tensor], entries: Sequence[TensorEntry], chunks: Sequence[Chunk],
+                        chunk_bytes: int, workers: int,
+                        read_chunk: Callable[[Chunk, Any], None]) -> None:
+    """Fill FLAT's tensors (byte views of CUDA or CPU tensors, keyed like ENTRIES) from the data region
+    cut into CHUNKS. READ_CHUNK(chunk, view) reads one chunk's bytes into VIEW and checks its CRC.
+    Returns once every copy has completed (the last window's copies are waited for: about 2 ms); on the
+    first failed read it cancels the reads not yet started and raises that error."""
+    per_window = max(1, WINDOW_BYTES // chunk_bytes)
+    windows = [chunks[i:i + per_window] for i in range(0, len(chunks), per_window)]
+    size = max(w[-1][2] - w[0][1] for w in windows)
+    pin = any(t.device.type == "cuda" for t in flat.values())  # (tests run the windows with CPU tensors)
+    nbuf = min(BUFFERS, len(windows))
+    bufs = [host_buffer(size, pin) for _ in range(nbuf)]
+    done: list[list[Any]] = [[] for _ in bufs]  # events marking each buffer's copies done
+    streams = SideStreams()  # the caller synchronized the devices, so new streams need no ordering
+    order = sorted((e for e in entries if e.nbytes), key=lambda e: e.start)
+    ends = [e.end for e in order]  # sorted too: entries do not overlap
+
+    def fill(w: int, pool: ThreadPoolExecutor) -> list[Future[None]]:
+        buf, w0 = bufs[w % nbuf], windows[w][0][1]
+        for event in done[w % nbuf]:  # the buffer's previous copies must be done before it is overwritten
+            event.synchronize()
+        done[w % nbuf] = []
+        return [pool.submit(read_chunk, c, buf[c[1] - w0:c[2] - w0].numpy()) for c in windows[w]]
+
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="torchplace-load") as pool:
+        # windows being read but not yet copied, in order: up to NBUF - 1 ahead of the one copied
+        queued: list[list[Future[None]]] = [fill(w, pool) for w in range(nbuf - 1)]
+        failed = False
+        try:
+            for w in range(len(windows)):
+                if w + nbuf - 1 < len(windows):  # queued before waiting, so that the readers never run dry
+                    queued.append(fill(w + nbuf - 1, pool))  # (into the buffer copied last round, once copied)
+                for f in queued.pop(0):
+                    f.result()
+                done[w % nbuf] = _copy_window(bufs[w % nbuf], windows[w][0][1], windows[w][-1][2], order, ends,
+                                              flat, streams)
+                advance(len(windows[w]), total=len(chunks))
+        except BaseException:
+            failed = True
+            for f in (f for futures in queued for f in futures):  # reads not started yet are not started
+                f.cancel()
+            raise
+        finally:
+            for e in (e for events in done for e in events):  # the copies complete before the buffers go back
+                try:
+                    e.synchronize()
+                except Exception:
+                    if not failed:  # while another error propagates, it is the one to report
+                        raise
+
+
+def _copy_window(buf: torch.Tensor, w0: int, w1: int, order: Sequence[TensorEntry], ends: list[int],
+                 flat: dict[str, torch.Tensor], streams: SideStreams) -> list[Any]:
+    """Queue one copy per tensor overlapping the data range [W0, W1) held in BUF (ORDER: the entries
+    sorted by start, ENDS their ends); return the events that mark the copies done (CPU tensors are
+    copied at once)."""
+    used = set()
+    for e in order[bisect.bisect_right(ends, w0):]:
+        if e.start >= w1:
+            break
+        lo, hi = max(e.start, w0), min(e.end, w1)
+        tensor, src = flat[e.key][lo - e.start:hi - e.start], buf[lo - w0:hi - w0]
+        if tensor.device.type != "cuda":
+            tensor.copy_(src)
+            continue
+        s = streams(tensor.device)
+        with torch.cuda.stream(s):  # cuda-only: the copy queues on the CUDA stream made above
+            tensor.copy_(src, non_blocking=True)
+        used.add(s)
+    return done_events(used)
 
 
 def verify_data(fd: int, header: Header, *, workers: int | None = None) -> None:

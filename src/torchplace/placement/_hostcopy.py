@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..errors import PackingError
+from ..shared.threads import cores
 from . import _pack
 
 PARALLEL_BYTES = 1 << 20  # below this, handing the copy to helpers costs more than it saves
@@ -43,11 +44,7 @@ def threads() -> int:
                                "to such a number (0 copies on the loader's thread alone), or unset it for the "
                                "default (a quarter of the cores, at most 3).")
         return int(forced)
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return min(3, cores // 4)
+    return min(3, cores() // 4)
 
 
 def start(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor], nbytes: Sequence[int]) -> Callable[[], None]:

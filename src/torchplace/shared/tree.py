@@ -186,6 +186,20 @@ def walk(x: Any, fn: Callable[[torch.Tensor], Any], other: Callable[[Any], Any] 
     return x
 
 
+def leaves(tree: Any, kinds: type | tuple[type, ...] = _Tensor,
+           path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """(path, leaf) for each leaf of KINDS in TREE's dicts, lists and tuples, depth first and in order: the
+    walk that enumerates a state tree (the path is its keys and indices), where `map_tensors` rebuilds one."""
+    if isinstance(tree, kinds):
+        yield path, tree
+    elif isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from leaves(v, kinds, path + (k,))
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            yield from leaves(v, kinds, path + (i,))
+
+
 def has_to(x: Any) -> bool:
     """True for an object (not a class) with a callable `.to`: it is moved by that method."""
     return callable(getattr(x, "to", None)) and not isinstance(x, type)

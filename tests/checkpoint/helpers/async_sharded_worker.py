@@ -151,19 +151,19 @@ def one_rank_fails_at_the_call(rank: int, root: Path) -> None:
 
 
 def rotation_fails_after_the_publish(rank: int, root: Path) -> None:
-    from torchplace.checkpoint import background_sharded
+    from torchplace.checkpoint import background
 
     def rotate(target: Path, keep_last: int | None) -> list[Path]:
         raise OSError(f"the disk holding {target.parent} went read-only")
 
     model, opt = _model(6)
-    real = background_sharded.rotate
+    real = background.rotate
     if rank == 0:
-        background_sharded.rotate = rotate
+        background.rotate = rotate
     try:
         error = torchplace.save_async(root / "s", model=model, optimizer=opt, keep_last=2).exception(timeout=120)
     finally:
-        background_sharded.rotate = real
+        background.rotate = real
     assert error is not None and "was saved" in str(error) and "went read-only" in str(error), str(error)
     assert "no rank has a new checkpoint" not in str(error), str(error)
     dist.barrier()

@@ -2,7 +2,8 @@
 
 The decision is pure: it takes what every rank found in the checkpoint folder and whether the
 launcher restarted the job, and returns the file to load (or none) with the reason, for the summary
-setup() prints. The reading (`newest_name`, `started_here`) and the loading stay in the callers.
+setup() prints. The folder's reading and writing (`checkpoint.rotation.newest_name`, `mark_started`) and
+the loading stay in the callers.
 
 A restart torchrun does not count. When a node is started again (or replaced) while the other
 nodes' workers still run (a frozen or unreachable host: their collective waits instead of failing),
@@ -15,7 +16,6 @@ finds its own run id there is a restart of the same job and continues.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,8 +24,6 @@ from typing import Literal
 
 from .. import safeio
 from ..errors import CheckpointError
-from .atomic import write_bytes
-from .rotation import check_format, complete_checkpoints
 
 #: the file in checkpoint_dir naming the job (torchrun's run id) that started there last
 JOB_FILE = ".torchplace-job"
@@ -40,16 +38,6 @@ class ResumeDecision:
 
     path: Path | None
     reason: str
-
-
-def newest_name(checkpoint_dir: str | os.PathLike[str] | None) -> str | None:
-    """The file name of the newest complete checkpoint in CHECKPOINT_DIR, or None (none, or no folder)."""
-    if checkpoint_dir is None or not Path(checkpoint_dir).is_dir():
-        return None
-    newer: list = []
-    found = complete_checkpoints(checkpoint_dir, newer=newer)
-    check_format(Path(checkpoint_dir), found, newer)  # a newer torchplace's checkpoint may be the newest: refuse
-    return found[0].name if found else None
 
 
 def job_id(run_id: str | None) -> str | None:
@@ -68,12 +56,6 @@ def started_here(checkpoint_dir: str | os.PathLike[str] | None, job: str | None)
     except (CheckpointError, ValueError):
         return False
     return isinstance(record, dict) and record.get("run_id") == job
-
-
-def mark_started(checkpoint_dir: str | os.PathLike[str], job: str) -> None:
-    """Record in CHECKPOINT_DIR (made if missing) that the job JOB started there (rank 0 only)."""
-    Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
-    write_bytes(Path(checkpoint_dir) / JOB_FILE, json.dumps({"run_id": job}).encode())
 
 
 def decide_resume(resume: Resume, checkpoint_dir: str | os.PathLike[str] | None, restarted: bool,

@@ -33,13 +33,15 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import CheckpointError
+from ..shared.tree import leaves
 from .atomic import fsync_dir
 from .codec import TensorRef
 from .dcp_reader import dcp_load, reader_classes
+from .format import SIDE_FILE
+from .options import ReadOptions
 from .state_dicts import unwrap
 
 T = TypeVar("T")
-SIDE_FILE = "torchplace.safetensors"
 
 
 def world() -> tuple[int, int]:
@@ -255,35 +257,25 @@ def save_sharded(target: Path, model: nn.Module, optimizer: Any, write_side: Cal
 
 
 def load_sharded(path: Path, model: nn.Module, optimizer: Any, skeleton: dict[str, Any],
-                 trust_pickle: bool) -> tuple[dict[str, Any], Any]:
+                 opts: ReadOptions) -> tuple[dict[str, Any], Any]:
     """Load DCP tensors into MODEL (and OPTIMIZER) as they are sharded now; return their state dicts."""
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     msd, osd = get_state_dict(model, optimizer if optimizer is not None else [])
     current = {"model": msd, **({"optimizer": osd} if optimizer is not None else {})}
     dest, _ = flat_tensors(current)
-    saved_keys = set(flat_tensors(skeleton)[0]) | {r.key for r in _refs(skeleton)}
+    saved_keys = set(flat_tensors(skeleton)[0]) | {r.key for _, r in leaves(skeleton, TensorRef)}
     wanted = {k for k in dest if k.startswith("model/") or optimizer is not None}
     missing = sorted(wanted - saved_keys)
     if missing:
         raise CheckpointError(f"{path} has no tensors for {', '.join(missing[:5])}"
                               f"{' and more' if len(missing) > 5 else ''}. Fix: load with the model (and optimizer) "
                               "the checkpoint was saved from, sharded the same way or differently.")
-    dcp_load(path, dest, trust_pickle, single_process=world()[1] == 1)
+    dcp_load(path, dest, opts, single_process=world()[1] == 1)
     new_osd = fill_refs(skeleton["optimizer"], dest) if optimizer is not None and "optimizer" in skeleton else None
     set_state_dict(model, optimizer if optimizer is not None else [], model_state_dict=msd,
                    optim_state_dict=new_osd if new_osd is not None else {})
     return msd, new_osd
-
-
-def _refs(tree: Any) -> list[TensorRef]:
-    if isinstance(tree, TensorRef):
-        return [tree]
-    if isinstance(tree, dict):
-        return [r for v in tree.values() for r in _refs(v)]
-    if isinstance(tree, (list, tuple)):
-        return [r for v in tree for r in _refs(v)]
-    return []
 
 
 def _model_prefix(path: Path, entries: dict[str, Any], own: list[str]) -> str:
@@ -360,7 +352,7 @@ def _as_optimizer_state(path: Path, nested: dict[Any, Any]) -> dict[str, Any]:
     return {"state": state, "param_groups": param_groups}
 
 
-def read_plain(path: Path, model: nn.Module, optimizer: Any, trust_pickle: bool
+def read_plain(path: Path, model: nn.Module, optimizer: Any, opts: ReadOptions
                ) -> tuple[str, dict[str, Any], dict[str, Any], list[str], None]:
     """Read a DCP folder written by torch alone (no side file) for MODEL (and OPTIMIZER), safely:
     ('torch.distributed.checkpoint', state tree, {}, notes, None). The model's tensors are allocated like
@@ -369,7 +361,7 @@ def read_plain(path: Path, model: nn.Module, optimizer: Any, trust_pickle: bool
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     reader_cls, _ = reader_classes()
-    metadata = reader_cls(path, trust_pickle).read_metadata()
+    metadata = reader_cls(path, opts.trust_pickle).read_metadata()
     entries: dict[str, Any] = metadata.state_dict_metadata
     own = unwrap(model).state_dict()
     prefix = _model_prefix(path, entries, list(own))
@@ -392,7 +384,7 @@ def read_plain(path: Path, model: nn.Module, optimizer: Any, trust_pickle: bool
                 raise CheckpointError(f"{path}: the optimizer state {key!r} is {list(md.size)} {md.properties.dtype}, "
                                       f"which cannot be allocated here ({str(exc).splitlines()[0][:200]}). Fix: load "
                                       "it on a machine with the memory it was saved on.") from None
-    dcp_load(path, dest, trust_pickle, single_process=world()[1] == 1)
+    dcp_load(path, dest, opts, single_process=world()[1] == 1)
     state: dict[str, Any] = {"model": {k: dest[prefix + k] for k in own if prefix + k in dest}}
     notes = [f"read the model's weights from the keys under {prefix!r}"] if prefix else []
     if opt_keys:

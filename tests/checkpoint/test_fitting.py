@@ -1,4 +1,4 @@
-"""A load torch refuses leaves the model as it was (checkpoint/dry_load.py).
+"""A load torch refuses leaves the model as it was (checkpoint/fitting.py).
 
 torch's load_state_dict copies every tensor that fits before it raises for missing, unexpected or
 misshapen keys; the interop pass found tp.load refusing a checkpoint after overwriting the layers
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import torchplace as tp
-from torchplace.checkpoint import dry_load
+from torchplace.checkpoint import fitting
 from torchplace.errors import CheckpointError
 
 
@@ -44,11 +44,11 @@ def test_the_rehearsal_agrees_with_torchs_version_hooks() -> None:
     bn = nn.BatchNorm1d(3)
     old = OrderedDict((k, v) for k, v in bn.state_dict().items() if k != "num_batches_tracked")
     old._metadata = OrderedDict({"": {"version": 1}})  # type: ignore[attr-defined]
-    assert dry_load.rehearse(nn.BatchNorm1d(3), old, strict=True) is None
+    assert fitting.rehearse(nn.BatchNorm1d(3), old, strict_keys=True) is None
     nn.BatchNorm1d(3).load_state_dict(old, strict=True)  # what torch does with it
     new = OrderedDict(old)
     new._metadata = OrderedDict({"": {"version": 2}})  # type: ignore[attr-defined]
-    refused = dry_load.rehearse(nn.BatchNorm1d(3), new, strict=True)
+    refused = fitting.rehearse(nn.BatchNorm1d(3), new, strict_keys=True)
     assert refused is not None and "num_batches_tracked" in str(refused)
 
 
@@ -57,7 +57,7 @@ def test_modules_with_load_hooks_are_not_rehearsed_and_their_hooks_run_once() ->
     model = nn.Linear(2, 2)
     model.register_load_state_dict_post_hook(lambda module, keys: calls.append(1))
     state = nn.Linear(2, 2).state_dict()
-    assert dry_load.rehearse(model, state, strict=True) is None  # not rehearsed
+    assert fitting.rehearse(model, state, strict_keys=True) is None  # not rehearsed
     model.load_state_dict(state)
     assert calls == [1]
 
@@ -66,7 +66,7 @@ def test_the_rehearsal_changes_nothing_and_moves_no_data() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
     snap = _snapshot(model)
     state = {k: torch.full_like(v, 7) for k, v in model.state_dict().items()}
-    assert dry_load.rehearse(model, state, strict=True) is None
+    assert fitting.rehearse(model, state, strict_keys=True) is None
     assert _same(model, snap)
     assert all(p.device.type == "cpu" for p in model.parameters())
 
@@ -98,7 +98,7 @@ class _ReadsItsScale(nn.Module):
 def test_a_module_whose_loading_reads_values_is_not_refused_by_the_rehearsal(tmp_path: Path) -> None:
     # `.item()` on a meta tensor raises a RuntimeError of its own: no verdict, the real load decides
     model = _ReadsItsScale()
-    assert dry_load.rehearse(model, model.state_dict(), strict=True) is None
+    assert fitting.rehearse(model, model.state_dict(), strict_keys=True) is None
     path = tmp_path / "m.pt"
     tp.save(path, model=model)
     fresh = _ReadsItsScale()
@@ -108,8 +108,8 @@ def test_a_module_whose_loading_reads_values_is_not_refused_by_the_rehearsal(tmp
 
 def test_a_quantized_module_loads_as_torch_loads_it() -> None:
     q = torch.ao.nn.quantized.Linear(4, 4)
-    assert dry_load.rehearse(q, q.state_dict(), strict=True) is None
-    assert isinstance(dry_load.rehearse(nn.Linear(2, 2), {"weight": torch.ones(3, 3)}, strict=False), RuntimeError)
+    assert fitting.rehearse(q, q.state_dict(), strict_keys=True) is None
+    assert isinstance(fitting.rehearse(nn.Linear(2, 2), {"weight": torch.ones(3, 3)}, strict_keys=False), RuntimeError)
 
 
 def test_the_twin_shares_what_a_module_holds_besides_its_tensors() -> None:
@@ -117,11 +117,11 @@ def test_the_twin_shares_what_a_module_holds_besides_its_tensors() -> None:
     model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
     model[0].table = [torch.ones(3)] * 4
     model.lock = __import__("threading").Lock()  # deepcopy refuses a lock: no rehearsal before
-    twin = dry_load._meta_twin(model)
+    twin = fitting._meta_twin(model)
     assert twin is not None and twin[0].table is model[0].table and twin.lock is model.lock
     assert twin[0].weight.is_meta and twin[1].running_mean.is_meta and twin[0] is not model[0]
-    assert isinstance(dry_load.rehearse(model, {"0.weight": torch.ones(3, 3)}, strict=False), RuntimeError)
-    assert dry_load.rehearse(model, model.state_dict(), strict=True) is None
+    assert isinstance(fitting.rehearse(model, {"0.weight": torch.ones(3, 3)}, strict_keys=False), RuntimeError)
+    assert fitting.rehearse(model, model.state_dict(), strict_keys=True) is None
 
 
 def test_values_torch_cannot_shape_on_meta_are_passed_as_they_are() -> None:
@@ -130,9 +130,9 @@ def test_values_torch_cannot_shape_on_meta_are_passed_as_they_are() -> None:
     conv = torch.ao.nn.quantized.Conv2d(2, 2, 1)
     state = conv.state_dict()
     assert any(isinstance(v, torch.Tensor) and v.is_quantized for v in state.values())
-    assert dry_load.rehearse(conv, state, strict=True) is None
+    assert fitting.rehearse(conv, state, strict_keys=True) is None
     nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
-    assert dry_load._shell(nested) is nested and dry_load._shell(torch.ones(2)).is_meta
+    assert fitting._shell(nested) is nested and fitting._shell(torch.ones(2)).is_meta
 
 
 def test_a_module_holding_a_quantized_buffer_is_not_rehearsed_and_loads() -> None:
@@ -140,6 +140,6 @@ def test_a_module_holding_a_quantized_buffer_is_not_rehearsed_and_loads() -> Non
     model = nn.Module()
     model.register_buffer("q", torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8))
     state = {"q": torch.quantize_per_tensor(torch.full((3,), 2.0), 0.1, 0, torch.qint8)}
-    assert dry_load.rehearse(model, state, strict=True) is None
+    assert fitting.rehearse(model, state, strict_keys=True) is None
     model.load_state_dict(state)
     assert torch.equal(model.q.dequantize(), torch.full((3,), 2.0))
