@@ -124,7 +124,8 @@ def test_packed_batches_are_staged_on_the_loops_thread_and_follow_the_device(dev
     torch.cuda.reset_peak_memory_stats(dev)
     prefetch = 2
     it = iter(tp.DeviceLoader(data, dev, prefetch=prefetch))
-    assert type(data[0]).__name__ == "PackedBatch" and type(it) is InlineIter
+    # .inner: the epoch's iterator inside the one that counts batches for resuming (loader_state.Tracked)
+    assert type(data[0]).__name__ == "PackedBatch" and type(it.inner) is InlineIter
     assert not [t for t in threading.enumerate() if t.name == "torchplace-DeviceLoader"]
     ok = []
     for i, batch in enumerate(it):
@@ -134,5 +135,5 @@ def test_packed_batches_are_staged_on_the_loops_thread_and_follow_the_device(dev
     assert bool(torch.stack(ok).all())
     peak = torch.cuda.max_memory_allocated(dev) - base
     assert peak <= (prefetch + 4) * batch_bytes, f"peak {peak / 2**20:.0f} MiB for {prefetch=}"
-    assert type(iter(tp.DeviceLoader([{"x": torch.ones(3)}], dev))) is _BackgroundIter
+    assert type(iter(tp.DeviceLoader([{"x": torch.ones(3)}], dev)).inner) is _BackgroundIter
     assert list(tp.DeviceLoader([], dev)) == []  # the first batch is looked at: an empty loader is an empty epoch
