@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from ..shared import frames as user_code
 from ..units import format_bytes
@@ -93,11 +94,9 @@ def holdings(keep: Callable[[torch.Tensor], bool], own: set[int] = frozenset(), 
             if not issubclass(type(obj), torch.Tensor):  # type(), not isinstance(): lazy proxies
                 continue
             try:
-                if obj.device.type == "meta" or obj.is_sparse or not keep(obj):
+                if not keep(obj) or not (ptr := storage_ptr(obj)):
                     continue
-                storage = obj.untyped_storage()
-                if storage.data_ptr():
-                    sizes[id(obj)] = (storage.data_ptr(), int(storage.nbytes()))
+                sizes[id(obj)] = (ptr, int(obj.untyped_storage().nbytes()))
             except Exception:  # tensor subclasses and wrappers without a plain storage
                 continue
         skip = {id(heap), id(sizes), *own}
@@ -200,7 +199,7 @@ def graph_saved(t: torch.Tensor, keep: Callable[[torch.Tensor], bool] | None = N
                 continue
             for item in value if isinstance(value, (tuple, list)) else (value,):
                 if isinstance(item, torch.Tensor) and (keep is None or keep(item)):
-                    ptr = item.untyped_storage().data_ptr()
+                    ptr = storage_ptr(item)
                     if ptr and ptr not in saved:
                         saved[ptr] = _nbytes(item)
         stack.extend(fn for fn, _ in node.next_functions)
@@ -320,6 +319,17 @@ def _path(obj: Any, frames: list[types.FrameType], ignore: set[int], depth: int)
 def _attributes(obj: Any) -> dict[str, Any]:
     attrs = getattr(obj, "__dict__", None)
     return attrs if type(attrs) is dict else {}
+
+
+def storage_ptr(t: torch.Tensor) -> int:
+    """T's storage address; 0 for a tensor without memory of its own: meta, sparse, a fake tensor (explain runs
+    steps under FakeTensorMode, and one may still be alive), a wrapper subclass."""
+    try:
+        if t.device.type == "meta" or t.is_sparse or is_fake(t):
+            return 0
+        return int(t.untyped_storage().data_ptr())
+    except Exception:
+        return 0
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -26,7 +26,7 @@ import torch
 from ..hardware import host
 from ..policy.devices import DeviceSpec
 from ..units import format_bytes
-from .holders import graph_saved, holder_of
+from .holders import graph_saved, holder_of, storage_ptr
 
 
 @dataclass
@@ -204,11 +204,9 @@ def live_tensors(keep: Any = None) -> list[torch.Tensor]:
     for obj in gc.get_objects():
         try:
             # type(), not isinstance(): isinstance reads __class__, which some lazy proxies warn on
-            if not issubclass(type(obj), torch.Tensor) or obj.device.type == "meta" or obj.is_sparse:
+            if not issubclass(type(obj), torch.Tensor) or (keep is not None and not keep(obj)):
                 continue
-            if keep is not None and not keep(obj):
-                continue
-            key = (str(obj.device), obj.untyped_storage().data_ptr())
+            key = (str(obj.device), storage_ptr(obj))
         except Exception:  # tensor subclasses and wrappers without a plain storage
             continue
         if key[1] == 0 or key in seen:
