@@ -44,3 +44,6 @@ def test_rounds_interleave_with_a_rotating_order_and_slow_variants_run_once() ->
     times = timed_rounds({"a": variant("a"), "b": variant("b"), "c": variant("c", slow=True)}, 3, slow_s=0.2)
     assert order == ["a", "b", "c", "a", "b", "c", "b", "a", "a", "b"]  # warm-ups, then rotated rounds; c once
     assert [len(times[k]) for k in "abc"] == [3, 3, 1]
+    order.clear()  # a variant tried before (its trial's seconds given) is not warmed up again
+    times = timed_rounds({"a": variant("a"), "b": variant("b")}, 2, slow_s=0.2, warmed={"b": 1.0})
+    assert order == ["a", "a", "b", "a"] and [len(times[k]) for k in "ab"] == [2, 1]

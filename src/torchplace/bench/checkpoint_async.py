@@ -275,9 +275,12 @@ def _instanttensor_load(path: str, dev: Any, *, buffered: bool) -> Callable[[], 
 
 
 def _tried(name: str, load: Callable[[], None]) -> Callable[[], None] | str:
-    """LOAD if a first call runs here, else the reason it is left out (a peer's failure is a note, not the bench's)."""
+    """LOAD if a first call runs here, else the reason it is left out (a peer's failure is a note, not the bench's).
+    The first call's seconds are kept on LOAD (.trial_s): it is the variant's warm-up."""
     try:
+        start = time.perf_counter()
         load()
+        load.trial_s = time.perf_counter() - start  # type: ignore[attr-defined]
     except Exception as exc:  # noqa: BLE001 - a peer that fails to run here is left out, and the notes say so
         return f"{name} left out: it failed here: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return load
@@ -318,13 +321,15 @@ def measure_loads(state: dict[str, Any], dev: Any, root: str, repeats: int, *, c
 
     try:
         warm = {"st": plain(st_load), "mmap": plain(mmap_load), "tp": plain(tp_load)}
+        trials: dict[str, float] = {}
         for key, peer in (("fst", _fastsafetensors_load(paths["st"], dev)),
                           ("it", _instanttensor_load(paths["st"], dev, buffered=True))):
             if isinstance(peer, str):
                 notes.append(peer)
             else:
                 warm[key] = plain(peer)
-        out = timed_rounds(warm, repeats, f"{label}: loads", slow_s=slow_s)
+                trials[key] = peer.trial_s  # type: ignore[attr-defined]
+        out = timed_rounds(warm, repeats, f"{label}: loads", slow_s=slow_s, warmed=trials)
         slow = [k for k, v in out.items() if len(v) < repeats]
         if slow:
             notes.append(f"timed once (the first load took over {slow_s} s): {', '.join(slow)}")
@@ -336,7 +341,7 @@ def measure_loads(state: dict[str, Any], dev: Any, root: str, repeats: int, *, c
                 notes.append(f"cold: {it_direct}")
             else:
                 cold_variants["it_cold"] = (dropping(paths["st"]), it_direct, _nothing)
-            out.update(timed_rounds(cold_variants, max(1, repeats - 1), f"{label}: cold loads"))
+            out.update(timed_rounds(cold_variants, repeats, f"{label}: cold loads"))
         return out, notes
     finally:
         for p in paths.values():

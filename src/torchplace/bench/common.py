@@ -157,12 +157,13 @@ def plain(fn: Callable[[], Any]) -> Variant:
     return (_nothing, fn, _nothing)
 
 
-def timed_rounds(variants: dict[str, Variant], rounds: int, what: str = "timing",
-                 slow_s: float | None = None) -> dict[str, list[float]]:
+def timed_rounds(variants: dict[str, Variant], rounds: int, what: str = "timing", slow_s: float | None = None,
+                 warmed: dict[str, float] | None = None) -> dict[str, list[float]]:
     """Seconds of each variant's run in each of ROUNDS interleaved rounds: variants take turns within a
     round, the order rotating from round to round, so drift hits all alike. Each variant is (set-up,
     timed run, clean-up). With SLOW_S, each runs once untimed first (a warm-up), and one whose warm-up
-    took longer than SLOW_S is timed in the first round only (a slow peer would eat the run's time)."""
+    took longer than SLOW_S is timed in the first round only (a slow peer would eat the run's time);
+    WARMED names variants already run once (a trial) and the seconds that took: they are not warmed again."""
     from ..progress import advance, begin, silenced
 
     times: dict[str, list[float]] = {name: [] for name in variants}
@@ -179,9 +180,12 @@ def timed_rounds(variants: dict[str, Variant], rounds: int, what: str = "timing"
         after()
         return took
 
-    begin(what, rounds * len(variants) + (len(variants) if slow_s is not None else 0))
+    warmed = warmed or {}
+    to_warm = [name for name in names if name not in warmed] if slow_s is not None else []
+    begin(what, rounds * len(variants) + len(to_warm))
     if slow_s is not None:
-        for name in names:
+        slow.update(name for name, took in warmed.items() if took > slow_s)
+        for name in to_warm:
             if once(name) > slow_s:
                 slow.add(name)
             advance()

@@ -32,7 +32,7 @@ from .common import BenchResult, Row, Target, judged, median, ratios, row
 _TARGETS = {"strict() around the loop": 1.03, "strict() entered every step": 1.03,
             "TORCHPLACE_STRICT=1 (whole program)": 1.03, "watch(model) every step": 1.01,
             "strict off (env unset)": 1.005}
-ROUNDS, STEPS = 12, 5  # about 50 s for both models on an H200; more short rounds beat fewer long ones on drift
+ROUNDS, STEPS = 20, 5  # about 60 s for both models on an H200; more short rounds beat fewer long ones on drift
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
