@@ -95,7 +95,7 @@ case $part in
     rm -rf "$R"; mkdir -p "$R"
     python3 -c "import instanttensor, fastsafetensors" 2>&1 | tail -1 > "$R/peers-$tag.txt"
     df -h /tmp /var/tmp > "$R/disk-$tag.txt" 2>&1; free -g >> "$R/disk-$tag.txt"
-    timeout 215 python3 -m torchplace bench checkpoint --out "$R" "$@" 2>&1 | tee "$R/bench-checkpoint-$tag.txt" | tail -60
+    timeout 225 python3 -m torchplace bench checkpoint --budget-s 190 --out "$R" "$@" 2>&1 | tee "$R/bench-checkpoint-$tag.txt" | tail -60
     echo "bench checkpoint exit: ${PIPESTATUS[0]}"
     timeout 130 python3 -m torchplace bench strict --out "$R" 2>&1 | tee "$R/bench-strict-$tag.txt" | tail -32
     echo "bench strict exit: ${PIPESTATUS[0]}"

@@ -29,12 +29,12 @@ def test_quick_run_measures_every_variant_and_cleans_up(tmp_path: Path) -> None:
                         "4MiB load -> cpu: torch.load(mmap)+.to", "4MiB load -> cpu: torchplace.load",
                         "4MiB cold: raw O_DIRECT read of the file", "4MiB cold: torchplace.load -> cpu",
                         # later sizes and the layouts: loads and the save_async stall only
-                        "2MiB stall: bare copy into pinned host memory", "2MiB stall: torchplace.save_async",
-                        "2MiB load -> cpu: safetensors load_file", "2MiB load -> cpu: torch.load(mmap)+.to",
-                        "2MiB load -> cpu: torchplace.load",
                         "gpt2 stall: bare copy into pinned host memory", "gpt2 stall: torchplace.save_async",
                         "gpt2 load -> cpu: safetensors load_file", "gpt2 load -> cpu: torch.load(mmap)+.to",
-                        "gpt2 load -> cpu: torchplace.load"]
+                        "gpt2 load -> cpu: torchplace.load",
+                        "2MiB stall: bare copy into pinned host memory", "2MiB stall: torchplace.save_async",
+                        "2MiB load -> cpu: safetensors load_file", "2MiB load -> cpu: torch.load(mmap)+.to",
+                        "2MiB load -> cpu: torchplace.load"]
     assert all(row.value > 0 and row.unit in ("GB/s", "ms") and row.ratio is not None for row in result.rows)
     # every warm figure ran two interleaved rounds (--quick), and its spread is recorded
     warm = [row for row in result.rows if " cold: " not in row.variant and "step " not in row.variant]
@@ -42,18 +42,27 @@ def test_quick_run_measures_every_variant_and_cleans_up(tmp_path: Path) -> None:
     assert [t.name for t in result.targets] == ["4MiB save vs plain write", "4MiB save_async stall vs bare pinned copy",
                                                 "4MiB save_async stall vs dcp.async_save stall",
                                                 "4MiB step while writing vs alone",
-                                                "2MiB save_async stall vs bare pinned copy",
-                                                "gpt2 save_async stall vs bare pinned copy"]
+                                                "gpt2 save_async stall vs bare pinned copy",
+                                                "2MiB save_async stall vs bare pinned copy"]
     assert all(t.spread is not None for t in result.targets)
     assert result.params["cases"]["gpt2"]["tensors"] == 148 and result.params["repeats"] == 2
     assert any(note.startswith("ran: 4MiB") for note in result.notes)
     # peers that cannot run here are named once, with the cases they would have run for
-    assert any("instanttensor left out: it loads to GPUs only" in note and note.startswith("4MiB, 2MiB, gpt2")
+    assert any("instanttensor left out: it loads to GPUs only" in note and note.startswith("4MiB, gpt2, 2MiB")
                for note in result.notes)
     assert list(tmp_path.iterdir()) == []
     # --quick on a CPU printed each target as missed or met: none is judged on a smoke test
     assert all(t.not_here and "--quick" in t.not_here for t in result.targets)
     assert all(t["met"] is None for t in result.to_dict()["targets"])
+
+
+def test_a_budget_skips_the_cases_it_cannot_fit(tmp_path: Path) -> None:
+    args = _args("--quick", "--sizes", "1MiB,64MiB", "--dir", str(tmp_path), "--device", "cpu",
+                 "--layouts", "gpt2", "--budget-s", "0")
+    result = bench.run(args)  # the first case of each kind runs (nothing to scale from); the 64 MiB one cannot fit
+    labels = {row.variant.split()[0] for row in result.rows}
+    assert labels == {"1MiB", "gpt2"}
+    assert any(note.startswith("64MiB: skipped: about") and "--budget-s 0" in note for note in result.notes)
 
 
 def test_targets_set_for_a_gpu_are_not_judged_on_a_cpu() -> None:
@@ -103,6 +112,8 @@ def test_sizes_and_layouts_parse() -> None:
     cases = bench.cases_for(_args("--sizes", "1GiB,2GiB", "--layouts", "llama7b"))
     assert [(c.label, c.full, c.cold) for c in cases] == [("1GiB", True, True), ("2GiB", False, False),
                                                            ("llama7b", False, False)]
+    # the full set first, then the rest by size: a --budget-s run skips the largest, last
+    assert [c.label for c in bench.cases_for(_args("--sizes", "1GiB,10GiB"))] == ["1GiB", "gpt2", "llama", "10GiB"]
     assert all(c.full and c.cold for c in bench.cases_for(_args("--full", "--sizes", "1,2")))
     with pytest.raises(TorchplaceError, match="unknown.*choose from llama, llama7b, gpt2"):
         bench.cases_for(_args("--layouts", "bert"))

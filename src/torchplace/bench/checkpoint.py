@@ -53,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="interleaved rounds per figure (default 3; --quick 2)")
     parser.add_argument("--full", action="store_true",
                         help="every figure for every case (default: saves, torch.load, dcp, steps: first size only)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="skip a case whose time, estimated from the largest case of its kind so far, would "
+                             "end the run past this many seconds (default: no limit; says which were skipped)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes (8MiB,32MiB; layouts at tiny width): a smoke test")
 
@@ -164,7 +167,7 @@ def cases_for(args: argparse.Namespace) -> list[Case]:
                           what=f"{what}{' at tiny width' if args.quick else ''}"))
     if not cases:
         raise TorchplaceError("--sizes none --layouts none: nothing to measure; name a size or a layout.")
-    return cases
+    return sorted(cases, key=lambda c: (not c.full, c.nbytes))  # the full set first, then the rest by size
 
 
 def _local_dir() -> str:
@@ -308,9 +311,17 @@ def run(args: argparse.Namespace) -> BenchResult:
     timings: list[str] = []
     left_out: dict[str, list[str]] = {}  # a note on a peer -> the cases it applies to
     try:
+        done: dict[bool, tuple[int, float]] = {}  # full or not -> (bytes, seconds) of the largest case so far
         for case in cases:
             case_start = time.perf_counter()
             label, size = case.label, case.nbytes
+            if args.budget_s is not None and case.full in done:
+                seen_bytes, seen_s = done[case.full]
+                estimate = seen_s * size / seen_bytes
+                if case_start - started + estimate > args.budget_s:
+                    notes.append(f"{label}: skipped: about {estimate:.0f} s (scaled from {size_label(seen_bytes)}) "
+                                 f"would end the run past --budget-s {args.budget_s:g}")
+                    continue
             state = _state(case.shapes, dev)
             extra = {"bytes": size, "tensors": len(state), "repeats": repeats}
             stalls = background.measure_stalls(state, size, dev, root, repeats, full=case.full, label=label)
@@ -335,7 +346,10 @@ def run(args: argparse.Namespace) -> BenchResult:
             targets += more_targets + load_targets
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-            timings.append(f"{label} {time.perf_counter() - case_start:.0f} s")
+            took = time.perf_counter() - case_start
+            timings.append(f"{label} {took:.0f} s")
+            if size >= done.get(case.full, (0, 0.0))[0]:
+                done[case.full] = (size, took)
         notes += [f"{', '.join(labels)}: {note}" for note, labels in left_out.items()]
         notes.append(f"wall time: {time.perf_counter() - started:.0f} s ({', '.join(timings)})")
         if dev.type != "cuda":
