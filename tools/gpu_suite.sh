@@ -93,7 +93,7 @@ case $part in
     ;;
   bench34)  # issue 34: checkpoint (1GiB, 10GiB, llama, gpt2; peers from .whl) then strict, each with its JSON
     rm -rf "$R"; mkdir -p "$R"
-    python3 -c "import instanttensor, fastsafetensors" 2>&1 | tail -1 > "$R/peers-$tag.txt"
+    for m in instanttensor fastsafetensors isal; do python3 -c "import $m; print('$m', getattr($m, '__version__', 'ok'))" 2>&1 | tail -1; done | tee "$R/peers-$tag.txt"
     df -h /tmp /var/tmp > "$R/disk-$tag.txt" 2>&1; free -g >> "$R/disk-$tag.txt"
     timeout 225 python3 -m torchplace bench checkpoint --budget-s 190 --out "$R" "$@" 2>&1 | tee "$R/bench-checkpoint-$tag.txt" | tail -60
     echo "bench checkpoint exit: ${PIPESTATUS[0]}"
