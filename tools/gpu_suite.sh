@@ -3,6 +3,7 @@
 #   bash tools/gpu_suite.sh tests|final-tests|bench-a|bench-ddp|bench-b|final [pytest args...]
 #   bash tools/gpu_suite.sh final-bench PAGE...   (benches, then docs/PAGE.md's runnable blocks on this machine)
 #   bash tools/gpu_suite.sh verify-1gpu|verify-2gpu   (what the 2026-12-01 session left to check on GPUs)
+#   bash tools/gpu_suite.sh bench34   (issue 34: bench checkpoint at default sizes, then bench strict; <= 360 s)
 # The GPU machine has no network and lacks isal (fast CRC-32) and fastsafetensors: fetch their wheels
 # here first with `bash tools/fetch_gpu_wheels.sh` (into .whl/, git-ignored) and carry .whl along.
 set -u
@@ -89,6 +90,15 @@ case $part in
     for b in strict loader; do
       timeout 200 python3 -m torchplace bench $b --out "$R" 2>&1 | tee "$R/bench-$b-$tag.txt" | tail -25
     done
+    ;;
+  bench34)  # issue 34: checkpoint (1GiB, 10GiB, llama, gpt2; peers from .whl) then strict, each with its JSON
+    rm -rf "$R"; mkdir -p "$R"
+    for m in instanttensor fastsafetensors isal; do python3 -c "import $m; print('$m', getattr($m, '__version__', 'ok'))" 2>&1 | tail -1; done | tee "$R/peers-$tag.txt"
+    df -h /tmp /var/tmp > "$R/disk-$tag.txt" 2>&1; free -g >> "$R/disk-$tag.txt"
+    timeout 225 python3 -m torchplace bench checkpoint --budget-s 190 --out "$R" "$@" 2>&1 | tee "$R/bench-checkpoint-$tag.txt" | tail -60
+    echo "bench checkpoint exit: ${PIPESTATUS[0]}"
+    timeout 130 python3 -m torchplace bench strict --out "$R" 2>&1 | tee "$R/bench-strict-$tag.txt" | tail -32
+    echo "bench strict exit: ${PIPESTATUS[0]}"
     ;;
   verify-2gpu)
     timeout 150 python3 -m torchplace bench diagnose --out "$R" 2>&1 | tee "$R/bench-diagnose-$tag.txt" | tail -25

@@ -1,21 +1,23 @@
-"""`torchplace bench checkpoint`: torchplace.save/load against torch.save/torch.load and a raw write.
+"""`torchplace bench checkpoint`: torchplace.save/load against torch, safetensors, fastsafetensors and
+instanttensor, every figure repeated in interleaved rounds, reported as median and spread.
 
-For each size (default 1 GiB and 10 GiB of fp32 tensors on the benchmark device), in one run:
+Cases (default: 1 GiB and 10 GiB of bf16 tensors of 64 MiB, and two model-shaped states built from
+shapes, no download: a Llama-style 32-layer state of 291 tensors and GPT-2 124M's 148):
 
-- plain write: the same number of bytes, already in host memory, written sequentially + fsync
-  (the most a save can hope for on this disk);
-- torch.save + fsync, and torchplace.save (which fsyncs, renames and checksums itself);
-- torch.load(map_location=device), and torchplace.load(device=device) (checksums verified),
-  each synchronized.
+- every case: loads to the device from the page cache (ours, safetensors load_file, torch.load(mmap)
+  + .to, fastsafetensors without GDS, instanttensor buffered; each peer that is missing or fails
+  here is left out with a note) and the save_async stall against a bare copy into pinned memory;
+- the first size (every size with --full; layouts too) also: cold loads (pages dropped first)
+  against a raw O_DIRECT read and instanttensor's direct reads; a plain write + fsync, torch.save +
+  fsync and torchplace.save; torch.load and torchplace.load; the stalls of torch.save and
+  dcp.async_save; a compute step while save_async writes. The default run fits in 3 minutes on an
+  H200 host (disk about 2 GB/s): the 10 GiB figures that take the time are the disk's, not ours.
 
-Then, on the same state (`checkpoint_async`): the stall of torchplace.save_async against
-torch.save, dcp.async_save and a bare copy into pinned host memory; a compute step's time while
-a background save writes against without; loads to the device against safetensors and
-torch.load(mmap=True) + .to. Loads read the files just written, so they come from the page
-cache for every tool. Targets
-(issue 5, on the H200 machine): save >= 90% of the plain write speed, load to the GPU >= 4x
-torch.load. Files go to --dir (default: a fresh temporary directory on local disk, not tmpfs)
-and are removed at the end; the largest size needs about twice its size free there.
+Each figure runs --repeats interleaved rounds (variants take turns, the order rotating), so drift
+hits all alike; a peer whose untimed first run takes over SLOW_S is timed once. Rows show the median
+and the quartiles; a target is met only if its worse quartile meets it. Files go to --dir (default:
+a fresh temporary directory on local disk, not tmpfs) and are removed at the end; the largest case
+needs about four times its size free there and twice in host memory.
 """
 
 from __future__ import annotations
@@ -26,29 +28,146 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from ..progress import advance, begin, silenced
 from ..units import parse_size, size_label
 from . import checkpoint_async as background
-from .common import BenchResult, Row, Target, median
+from .common import BenchResult, Row, Target, gbs, judged, plain, ratios, row, spread, timed_rounds
 
 TENSOR_BYTES = 64 * 2**20
+SLOW_S = 3.0  # a peer whose first load takes longer is timed once, not every round (it would eat the run's time)
+DEFAULT_SIZES = "1GiB,10GiB"
+DEFAULT_LAYOUTS = "llama,gpt2"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default=None,
-                        help="comma-separated sizes, e.g. 1GiB,10GiB (the default; a bare number is GiB)")
+                        help=f"comma-separated sizes of 64 MiB bf16 tensors (default {DEFAULT_SIZES}; a bare number "
+                             "is GiB; 'none' for no such case)")
+    parser.add_argument("--layouts", default=None,
+                        help=f"model-shaped states: {', '.join(LAYOUTS)} (default {DEFAULT_LAYOUTS}; 'none' for none)")
     parser.add_argument("--dir", default=None, help="directory to write into (default: a temporary one on local disk)")
     parser.add_argument("--device", default=None, help="where the tensors live and load to (default: auto)")
     parser.add_argument("--repeats", type=int, default=None,
-                        help="runs per variant, median reported (default: 3 up to 2 GiB, else 2)")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes (8MiB,32MiB), one run: a smoke test")
+                        help="interleaved rounds per figure (default 3; --quick 2)")
+    parser.add_argument("--full", action="store_true",
+                        help="every figure for every case (default: saves, torch.load, dcp, steps: first size only)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="skip a case whose time, estimated from the largest case of its kind so far, would "
+                             "end the run past this many seconds (default: no limit; says which were skipped)")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes (8MiB,32MiB; layouts at tiny width): a smoke test")
 
 
 def parse_sizes(text: str) -> list[int]:
     """Bytes for each comma-separated size ('1GiB,10GiB', '512MiB'); a bare number is GiB here ('2' = 2 GiB)."""
+    if text.strip() == "none":
+        return []
     return [parse_size(part, bare="GiB") for part in text.split(",")]
+
+
+Shapes = dict[str, tuple[int, ...]]
+
+
+def llama_shapes(layers: int = 32, hidden: int = 2048, inner: int = 5632, vocab: int = 32000) -> Shapes:
+    """A Llama-style state dict's names and shapes (embedding, 9 a layer, final norm, head): 291 at 32 layers."""
+    out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = (hidden,)
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            out[f"{p}self_attn.{name}.weight"] = (hidden, hidden)
+        out[p + "post_attention_layernorm.weight"] = (hidden,)
+        out[p + "mlp.gate_proj.weight"] = (inner, hidden)
+        out[p + "mlp.up_proj.weight"] = (inner, hidden)
+        out[p + "mlp.down_proj.weight"] = (hidden, inner)
+    out["model.norm.weight"] = (hidden,)
+    out["lm_head.weight"] = (vocab, hidden)
+    return out
+
+
+def gpt2_shapes(width: int = 768, layers: int = 12, vocab: int = 50257, positions: int = 1024) -> Shapes:
+    """GPT-2's state dict names and shapes (124M at the defaults; the head is tied to wte): 148 tensors."""
+    out: Shapes = {"transformer.wte.weight": (vocab, width), "transformer.wpe.weight": (positions, width)}
+    for i in range(layers):
+        p = f"transformer.h.{i}."
+        for shape_of in (("ln_1.weight", (width,)), ("ln_1.bias", (width,)),
+                         ("attn.c_attn.weight", (width, 3 * width)), ("attn.c_attn.bias", (3 * width,)),
+                         ("attn.c_proj.weight", (width, width)), ("attn.c_proj.bias", (width,)),
+                         ("ln_2.weight", (width,)), ("ln_2.bias", (width,)),
+                         ("mlp.c_fc.weight", (width, 4 * width)), ("mlp.c_fc.bias", (4 * width,)),
+                         ("mlp.c_proj.weight", (4 * width, width)), ("mlp.c_proj.bias", (width,))):
+            out[p + shape_of[0]] = shape_of[1]
+    out["transformer.ln_f.weight"] = (width,)
+    out["transformer.ln_f.bias"] = (width,)
+    return out
+
+
+LAYOUTS: dict[str, tuple[str, Callable[[bool], dict[str, tuple[int, ...]]]]] = {
+    "llama": ("Llama-style 32 layers, hidden 2048, MLP 5632 (291 tensors)",
+              lambda quick: llama_shapes(hidden=128, inner=352, vocab=2000) if quick else llama_shapes()),
+    "llama7b": ("Llama-2-7B shapes: 32 layers, hidden 4096, MLP 11008 (291 tensors)",
+                lambda quick: llama_shapes(hidden=256, inner=688, vocab=2000) if quick
+                else llama_shapes(hidden=4096, inner=11008)),
+    "gpt2": ("GPT-2 124M (148 tensors)", lambda quick: gpt2_shapes(width=48, vocab=3200) if quick else gpt2_shapes()),
+}
+
+
+@dataclass
+class Case:
+    """One state the bench measures: its label, what it holds, and which figures it gets."""
+
+    label: str
+    shapes: dict[str, tuple[int, ...]]
+    full: bool = False  # saves, torch.load, dcp and steps besides the loads and the save_async stall
+    cold: bool = False  # cold loads against a raw O_DIRECT read
+    what: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        n = 0
+        for shape in self.shapes.values():
+            k = 2
+            for d in shape:
+                k *= d
+            n += k
+        return n
+
+
+def size_shapes(nbytes: int) -> dict[str, tuple[int, ...]]:
+    """NBYTES of bf16 as tensors of TENSOR_BYTES (the last one smaller)."""
+    out: Shapes = {}
+    left, i = nbytes, 0
+    while left > 0:
+        n = min(TENSOR_BYTES, left) // 2
+        out[f"layers.{i}.weight"] = (n,)
+        left -= n * 2
+        i += 1
+    return out
+
+
+def cases_for(args: argparse.Namespace) -> list[Case]:
+    """The cases this run measures, from --sizes, --layouts, --full and --quick."""
+    from ..errors import TorchplaceError
+
+    sizes = parse_sizes(args.sizes) if args.sizes else ([8 * 2**20, 32 * 2**20] if args.quick
+                                                        else parse_sizes(DEFAULT_SIZES))
+    names = [n.strip() for n in (args.layouts or DEFAULT_LAYOUTS).split(",") if n.strip() and n.strip() != "none"]
+    unknown = [n for n in names if n not in LAYOUTS]
+    if unknown:
+        raise TorchplaceError(f"--layouts {args.layouts!r}: unknown {unknown}; choose from {', '.join(LAYOUTS)} "
+                              "or 'none'.")
+    cases = [Case(size_label(n), size_shapes(n), full=args.full or i == 0, cold=args.full or i == 0,
+                  what=f"bf16 tensors of up to {size_label(TENSOR_BYTES)}")
+             for i, n in enumerate(sizes)]
+    for name in names:
+        what, shapes = LAYOUTS[name]
+        cases.append(Case(name, shapes(args.quick), full=args.full, cold=args.full,
+                          what=f"{what}{' at tiny width' if args.quick else ''}"))
+    if not cases:
+        raise TorchplaceError("--sizes none --layouts none: nothing to measure; name a size or a layout.")
+    return sorted(cases, key=lambda c: (not c.full, c.nbytes))  # the full set first, then the rest by size
 
 
 def _local_dir() -> str:
@@ -66,16 +185,10 @@ def _local_dir() -> str:
     return tmp
 
 
-def _state(nbytes: int, device: Any) -> dict[str, Any]:
+def _state(shapes: dict[str, tuple[int, ...]], device: Any) -> dict[str, Any]:
     import torch
 
-    out, left, i = {}, nbytes, 0
-    while left > 0:
-        n = min(TENSOR_BYTES, left) // 4
-        out[f"layers.{i}.weight"] = torch.randn(n, device=device)
-        left -= n * 4
-        i += 1
-    return out
+    return {name: torch.randn(shape, device=device, dtype=torch.bfloat16) for name, shape in shapes.items()}
 
 
 def _remover(path: str) -> Callable[[], None]:
@@ -98,32 +211,8 @@ def _host_bytes(state: dict[str, Any], size: int) -> Any:
     return raw
 
 
-Variant = tuple[Callable[[], None], Callable[[], Any], Callable[[], None]]
-
-
-def _nothing() -> None:
-    pass
-
-
-def _timed(variants: dict[str, Variant], repeats: int, what: str = "timing") -> dict[str, float]:
-    """Median seconds of each variant's run over REPEATS rounds; variants take turns within a round
-    (so drift on a shared disk hits them all alike). Each is (set-up, timed run, clean-up)."""
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    begin(what, repeats * len(variants))
-    for _ in range(repeats):
-        for name, (before, fn, after) in variants.items():
-            before()
-            with silenced():  # torchplace.save's own chunk reports are not this bench's steps
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
-            after()
-            advance()
-    return {name: median(t) for name, t in times.items()}
-
-
-def _measure(size: int, dev: Any, root: str, repeats: int, state: dict[str, Any]) -> dict[str, float]:
-    """GB/s of every variant for STATE (SIZE bytes of fp32 tensors on DEV), files under ROOT (removed after)."""
+def _measure(size: int, dev: Any, root: str, repeats: int, state: dict[str, Any], label: str) -> dict[str, list[float]]:
+    """Seconds of every save and load variant for STATE (SIZE bytes on DEV) per round, files under ROOT (removed)."""
     import torch
 
     from ..checkpoint import load, save
@@ -131,7 +220,7 @@ def _measure(size: int, dev: Any, root: str, repeats: int, state: dict[str, Any]
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     sync()
     host = {"raw": _host_bytes(state, size)}  # a dict, so it can be freed before the loads
-    paths = {k: os.path.join(root, f"{k}-{size_label(size)}") for k in ("plain", "torch", "tp")}
+    paths = {k: os.path.join(root, f"{k}-{label}") for k in ("plain", "torch", "tp")}
 
     def plain_write(nbytes: int = size) -> None:
         view = memoryview(host["raw"].numpy())
@@ -161,20 +250,41 @@ def _measure(size: int, dev: Any, root: str, repeats: int, state: dict[str, Any]
         load(paths["tp"], device=dev, restore_rng=False)
         sync()
 
+    def nothing() -> None:
+        pass
+
     try:
         plain_write(min(size, 2**30))  # untimed: the first big write of a process pays one-off kernel costs
         _remover(paths["plain"])()
-        seconds = _timed({"plain": (_nothing, plain_write, _remover(paths["plain"])),  # disk space: one file at a time
-                          "tsave": (_remover(paths["torch"]), torch_save, _nothing),
-                          "save": (_remover(paths["tp"]), tp_save, _nothing)}, repeats,
-                         f"{size_label(size)}: saves")
+        seconds = timed_rounds({"plain": (nothing, plain_write, _remover(paths["plain"])),  # one file at a time
+                                "tsave": (_remover(paths["torch"]), torch_save, nothing),
+                                "save": (_remover(paths["tp"]), tp_save, nothing)}, repeats, f"{label}: saves")
         host.clear()
-        seconds.update(_timed({"tload": (sync, torch_load, _nothing), "load": (sync, tp_load, _nothing)}, repeats,
-                              f"{size_label(size)}: loads"))
+        seconds.update(timed_rounds({"tload": plain(torch_load), "load": plain(tp_load)}, repeats,
+                                    f"{label}: loads", slow_s=SLOW_S))
     finally:
         for path in paths.values():
             _remover(path)()
-    return {k: size / t / 1e9 for k, t in seconds.items()}
+    return seconds
+
+
+def _save_rows(label: str, size: int, dev: Any, t: dict[str, list[float]], extra: dict[str, Any]
+               ) -> tuple[list[Row], list[Target]]:
+    med = spread
+    rows = [
+        row(f"{label} plain write+fsync", gbs(size, t["plain"]), "GB/s", 1.0, extra),
+        row(f"{label} torch.save+fsync", gbs(size, t["tsave"]), "GB/s", med(ratios(t["plain"], t["tsave"]))["median"],
+            extra),
+        row(f"{label} torchplace.save", gbs(size, t["save"]), "GB/s", med(ratios(t["plain"], t["save"]))["median"],
+            extra),
+        row(f"{label} torch.load -> {dev}", gbs(size, t["tload"]), "GB/s", 1.0, extra),
+        row(f"{label} torchplace.load -> {dev}", gbs(size, t["load"]), "GB/s",
+            med(ratios(t["tload"], t["load"]))["median"], extra),
+    ]
+    targets = [judged(f"{label} save vs plain write", ratios(t["plain"], t["save"]), 0.9, ">=")]
+    if dev.type == "cuda":
+        targets.append(judged(f"{label} load to {dev} vs torch.load", ratios(t["tload"], t["load"]), 4.0, ">="))
+    return rows, targets
 
 
 def run(args: argparse.Namespace) -> BenchResult:
@@ -183,51 +293,75 @@ def run(args: argparse.Namespace) -> BenchResult:
     from ..policy.devices import device as resolve_device
 
     dev = resolve_device(args.device or "auto")
-    sizes = parse_sizes(args.sizes) if args.sizes else ([8 * 2**20, 32 * 2**20] if args.quick else [2**30, 10 * 2**30])
+    cases = cases_for(args)
+    repeats = args.repeats or (2 if args.quick else 3)
     root = tempfile.mkdtemp(prefix="torchplace-bench-ckpt-", dir=args.dir or _local_dir())
     rows: list[Row] = []
     targets: list[Target] = []
-    notes = [f"files in {root} (removed after); loads read files just written, from the page cache, for every tool",
-             "ratio: save rows against the plain write of the same size, load rows against torch.load of the same size",
-             "torchplace.save starts each chunk's write-out to disk as soon as it is written (sync_file_range); "
-             "the plain write and torch.save leave it all to the final fsync",
-             "stall rows: ms the caller waits, ratio against the bare copy (lower is better); step rows: ratio "
-             "against the step alone; the load rows of safetensors, torch.load(mmap) and torchplace: ratio is "
-             "how many times faster than safetensors load_file"]
+    started = time.perf_counter()
+    notes = [f"ran: {'; '.join(f'{c.label} = {c.what} ({size_label(c.nbytes)})' for c in cases)}; {repeats} "
+             f"interleaved rounds per figure; the full set of figures for "
+             f"{', '.join(c.label for c in cases if c.full) or 'no case'}",
+             "values: median [quartiles] of the rounds; a target is judged at its worse quartile",
+             f"files in {root} (removed after); warm loads read files just written, from the page cache, "
+             "for every tool",
+             "ratio: save rows against the plain write; torchplace.load against torch.load; stall rows: ms the "
+             "caller waits, against the bare copy (lower is better); step rows against the step alone; the other "
+             "load rows: how many times faster than safetensors load_file"]
+    timings: list[str] = []
+    left_out: dict[str, list[str]] = {}  # a note on a peer -> the cases it applies to
     try:
-        for size in sizes:
-            repeats = args.repeats or (1 if args.quick else 2 if size > 2 * 2**30 else 3)
-            label = size_label(size)
-            state = _state(size, dev)
-            gbs = _measure(size, dev, root, repeats, state)
-            extra = {"bytes": size, "repeats": repeats}
-            stalls = background.measure_stalls(state, size, dev, root, repeats)
-            steps = background.measure_steps(state, dev, root)
-            loads = background.measure_loads(state, dev, root, repeats)
+        done: dict[bool, tuple[int, float]] = {}  # full or not -> (bytes, seconds) of the largest case so far
+        for case in cases:
+            case_start = time.perf_counter()
+            label, size = case.label, case.nbytes
+            if args.budget_s is not None and case.full in done:
+                seen_bytes, seen_s = done[case.full]
+                estimate = seen_s * size / seen_bytes
+                if case_start - started + estimate > args.budget_s:
+                    notes.append(f"{label}: skipped: about {estimate:.0f} s (scaled from {size_label(seen_bytes)}) "
+                                 f"would end the run past --budget-s {args.budget_s:g}")
+                    continue
+            state = _state(case.shapes, dev)
+            extra = {"bytes": size, "tensors": len(state), "repeats": repeats}
+            stalls = background.measure_stalls(state, size, dev, root, repeats, full=case.full, label=label)
+            more_rows, more_targets = background.stall_rows(label, dev, stalls, extra, full=case.full)
+            if case.full:
+                seconds = _measure(size, dev, root, repeats, state, label)
+                save_rows, save_targets = _save_rows(label, size, dev, seconds, extra)
+                rows += save_rows
+                targets += save_targets
+                steps = background.measure_steps(state, dev, root)
+                step_rows, step_targets = background.step_rows(label, dev, steps, extra)
+                more_rows += step_rows
+                more_targets += step_targets
+            loads, load_notes = background.measure_loads(state, dev, root, repeats, cold=case.cold, slow_s=SLOW_S,
+                                                         label=label)
             del state
-            more_rows, more_targets = background.rows_for(label, size, dev, stalls, steps, loads, extra)
-            rows += [
-                Row(f"{label} plain write+fsync", gbs["plain"], "GB/s", 1.0, extra),
-                Row(f"{label} torch.save+fsync", gbs["tsave"], "GB/s", gbs["tsave"] / gbs["plain"], extra),
-                Row(f"{label} torchplace.save", gbs["save"], "GB/s", gbs["save"] / gbs["plain"], extra),
-                Row(f"{label} torch.load -> {dev}", gbs["tload"], "GB/s", 1.0, extra),
-                Row(f"{label} torchplace.load -> {dev}", gbs["load"], "GB/s", gbs["load"] / gbs["tload"], extra),
-            ]
-            rows += more_rows
-            targets.append(Target(f"{label} save vs plain write", gbs["save"] / gbs["plain"], 0.9, ">="))
-            targets += more_targets
+            for note in load_notes:
+                left_out.setdefault(note, []).append(label)
+            load_rows, load_targets = background.load_rows(label, size, dev, loads, extra,
+                                                           layout=case.label in LAYOUTS)
+            rows += more_rows + load_rows
+            targets += more_targets + load_targets
             if dev.type == "cuda":
-                targets.append(Target(f"{label} load to {dev} vs torch.load", gbs["load"] / gbs["tload"], 4.0, ">="))
                 torch.cuda.empty_cache()
+            took = time.perf_counter() - case_start
+            timings.append(f"{label} {took:.0f} s")
+            if size >= done.get(case.full, (0, 0.0))[0]:
+                done[case.full] = (size, took)
+        notes += [f"{', '.join(labels)}: {note}" for note, labels in left_out.items()]
+        notes.append(f"wall time: {time.perf_counter() - started:.0f} s ({', '.join(timings)})")
         if dev.type != "cuda":
-            notes.append(f"no GPU: loads went to {dev}; the load target (>= 4x torch.load) is for loads to a GPU")
+            notes.append(f"no GPU: loads went to {dev}; the load targets are for loads to a GPU")
         targets = [_judged_here(t, args.quick) for t in targets]
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return BenchResult("checkpoint", rows, baseline=None, lower_is_better=False, targets=targets, notes=notes,
-                       params={"sizes": [size_label(s) for s in sizes], "device": str(dev), "dir": root,
-                               "tensor_bytes": TENSOR_BYTES})
-
+                       params={"cases": {c.label: {"bytes": c.nbytes, "tensors": len(c.shapes), "full": c.full,
+                                                   "cold": c.cold, "what": c.what} for c in cases},
+                               "repeats": repeats, "device": str(dev), "dir": root, "tensor_bytes": TENSOR_BYTES,
+                               "slow_s": SLOW_S})
 
 
 def _judged_here(target: Target, quick: bool) -> Target:

@@ -1,16 +1,16 @@
-"""The background half of `torchplace bench checkpoint` (issue 17), on the same state as the rest:
+"""The background half of `torchplace bench checkpoint` (issues 17, 34), on the same state as the rest:
 
-- stall: how long training stops for one checkpoint: torch.save + fsync (all of it),
-  dcp.async_save (until it returns), torchplace.save_async (until it returns, staging buffers
-  already made by an untimed first call), and the floor: a bare copy of the same bytes into
-  already pinned host memory (a plain memcpy on the CPU);
-- step time: a fixed compute step (matmuls on the benchmark device), median of the steps run
-  while a save_async writes in the background, against the median of steps run back to back for
-  as long, before and after the save (the same sustained load on the device);
-- loads to the device from the page cache, against safetensors `load_file(device=...)`,
-  `torch.load(mmap=True)` + `.to(device)` and fastsafetensors without GDS where it imports (the
-  plain torch.load row is the other module's); cold loads (the file's pages dropped with
-  posix_fadvise first) against a raw O_DIRECT read of the same file by as many threads.
+- stall: how long training stops for one checkpoint: torchplace.save_async (until it returns,
+  staging buffers already made by an untimed first call) against the floor, a bare copy of the same
+  bytes into already pinned host memory (a plain memcpy on the CPU); with the full set also
+  torch.save + fsync (all of it) and dcp.async_save (until it returns);
+- step time (full set): a fixed compute step (matmuls on the benchmark device) while a save_async
+  writes in the background, against steps run back to back for as long, before and after the save;
+- loads to the device from the page cache: ours against safetensors `load_file(device=...)`,
+  `torch.load(mmap=True)` + `.to(device)`, fastsafetensors without GDS and instanttensor (buffered
+  reads) where they import and run; cold loads (the file's pages dropped with posix_fadvise first)
+  against a raw O_DIRECT read of the same file by as many threads and instanttensor's direct reads.
+Every figure: interleaved rounds (common.timed_rounds), lists of seconds, rows with the spread.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .common import Row, Target, median
+from .common import Row, Target, gbs, judged, median, plain, ratios, row, timed_rounds
 
 STEP_MATMULS = 8
 
@@ -62,8 +62,9 @@ def _step_fn(dev: Any) -> Callable[[], None]:
     return step
 
 
-def measure_stalls(state: dict[str, Any], size: int, dev: Any, root: str, repeats: int) -> dict[str, float]:
-    """Seconds each way of checkpointing STATE stops the caller, and save_async's total time."""
+def measure_stalls(state: dict[str, Any], size: int, dev: Any, root: str, repeats: int, *, full: bool = True,
+                   label: str = "") -> dict[str, list[float]]:
+    """Seconds each way of checkpointing STATE stops the caller, per round (and save_async's, dcp's total)."""
     import torch
     import torch.distributed.checkpoint as dcp
 
@@ -72,6 +73,8 @@ def measure_stalls(state: dict[str, Any], size: int, dev: Any, root: str, repeat
     sync = _sync(dev)
     pinned = torch.empty(size, dtype=torch.uint8, pin_memory=dev.type == "cuda")
     paths = {k: os.path.join(root, f"stall-{k}") for k in ("torch", "dcp", "tp")}
+    totals: dict[str, list[float]] = {"dcp_total": [], "async_total": []}
+    held: dict[str, Any] = {}
 
     def bare_copy() -> None:
         at = 0
@@ -87,31 +90,71 @@ def measure_stalls(state: dict[str, Any], size: int, dev: Any, root: str, repeat
             fh.flush()
             os.fsync(fh.fileno())
 
-    out: dict[str, list[float]] = {"copy": [], "tsave": [], "dcp": [], "dcp_total": [], "async": [],
-                                   "async_total": []}
-    save_async(paths["tp"], model=state, rng_state=False).result()  # untimed: makes the staging buffers
-    for _ in range(repeats):
-        out["copy"].append(_best(bare_copy, 1))
-        out["tsave"].append(_best(torch_save, 1))
-        os.unlink(paths["torch"])
-        sync()
-        start = time.perf_counter()
-        with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
-            warnings.simplefilter("ignore", UserWarning)
-            fut = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(paths["dcp"]))
-        out["dcp"].append(time.perf_counter() - start)
-        fut.result()
-        out["dcp_total"].append(time.perf_counter() - start)
+    def start_dcp() -> None:
+        held["start"] = time.perf_counter()
+        held["pending"] = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(paths["dcp"]))
+
+    def end_dcp() -> None:
+        held.pop("pending").result()
+        totals["dcp_total"].append(time.perf_counter() - held["start"])
         shutil.rmtree(paths["dcp"], ignore_errors=True)
-        sync()
-        start = time.perf_counter()
-        pending = save_async(paths["tp"], model=state, rng_state=False)
-        out["async"].append(time.perf_counter() - start)
-        pending.result()
-        out["async_total"].append(time.perf_counter() - start)
-    os.unlink(paths["tp"])
-    pinned = torch.empty(0)  # gives the pinned buffer back before the timings that follow
-    return {k: median(v) for k, v in out.items()}
+
+    def start_async() -> None:
+        held["start"] = time.perf_counter()
+        held["pending"] = save_async(paths["tp"], model=state, rng_state=False)
+
+    def end_async() -> None:
+        held.pop("pending").result()
+        totals["async_total"].append(time.perf_counter() - held["start"])
+
+    variants = {"copy": (sync, bare_copy, _nothing), "async": (sync, start_async, end_async)}
+    if full:
+        variants.update({"tsave": (sync, torch_save, lambda: os.unlink(paths["torch"])),
+                         "dcp": (sync, start_dcp, end_dcp)})
+    try:
+        save_async(paths["tp"], model=state, rng_state=False).result()  # untimed: makes the staging buffers
+        bare_copy()  # untimed: the first touch of the pinned pages
+        with warnings.catch_warnings():  # dcp's "assuming the intent is to save in a single process" (it is),
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")  # from its threads too
+            out = timed_rounds(variants, repeats, f"{label}: stalls")
+    finally:
+        if os.path.exists(paths["tp"]):
+            os.unlink(paths["tp"])
+        pinned = torch.empty(0)  # gives the pinned buffer back before the timings that follow
+    return {**out, **{k: v for k, v in totals.items() if v}}
+
+
+def _nothing() -> None:
+    pass
+
+
+def stall_rows(label: str, dev: Any, stalls: dict[str, list[float]], extra: dict[str, Any], *, full: bool
+               ) -> tuple[list[Row], list[Target]]:
+    """Stall rows (ms, against the bare copy) and targets, judged on the per-round ratios."""
+    ms = [1e3]
+    floor = stalls["copy"]
+
+    def in_ms(key: str) -> list[float]:
+        return [t * ms[0] for t in stalls[key]]
+
+    def total(key: str) -> dict[str, Any]:
+        return {**extra, "total_ms": median(stalls[key]) * 1e3} if key in stalls else extra
+
+    rows = [row(f"{label} stall: bare copy into pinned host memory", in_ms("copy"), "ms", 1.0, extra)]
+    if full:
+        rows += [row(f"{label} stall: torch.save+fsync", in_ms("tsave"), "ms", median(ratios(stalls["tsave"], floor)),
+                     extra),
+                 row(f"{label} stall: dcp.async_save", in_ms("dcp"), "ms", median(ratios(stalls["dcp"], floor)),
+                     total("dcp_total"))]
+    rows.append(row(f"{label} stall: torchplace.save_async", in_ms("async"), "ms",
+                    median(ratios(stalls["async"], floor)), total("async_total")))
+    gpu_only = None if dev.type == "cuda" else "set for a GPU (a device->pinned copy)"
+    targets = [judged(f"{label} save_async stall vs bare pinned copy", ratios(stalls["async"], floor), 1.2, "<=",
+                      gpu_only)]
+    if full:
+        targets.append(judged(f"{label} save_async stall vs dcp.async_save stall",
+                              ratios(stalls["async"], stalls["dcp"]), 0.25, "<="))
+    return rows, targets
 
 
 def _steps_for(step: Callable[[], None], seconds: float) -> list[float]:
@@ -123,7 +166,7 @@ def _steps_for(step: Callable[[], None], seconds: float) -> list[float]:
     return times
 
 
-def measure_steps(state: dict[str, Any], dev: Any, root: str) -> dict[str, float]:
+def measure_steps(state: dict[str, Any], dev: Any, root: str) -> dict[str, list[float]]:
     """Median step seconds while a save_async of STATE writes in the background, and without a save:
     steps run back to back for as long as a save takes, before it and after it. Both sides run under
     the same sustained load: a GPU computing flat out for seconds runs slower than in its first
@@ -143,8 +186,20 @@ def measure_steps(state: dict[str, Any], dev: Any, root: str) -> dict[str, float
     pending.result()
     after = _steps_for(step, seconds)
     os.unlink(path)
-    return {"alone": median(before + after), "during": median(during), "during_steps": float(len(during)),
-            "before": median(before), "after": median(after)}
+    return {"alone": before + after, "during": during, "before": before, "after": after}
+
+
+def step_rows(label: str, dev: Any, steps: dict[str, list[float]], extra: dict[str, Any]
+              ) -> tuple[list[Row], list[Target]]:
+    """The step alone and while save_async writes (ms), and the target on each step during against the median alone."""
+    alone = median(steps["alone"])
+    during = [t / alone for t in steps["during"]]
+    gpu_only = None if dev.type == "cuda" else "set for a GPU (a GPU step beside the writer)"
+    rows = [row(f"{label} step alone", [t * 1e3 for t in steps["alone"]], "ms", 1.0,
+                {**extra, "before_ms": median(steps["before"]) * 1e3, "after_ms": median(steps["after"]) * 1e3}),
+            row(f"{label} step while save_async writes", [t * 1e3 for t in steps["during"]], "ms", median(during),
+                {**extra, "steps": len(steps["during"])})]
+    return rows, [judged(f"{label} step while writing vs alone", during, 1.05, "<=", gpu_only)]
 
 
 def _drop_cache(path: str) -> None:
@@ -185,30 +240,57 @@ def _direct_read(path: str) -> None:
         os.close(fd)
 
 
-def _fastsafetensors_load(path: str, dev: Any) -> Callable[[], None] | None:
-    """fastsafetensors' loader without GDS (pread into a bounce buffer, then copies), or None where it
-    does not import or run here."""
+def _fastsafetensors_load(path: str, dev: Any) -> Callable[[], None] | str:
+    """fastsafetensors' loader without GDS (pread into a bounce buffer, then copies), or why it is left out."""
     try:
         from fastsafetensors import fastsafe_open
     except ImportError:
-        return None
+        return "fastsafetensors left out: not installed (bash tools/fetch_gpu_wheels.sh fetches its wheel)"
 
     def load() -> None:
         with fastsafe_open(filenames=[path], nogds=True, device=str(dev)) as f:
             {k: f.get_tensor(k) for k in f.keys()}
         _sync(dev)()
 
+    return _tried("fastsafetensors", load)
+
+
+def _instanttensor_load(path: str, dev: Any, *, buffered: bool) -> Callable[[], None] | str:
+    """instanttensor's safe_open into DEV (buffered reads for the page cache, else its default direct reads),
+    or why it is left out: it loads to CUDA or ROCm GPUs only."""
+    if dev.type != "cuda":
+        return f"instanttensor left out: it loads to GPUs only, not {dev}"
     try:
+        from instanttensor import BackendPolicy, safe_open
+    except ImportError:
+        return "instanttensor left out: not installed (bash tools/fetch_gpu_wheels.sh fetches its wheel)"
+    options = {"backend": BackendPolicy.BUFFERED} if buffered else {}
+
+    def load() -> None:
+        with safe_open(path, framework="pt", device=dev.index or 0, **options) as f:
+            {name: t for name, t in f.tensors()}
+        _sync(dev)()
+
+    return _tried("instanttensor", load)
+
+
+def _tried(name: str, load: Callable[[], None]) -> Callable[[], None] | str:
+    """LOAD if a first call runs here, else the reason it is left out (a peer's failure is a note, not the bench's).
+    The first call's seconds are kept on LOAD (.trial_s): it is the variant's warm-up."""
+    try:
+        start = time.perf_counter()
         load()
-    except Exception:  # noqa: BLE001 - a peer that fails to run here is left out, and the notes say so
-        return None
+        load.trial_s = time.perf_counter() - start  # type: ignore[attr-defined]
+    except Exception as exc:  # noqa: BLE001 - a peer that fails to run here is left out, and the notes say so
+        return f"{name} left out: it failed here: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return load
 
 
-def measure_loads(state: dict[str, Any], dev: Any, root: str, repeats: int) -> dict[str, float]:
-    """Seconds to load STATE's bytes onto DEV: from the page cache with safetensors, torch.load(mmap) +
-    .to, fastsafetensors (where it runs) and ours; cold (pages dropped first) with ours and with a raw
-    O_DIRECT read of the same file."""
+def measure_loads(state: dict[str, Any], dev: Any, root: str, repeats: int, *, cold: bool = True,
+                  slow_s: float | None = None, label: str = "") -> tuple[dict[str, list[float]], list[str]]:
+    """Seconds per round to load STATE onto DEV from the page cache with safetensors, torch.load(mmap) + .to,
+    fastsafetensors and instanttensor (where they run) and ours; with COLD also cold (pages dropped first) with
+    ours, instanttensor's direct reads and a raw O_DIRECT read of the same file. Also the notes on peers left out."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -216,6 +298,7 @@ def measure_loads(state: dict[str, Any], dev: Any, root: str, repeats: int) -> d
 
     sync = _sync(dev)
     paths = {k: os.path.join(root, f"load-{k}") for k in ("st", "torch", "tp")}
+    notes: list[str] = []
     save_file(state, paths["st"])
     torch.save(state, paths["torch"])
     save(paths["tp"], model=state, rng_state=False)
@@ -233,69 +316,69 @@ def measure_loads(state: dict[str, Any], dev: Any, root: str, repeats: int) -> d
         load(paths["tp"], device=dev, restore_rng=False)
         sync()
 
-    def cold(fn: Callable[[], None], path: str) -> float:
-        times = []
-        for _ in range(repeats):
-            _drop_cache(path)
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return median(times)
+    def dropping(path: str) -> Callable[[], None]:
+        return lambda: _drop_cache(path)
 
     try:
-        for fn in (st_load, mmap_load, tp_load):  # untimed: every file in the page cache
-            fn()
-        out = {"st": _best(st_load, repeats), "mmap": _best(mmap_load, repeats), "tp": _best(tp_load, repeats)}
-        fst = _fastsafetensors_load(paths["st"], dev)
-        if fst is not None:
-            out["fst"] = _best(fst, repeats)
-        out["tp_cold"] = cold(tp_load, paths["tp"])
-        out["direct_cold"] = cold(lambda: _direct_read(paths["tp"]), paths["tp"])
-        return out
+        warm = {"st": plain(st_load), "mmap": plain(mmap_load), "tp": plain(tp_load)}
+        trials: dict[str, float] = {}
+        for key, peer in (("fst", _fastsafetensors_load(paths["st"], dev)),
+                          ("it", _instanttensor_load(paths["st"], dev, buffered=True))):
+            if isinstance(peer, str):
+                notes.append(peer)
+            else:
+                warm[key] = plain(peer)
+                trials[key] = peer.trial_s  # type: ignore[attr-defined]
+        out = timed_rounds(warm, repeats, f"{label}: loads", slow_s=slow_s, warmed=trials)
+        slow = [k for k, v in out.items() if len(v) < repeats]
+        if slow:
+            notes.append(f"timed once (the first load took over {slow_s} s): {', '.join(slow)}")
+        if cold:
+            cold_variants = {"tp_cold": (dropping(paths["tp"]), tp_load, _nothing),
+                             "direct_cold": (dropping(paths["tp"]), lambda: _direct_read(paths["tp"]), _nothing)}
+            it_direct = _instanttensor_load(paths["st"], dev, buffered=False)
+            if isinstance(it_direct, str):
+                notes.append(f"cold: {it_direct}")
+            else:
+                cold_variants["it_cold"] = (dropping(paths["st"]), it_direct, _nothing)
+            out.update(timed_rounds(cold_variants, repeats, f"{label}: cold loads"))
+        return out, notes
     finally:
         for p in paths.values():
             os.unlink(p)
 
 
-def rows_for(label: str, size: int, dev: Any, stalls: dict[str, float], steps: dict[str, float],
-             loads: dict[str, float], extra: dict[str, Any]) -> tuple[list[Row], list[Target]]:
-    """Rows (stalls against the bare copy, steps against the step alone, loads against safetensors) and targets."""
-    floor = stalls["copy"]
-    ms = 1e3
-    rows = [
-        Row(f"{label} stall: bare copy into pinned host memory", floor * ms, "ms", 1.0, extra),
-        Row(f"{label} stall: torch.save+fsync", stalls["tsave"] * ms, "ms", stalls["tsave"] / floor, extra),
-        Row(f"{label} stall: dcp.async_save", stalls["dcp"] * ms, "ms", stalls["dcp"] / floor,
-            {**extra, "total_ms": stalls["dcp_total"] * ms}),
-        Row(f"{label} stall: torchplace.save_async", stalls["async"] * ms, "ms", stalls["async"] / floor,
-            {**extra, "total_ms": stalls["async_total"] * ms}),
-        Row(f"{label} step alone", steps["alone"] * ms, "ms", 1.0,
-            {**extra, "before_ms": steps["before"] * ms, "after_ms": steps["after"] * ms}),
-        Row(f"{label} step while save_async writes", steps["during"] * ms, "ms", steps["during"] / steps["alone"],
-            {**extra, "steps": int(steps["during_steps"])}),
-        Row(f"{label} load -> {dev}: safetensors load_file", size / loads["st"] / 1e9, "GB/s", 1.0, extra),
-        Row(f"{label} load -> {dev}: torch.load(mmap)+.to", size / loads["mmap"] / 1e9, "GB/s",
-            loads["st"] / loads["mmap"], extra),
-        Row(f"{label} load -> {dev}: torchplace.load", size / loads["tp"] / 1e9, "GB/s", loads["st"] / loads["tp"],
-            extra),
-        Row(f"{label} cold: raw O_DIRECT read of the file", size / loads["direct_cold"] / 1e9, "GB/s", 1.0, extra),
-        Row(f"{label} cold: torchplace.load -> {dev}", size / loads["tp_cold"] / 1e9, "GB/s",
-            loads["direct_cold"] / loads["tp_cold"], extra),
-    ]
-    if "fst" in loads:
-        rows.insert(-2, Row(f"{label} load -> {dev}: fastsafetensors (no GDS)", size / loads["fst"] / 1e9, "GB/s",
-                            loads["st"] / loads["fst"], extra))
-    gpu_only = None if dev.type == "cuda" else "set for a GPU (a device->pinned copy; a GPU step beside the writer)"
-    targets = [
-        Target(f"{label} save_async stall vs bare pinned copy", stalls["async"] / floor, 1.2, "<=", gpu_only),
-        Target(f"{label} save_async stall vs dcp.async_save stall", stalls["async"] / stalls["dcp"], 0.25, "<="),
-        Target(f"{label} step while writing vs alone", steps["during"] / steps["alone"], 1.05, "<=", gpu_only),
-    ]
+PEERS = (("mmap", "torch.load(mmap)+.to"), ("fst", "fastsafetensors (no GDS)"), ("it", "instanttensor (buffered)"))
+
+
+def load_rows(label: str, size: int, dev: Any, loads: dict[str, list[float]], extra: dict[str, Any], *,
+              layout: bool) -> tuple[list[Row], list[Target]]:
+    """Load rows (GB/s; ratio: times faster than safetensors) and targets, judged on the per-round figures."""
+    st = loads["st"]
+    rows = [row(f"{label} load -> {dev}: safetensors load_file", gbs(size, st), "GB/s", 1.0, extra)]
+    for key, name in PEERS + (("tp", "torchplace.load"),):
+        if key in loads:
+            rows.append(row(f"{label} load -> {dev}: {name}", gbs(size, loads[key]), "GB/s",
+                            median(ratios(st, loads[key])), extra))
+    if "tp_cold" in loads:
+        direct = loads["direct_cold"]
+        rows.append(row(f"{label} cold: raw O_DIRECT read of the file", gbs(size, direct), "GB/s", 1.0, extra))
+        if "it_cold" in loads:
+            rows.append(row(f"{label} cold: instanttensor (direct) -> {dev}", gbs(size, loads["it_cold"]), "GB/s",
+                            median(ratios(direct, loads["it_cold"])), extra))
+        rows.append(row(f"{label} cold: torchplace.load -> {dev}", gbs(size, loads["tp_cold"]), "GB/s",
+                        median(ratios(direct, loads["tp_cold"])), extra))
+    targets: list[Target] = []
     if dev.type == "cuda":
-        targets.append(Target(f"{label} load to {dev} from the page cache (GB/s)", size / loads["tp"] / 1e9, 35.0,
+        floor = 30.0 if layout else 40.0 if size >= 10 * 2**30 else 35.0
+        targets.append(judged(f"{label} load to {dev} from the page cache (GB/s)", gbs(size, loads["tp"]), floor,
                               ">="))
+        if "it" in loads:
+            targets.append(judged(f"{label} load vs instanttensor", ratios(loads["it"], loads["tp"]), 1.15, ">="))
         if "fst" in loads:
-            targets.append(Target(f"{label} load vs fastsafetensors (no GDS)", loads["fst"] / loads["tp"], 1.5, ">="))
-        targets.append(Target(f"{label} cold load vs raw O_DIRECT read", loads["direct_cold"] / loads["tp_cold"], 0.9,
-                              ">="))
+            targets.append(judged(f"{label} load vs fastsafetensors (no GDS)", ratios(loads["fst"], loads["tp"]), 1.5,
+                                  ">="))
+        if "tp_cold" in loads:
+            targets.append(judged(f"{label} cold load vs raw O_DIRECT read",
+                                  ratios(loads["direct_cold"], loads["tp_cold"]), 0.9, ">="))
     return rows, targets

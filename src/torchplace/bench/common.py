@@ -33,10 +33,25 @@ class Target:
     limit: float
     op: str = "<="  # measured op limit
     not_here: str | None = None  # why this run cannot judge it ("set for a GPU"): shown, never counted as missed
+    spread: tuple[float, float] | None = None  # (low, high) quartiles of the repeats; judged at the worse end
+
+    @property
+    def worst(self) -> float:
+        """The figure the target is judged on: the worse end of the spread where there is one."""
+        if self.spread is None:
+            return self.measured
+        return self.spread[1] if self.op == "<=" else self.spread[0]
 
     @property
     def met(self) -> bool:
-        return self.measured <= self.limit if self.op == "<=" else self.measured >= self.limit
+        return self.worst <= self.limit if self.op == "<=" else self.worst >= self.limit
+
+    def describe(self) -> str:
+        """'1.02 [0.99..1.07] <= 1.2, judged at 1.07': median, spread, limit and the figure judged."""
+        if self.spread is None:
+            return f"{self.measured:.4g} {self.op} {self.limit:.4g}"
+        low, high = self.spread
+        return f"{self.measured:.4g} [{low:.4g}..{high:.4g}] {self.op} {self.limit:.4g}, judged at {self.worst:.4g}"
 
 
 @dataclass
@@ -65,6 +80,7 @@ class BenchResult:
         data = asdict(self)
         for target, raw in zip(self.targets, data["targets"]):
             raw["met"] = target.met if target.not_here is None else None
+            raw["worst"] = target.worst
         return data
 
 
@@ -93,6 +109,92 @@ def machine_info() -> dict[str, Any]:
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, quartiles (q1, q3: the spread targets are judged on), min, max and count of VALUES."""
+    if not values:
+        nan = float("nan")
+        return {"median": nan, "q1": nan, "q3": nan, "min": nan, "max": nan, "n": 0}
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
+    return {"median": statistics.median(values), "q1": q1, "q3": q3, "min": min(values), "max": max(values),
+            "n": len(values)}
+
+
+def judged(name: str, values: list[float], limit: float, op: str = "<=", not_here: str | None = None) -> Target:
+    """A target on repeated measurements: the median is shown, the worse quartile is judged."""
+    s = spread(values)
+    return Target(name, s["median"], limit, op, not_here, (s["q1"], s["q3"]))
+
+
+def row(variant: str, values: list[float], unit: str, ratio: float | None, extra: dict[str, Any]) -> Row:
+    """A row of repeated VALUES: the median shown, the spread (quartiles, min, max, count) in extra."""
+    s = spread(values)
+    return Row(variant, s["median"], unit, ratio, {**extra, **{k: s[k] for k in ("q1", "q3", "min", "max", "n")}})
+
+
+def gbs(size: int, seconds: list[float]) -> list[float]:
+    """GB/s of moving SIZE bytes in each of SECONDS."""
+    return [size / t / 1e9 for t in seconds]
+
+
+def ratios(num: list[float], den: list[float]) -> list[float]:
+    """Per-round NUM/DEN where both ran every round (interleaved, so drift cancels), else every pair."""
+    if len(num) == len(den):
+        return [a / b for a, b in zip(num, den)]
+    return [a / b for a in num for b in den]
+
+
+Variant = tuple[Callable[[], None], Callable[[], Any], Callable[[], None]]
+
+
+def _nothing() -> None:
+    pass
+
+
+def plain(fn: Callable[[], Any]) -> Variant:
+    """A variant with no set-up or clean-up."""
+    return (_nothing, fn, _nothing)
+
+
+def timed_rounds(variants: dict[str, Variant], rounds: int, what: str = "timing", slow_s: float | None = None,
+                 warmed: dict[str, float] | None = None) -> dict[str, list[float]]:
+    """Seconds of each variant's run in each of ROUNDS interleaved rounds: variants take turns within a
+    round, the order rotating from round to round, so drift hits all alike. Each variant is (set-up,
+    timed run, clean-up). With SLOW_S, each runs once untimed first (a warm-up), and one whose warm-up
+    took longer than SLOW_S is timed in the first round only (a slow peer would eat the run's time);
+    WARMED names variants already run once (a trial) and the seconds that took: they are not warmed again."""
+    from ..progress import advance, begin, silenced
+
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    slow: set[str] = set()
+    names = list(variants)
+
+    def once(name: str) -> float:
+        before, fn, after = variants[name]
+        before()
+        with silenced():  # torchplace's own progress reports are not this bench's steps
+            start = time.perf_counter()
+            fn()
+            took = time.perf_counter() - start
+        after()
+        return took
+
+    warmed = warmed or {}
+    to_warm = [name for name in names if name not in warmed] if slow_s is not None else []
+    begin(what, rounds * len(variants) + len(to_warm))
+    if slow_s is not None:
+        slow.update(name for name, took in warmed.items() if took > slow_s)
+        for name in to_warm:
+            if once(name) > slow_s:
+                slow.add(name)
+            advance()
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            if not (r and name in slow):
+                times[name].append(once(name))
+            advance()
+    return times
 
 
 def time_host(fn: Callable[[], Any], *, warmup: int = 3, iters: int = 20,

@@ -131,14 +131,15 @@ def _rows_as_fields(title: str, headers: Sequence[str], rows: Sequence[Sequence[
 def bench_table(result: Any) -> None:
     """Print a benchmark result: one row per variant, its value and ratio, then targets."""
     ratio_label = f"vs {result.baseline}" if result.baseline else "ratio"
-    rows = [[row.variant, f"{row.value:.4g}", row.unit, "" if row.ratio is None else f"{row.ratio:.2f}x"]
+    rows = [[row.variant, f"{row.value:.4g}" + (f" [{row.extra['q1']:.3g}..{row.extra['q3']:.3g}]" if "q1" in row.extra
+                                              else ""), row.unit, "" if row.ratio is None else f"{row.ratio:.2f}x"]
             for row in result.rows]
     show_table(f"torchplace bench {result.name}", ["variant", "value", "unit", ratio_label], rows,
                ids=["variant"], right=["value", ratio_label])
     for target in result.targets:
         mark = (f"not judged: {target.not_here}", "yellow") if target.not_here else \
             ("met", "green") if target.met else ("missed", "red")
-        console.print(line(f"target {target.name}: {target.measured:.4g} {target.op} {target.limit:.4g} ", mark))
+        console.print(line(f"target {target.name}: {target.describe()} ", mark))
     for note in result.notes:
         console.print(line(("note:", "yellow"), f" {note}"))
     machine = result.machine
