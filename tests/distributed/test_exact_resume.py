@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -174,3 +175,36 @@ def test_an_elastic_job_re_forms_alone_when_a_node_dies_and_grows_again_when_it_
     assert "saved by 2 rank(s), this run has 1" in out and "saved by 1 rank(s), this run has 2" in out, out
     assert "each rank skips 6 batch(es) of the epoch's order (exact)" in out, out
     assert (tmp_path / "elastic" / "final.pt").exists()
+
+
+@pytest.mark.slow
+def test_a_node_lost_and_not_started_again_fails_within_the_join_timeout_naming_it(tmp_path):
+    """Fixed `--nnodes 2`, the second node killed whole once the job trains and never started again: the
+    survivor's worker fails, its agent waits for the node in a new round and gives up after join_timeout
+    with an error that names the lost node (host, agent pid, node rank) instead of torch's bare timeout."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "torchplace", "run", "--gpus", "none", "--nproc", "1", "--nnodes", "2",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "node-lost",
+           "--max-restarts", "1", "--rdzv-conf"]
+    conf = "join_timeout=20,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3,is_host="
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "STEP_SLEEP": "0.2"}
+    # both at once, the first hosting the rendezvous store: their join deadlines start together
+    agents = [subprocess.Popen([*cmd, conf + host, "--", sys.executable, str(SCRIPT), str(tmp_path)],
+                               stdout=(tmp_path / f"{name}.out").open("w"), stderr=subprocess.STDOUT, env=env,
+                               start_new_session=True) for name, host in (("first", "1"), ("second", "0"))]
+    try:
+        _wait(lambda: all((tmp_path / f"rank{r}.jsonl").exists() for r in (0, 1)), "the job training", agents)
+        _kill_node(agents[1])
+        agents[0].wait(timeout=240)
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                _kill_node(agent)
+    out = (tmp_path / "first.out").read_text()
+    assert agents[0].returncode != 0, out[-3000:]
+    host = socket.getfqdn()
+    assert "The rendezvous timed out: for 20 s (join_timeout) the job waited for its nodes (--nnodes 2)" in out, out
+    lost = re.search(rf"but node {re.escape(repr(host))} \(agent pid {agents[1].pid}, node rank (\d)\) stopped", out)
+    here = re.search(rf"This node is {re.escape(repr(host))} \(agent pid {agents[0].pid}, node rank (\d)\)", out)
+    assert lost and here and {lost[1], here[1]} == {"0", "1"}, out[-3000:]
+    assert "Traceback" not in out.split("The rendezvous timed out")[-1], out[-3000:]
