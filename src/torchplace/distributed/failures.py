@@ -205,8 +205,8 @@ def rendezvous_timed_out(*, nnodes: str, timeout_s: float, endpoint: str | None,
             f"{waited}, but node{'s' if len(lost) > 1 else ''} {names} stopped sending rendezvous heartbeats and did "
             f"not come back: it died, lost its network, or its torchplace run was stopped.{here} Fix: start "
             "`torchplace run` with the same options on that node again within the join timeout (it rejoins and the "
-            "job starts again, from its newest checkpoint when it keeps some), or give --nnodes MIN:MAX (e.g. 1:2) so the job goes on with "
-            "the nodes it has; --rdzv-conf join_timeout=SECONDS sets how long it waits.")
+            "job starts again, from its newest checkpoint when it keeps some), or give --nnodes MIN:MAX (e.g. 1:2) "
+            "so the job goes on with the nodes it has; --rdzv-conf join_timeout=SECONDS sets how long it waits.")
     return DistributedError(
         f"{waited}, and not enough joined{f' at {endpoint}' if endpoint else ''}.{here} The others were not "
         "started, cannot reach the rendezvous endpoint, or were given another --rdzv-id, --rdzv-endpoint or "
