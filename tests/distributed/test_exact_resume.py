@@ -103,43 +103,38 @@ def _wait(predicate, what: str, agents: list[subprocess.Popen], bound: float = 2
         time.sleep(0.02)
 
 
+def agent(folder: Path, name: str, nnodes: str, port: int, conf: str, host: bool) -> subprocess.Popen:
+    """One node: `torchplace run --nnodes NNODES` of resume_worker.py into FOLDER, c10d rendezvous on PORT of this
+    host, hosting its store when HOST (is_host: every node can start at once), output in FOLDER/NAME.out."""
+    cmd = [sys.executable, "-m", "torchplace", "run", "--gpus", "none", "--nproc", "1", "--nnodes", nnodes,
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "node-loss",
+           "--max-restarts", "1", "--rdzv-conf", f"{conf},keep_alive_interval=1,keep_alive_max_attempt=3,"
+           f"is_host={int(host)}", "--", sys.executable, str(SCRIPT), str(folder)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "STEP_SLEEP": "0.2", "HOLD_WHEN_ALONE": "1"}
+    return subprocess.Popen(cmd, stdout=(folder / f"{name}.out").open("w"), stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+
+
 def node_loss(folder: Path, nnodes: str) -> tuple[list[int | None], str]:
     """Two agents (`torchplace run --nnodes NNODES`, c10d rendezvous on this host); once the checkpoint of step 9
     (mid-epoch 1) is complete the second node is killed whole and started again (elastic: once the first has
     re-formed the job alone). Returns the exit codes (first, killed, again) and the agents' output."""
     folder.mkdir(parents=True)
-    port = free_port()
-    cmd = [sys.executable, "-m", "torchplace", "run", "--gpus", "none", "--nproc", "1", "--nnodes", nnodes,
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "node-loss",
-           "--max-restarts", "1", "--rdzv-conf",
-           "join_timeout=120,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=5",
-           "--", sys.executable, str(SCRIPT), str(folder)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "STEP_SLEEP": "0.2", "HOLD_WHEN_ALONE": "1"}
-
-    def start(name: str) -> subprocess.Popen:
-        return subprocess.Popen(cmd, stdout=(folder / f"{name}.out").open("w"), stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-
-    def listening() -> bool:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-        return False
-
-    agents = [start("first")]  # it hosts the rendezvous store: it must outlive the job
+    port, conf = free_port(), "join_timeout=120,last_call_timeout=2"
+    # the first hosts the rendezvous store: it must outlive the job
+    agents = [agent(folder, "first", nnodes, port, conf, True), agent(folder, "second", nnodes, port, conf, False)]
     try:
-        _wait(listening, "rendezvous store", agents)
-        agents.append(start("second"))
         _wait(lambda: (folder / "ck" / "step0009.tpck").exists(), "checkpoint of step 9", agents)
         _kill_node(agents[1])
         if nnodes != "2":  # elastic: the first re-forms the job alone before the node comes back
             _wait(lambda: any(r.get("world") == 1 for r in rows(folder, 0)), "job of one rank", agents[:1])
-        agents.append(start("again"))
-        for agent in (agents[0], agents[2]):
-            agent.wait(timeout=240)
+        agents.append(agent(folder, "again", nnodes, port, conf, False))
+        for node in (agents[0], agents[2]):
+            node.wait(timeout=240)
     finally:
-        for agent in agents:
-            if agent.poll() is None:
-                _kill_node(agent)
+        for node in agents:
+            if node.poll() is None:
+                _kill_node(node)
     return [a.returncode for a in agents], "".join((folder / f"{n}.out").read_text()[-3000:]
                                                    for n in ("first", "again"))
 
@@ -177,33 +172,30 @@ def test_an_elastic_job_re_forms_alone_when_a_node_dies_and_grows_again_when_it_
     assert (tmp_path / "elastic" / "final.pt").exists()
 
 
+JOIN_S = 15  # the lost-node test's join_timeout: how long the survivor waits for the node (both start at once)
+
+
 @pytest.mark.slow
 def test_a_node_lost_and_not_started_again_fails_within_the_join_timeout_naming_it(tmp_path):
     """Fixed `--nnodes 2`, the second node killed whole once the job trains and never started again: the
     survivor's worker fails, its agent waits for the node in a new round and gives up after join_timeout
     with an error that names the lost node (host, agent pid, node rank) instead of torch's bare timeout."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "torchplace", "run", "--gpus", "none", "--nproc", "1", "--nnodes", "2",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "node-lost",
-           "--max-restarts", "1", "--rdzv-conf"]
-    conf = "join_timeout=20,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3,is_host="
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "STEP_SLEEP": "0.2"}
+    port, conf = free_port(), f"join_timeout={JOIN_S},last_call_timeout=1"
     # both at once, the first hosting the rendezvous store: their join deadlines start together
-    agents = [subprocess.Popen([*cmd, conf + host, "--", sys.executable, str(SCRIPT), str(tmp_path)],
-                               stdout=(tmp_path / f"{name}.out").open("w"), stderr=subprocess.STDOUT, env=env,
-                               start_new_session=True) for name, host in (("first", "1"), ("second", "0"))]
+    agents = [agent(tmp_path, "first", "2", port, conf, True), agent(tmp_path, "second", "2", port, conf, False)]
     try:
         _wait(lambda: all((tmp_path / f"rank{r}.jsonl").exists() for r in (0, 1)), "the job training", agents)
         _kill_node(agents[1])
         agents[0].wait(timeout=240)
     finally:
-        for agent in agents:
-            if agent.poll() is None:
-                _kill_node(agent)
+        for node in agents:
+            if node.poll() is None:
+                _kill_node(node)
     out = (tmp_path / "first.out").read_text()
     assert agents[0].returncode != 0, out[-3000:]
     host = socket.getfqdn()
-    assert "The rendezvous timed out: for 20 s (join_timeout) the job waited for its nodes (--nnodes 2)" in out, out
+    assert f"The rendezvous timed out: for {JOIN_S} s (join_timeout) the job waited for its nodes (--nnodes 2)" \
+        in out, out[-3000:]
     lost = re.search(rf"but node {re.escape(repr(host))} \(agent pid {agents[1].pid}, node rank (\d)\) stopped", out)
     here = re.search(rf"This node is {re.escape(repr(host))} \(agent pid {agents[0].pid}, node rank (\d)\)", out)
     assert lost and here and {lost[1], here[1]} == {"0", "1"}, out[-3000:]
