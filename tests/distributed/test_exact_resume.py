@@ -25,39 +25,62 @@ SCRIPT = Path(__file__).parent / "scripts" / "resume_worker.py"
 EVERY, STEPS, BATCH, SAMPLES = 3, 18, 4, 48  # resume_worker.py: a checkpoint every 3 steps, 3 epochs of 6 steps
 
 
-def job(folder: Path, nproc: int = 2, **env: str) -> subprocess.CompletedProcess:
-    """resume_worker.py under `torchplace run --gpus none --nproc NPROC --max-restarts 1` into FOLDER."""
+def job(folder: Path, nproc: int = 2, **env: str) -> subprocess.Popen:
+    """resume_worker.py started under `torchplace run --gpus none --nproc NPROC --max-restarts 1` into FOLDER."""
     folder.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "torchplace", "run", "--gpus", "none", "--nproc", str(nproc), "--max-restarts", "1",
            "--", sys.executable, str(SCRIPT), str(folder)]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **env})
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    return done
+    with (folder / "job.out").open("w") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1",
+                                                                                  **env})
+
+
+def finished(run: subprocess.Popen, folder: Path) -> tuple[int | None, str]:
+    """The exit code and output of a `job` into FOLDER once it has ended (hang bound 300 s)."""
+    try:
+        run.wait(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    return run.returncode, (folder / "job.out").read_text()
 
 
 def rows(folder: Path, rank: int) -> list[dict]:
     return [json.loads(line) for line in (folder / f"rank{rank}.jsonl").read_text().splitlines()]
 
 
+KILL_AT = random.randint(EVERY + 1, STEPS - 1)  # after the first checkpoint, before the end
+
+
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("exact") / "whole"
-    job(folder)
+def runs(tmp_path_factory) -> dict[str, tuple[Path, int | None, str]]:
+    """Two jobs started at once: "whole", never interrupted (the reference of every test here), and "killed", whose
+    rank 1 SIGKILLs itself after step KILL_AT; each: its folder, exit code and output."""
+    base = tmp_path_factory.mktemp("exact")
+    folders = {"whole": base / "whole", "killed": base / "killed"}
+    started = {"whole": job(folders["whole"]), "killed": job(folders["killed"], KILL_AT_STEP=str(KILL_AT))}
+    return {name: (folders[name], *finished(run, folders[name])) for name, run in started.items()}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(runs) -> Path:
+    folder, code, out = runs["whole"]
+    assert code == 0, out[-6000:]
     return folder
 
 
 @pytest.mark.slow
-def test_a_rank_killed_at_a_random_step_resumes_at_the_next_batch_bit_for_bit(tmp_path, uninterrupted):
-    kill_at = random.randint(EVERY + 1, STEPS - 1)  # after the first checkpoint, before the end
+def test_a_rank_killed_at_a_random_step_resumes_at_the_next_batch_bit_for_bit(runs, uninterrupted):
+    (folder, code, out), kill_at = runs["killed"], KILL_AT
     why = f"(rank 1 killed after step {kill_at})"
-    done = job(tmp_path, KILL_AT_STEP=str(kill_at))
+    assert code == 0, why + out[-6000:]
     resumed_at = kill_at // EVERY * EVERY  # the newest checkpoint complete when it died
-    assert f"step{resumed_at:04d}.tpck, the newest complete checkpoint" in done.stderr, why + done.stderr[-3000:]
+    assert f"step{resumed_at:04d}.tpck, the newest complete checkpoint" in out, why + out[-3000:]
     for rank in (0, 1):
         whole = [r for r in rows(uninterrupted, rank) if "ids" in r]
         assert [r["step"] for r in whole] == list(range(1, STEPS + 1))
-        got = rows(tmp_path, rank)
+        got = rows(folder, rank)
         first = [r for r in got if r.get("attempt") == 0 and "ids" in r]
         again = [r for r in got if r.get("attempt") == 1 and "ids" in r]
         assert first[-1]["step"] >= kill_at - 1, why  # rank 0 may be one step behind when rank 1 dies
@@ -70,7 +93,7 @@ def test_a_rank_killed_at_a_random_step_resumes_at_the_next_batch_bit_for_bit(tm
     for epoch in range(3):  # each epoch: every sample once over both ranks
         ids = [i for rank in (0, 1) for r in rows(uninterrupted, rank) if r.get("epoch") == epoch for i in r["ids"]]
         assert sorted(ids) == list(range(SAMPLES))
-    final, reference = torch.load(tmp_path / "final.pt"), torch.load(uninterrupted / "final.pt")
+    final, reference = torch.load(folder / "final.pt"), torch.load(uninterrupted / "final.pt")
     assert final.keys() == reference.keys()
     assert all(torch.equal(final[k], reference[k]) for k in final), why
 
