@@ -195,7 +195,7 @@ def test_an_elastic_job_re_forms_alone_when_a_node_dies_and_grows_again_when_it_
     assert (tmp_path / "elastic" / "final.pt").exists()
 
 
-JOIN_S = 15  # the lost-node test's join_timeout: how long the survivor waits for the node (both start at once)
+JOIN_S = 10  # the lost-node test's join_timeout: how long the survivor waits for the node (both start at once)
 
 
 @pytest.mark.slow
