@@ -16,27 +16,48 @@ import pytest
 SCRIPT = Path(__file__).parent / "scripts" / "reshard_worker.py"
 
 
-def job(nproc: int, *args: str) -> None:
-    """reshard_worker.py ARGS on NPROC CPU ranks (one process without torchrun)."""
+def job(folder: Path, nproc: int, *args: str) -> tuple[subprocess.Popen, Path]:
+    """reshard_worker.py ARGS started on NPROC CPU ranks (one process without torchrun); its output file."""
     launch = [sys.executable, "-m", "torchplace", "run", "--gpus", "none", "--nproc", str(nproc), "--"] \
         if nproc > 1 else []
-    done = subprocess.run([*launch, sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    log = folder / f"{args[0]}-{args[-1] if len(args) > 2 else 'all'}-on-{nproc}.log"
+    with log.open("w") as out:
+        return subprocess.Popen([*launch, sys.executable, str(SCRIPT), *args], stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"}), log
+
+
+def ended(run: tuple[subprocess.Popen, Path]) -> tuple[int | None, str]:
+    """Wait for a job of `job` to end (hang bound 300 s): its exit code and output."""
+    try:
+        run[0].wait(timeout=300)
+    finally:
+        if run[0].poll() is None:
+            run[0].kill()
+            run[0].wait()
+    return run[0].returncode, run[1].read_text()
+
+
+LOADS = [(1, "ddp"), (3, "ddp"), (2, "fsdp")]
 
 
 @pytest.fixture(scope="module")
-def saved_by_4(tmp_path_factory) -> Path:
+def saved_by_4(tmp_path_factory) -> tuple[Path, dict]:
+    """The checkpoints a 4-rank job saved, and how the load jobs of all the tests ended: started at once, as they
+    only read the checkpoints and each writes files of its own."""
     folder = tmp_path_factory.mktemp("reshard")
-    job(4, "save", str(folder))
-    return folder
+    code, out = ended(job(folder, 4, "save", str(folder)))
+    assert code == 0, out[-4000:]
+    loads = {(nproc, kind): job(folder, nproc, "load", str(folder), kind) for nproc, kind in LOADS}
+    return folder, {key: ended(run) for key, run in loads.items()}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("nproc", "kind"), [(1, "ddp"), (3, "ddp"), (2, "fsdp")])
+@pytest.mark.parametrize(("nproc", "kind"), LOADS)
 def test_a_4_rank_checkpoint_resumes_on_another_number_of_ranks(saved_by_4, nproc, kind):
-    job(nproc, "load", str(saved_by_4), kind)
-    ranks = [json.loads(p.read_text()) for p in saved_by_4.glob(f"{kind}-on-{nproc}-rank*.json")]
+    folder, loads = saved_by_4
+    code, out = loads[nproc, kind]
+    assert code == 0, out[-4000:]
+    ranks = [json.loads(p.read_text()) for p in folder.glob(f"{kind}-on-{nproc}-rank*.json")]
     assert sorted(r["rank"] for r in ranks) == list(range(nproc))
     for rank in ranks:
         assert rank["equal"] and rank["optimizer_steps"] == [2, 2, 2, 2], rank

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from ..errors import DistributedError
 from ..hardware.launch import LaunchEnv
@@ -182,3 +182,34 @@ def explained(launch: LaunchEnv | None = None) -> Iterator[None]:
         if better is None:
             raise
         raise better from exc
+
+
+def _node(addr: str, pid: int | None, rank: int | None) -> str:
+    return f"{addr!r} (agent pid {pid}" + (f", node rank {rank})" if rank is not None else ")")
+
+
+def rendezvous_timed_out(*, nnodes: str, timeout_s: float, endpoint: str | None,
+                         this: tuple[str, int, int | None] | None,
+                         lost: Sequence[tuple[str, int, int | None]]) -> DistributedError:
+    """The error for a rendezvous of torchrun's agents that timed out (RendezvousTimeoutError).
+
+    `this` and `lost` are (address, agent pid, node rank or None): this node, and the nodes whose
+    heartbeats stopped (torch's dynamic rendezvous dropped them as dead) before the time ran out.
+    """
+    here = f" This node is {_node(*this)}." if this else ""
+    waited = f"The rendezvous timed out: for {timeout_s:g} s (join_timeout) the job waited for its nodes " \
+             f"(--nnodes {nnodes})"
+    if lost:
+        names = ", ".join(_node(*node) for node in lost)
+        return DistributedError(
+            f"{waited}, but node{'s' if len(lost) > 1 else ''} {names} stopped sending rendezvous heartbeats and did "
+            f"not come back: it died, lost its network, or its torchplace run was stopped.{here} Fix: start "
+            "`torchplace run` with the same options on that node again within the join timeout (it rejoins and the "
+            "job starts again, from its newest checkpoint when it keeps some), or give --nnodes MIN:MAX (e.g. 1:2) "
+            "so the job goes on with the nodes it has; --rdzv-conf join_timeout=SECONDS sets how long it waits.")
+    return DistributedError(
+        f"{waited}, and not enough joined{f' at {endpoint}' if endpoint else ''}.{here} The others were not "
+        "started, cannot reach the rendezvous endpoint, or were given another --rdzv-id, --rdzv-endpoint or "
+        "--nnodes. Fix: start `torchplace run` with the same rendezvous options on every node (read their output), "
+        "or give --nnodes MIN:MAX so the job starts with fewer; --rdzv-conf join_timeout=SECONDS sets how long it "
+        "waits.")

@@ -28,6 +28,8 @@ worker hosts the store there, so every round starts on empty keys and the restar
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
 import sys
@@ -292,15 +294,85 @@ def _print_flight_record(since: float) -> None:
               file=sys.stderr)
 
 
+class RendezvousWatch(logging.Handler):
+    """What torch's dynamic rendezvous (c10d, etcd-v2) logs about the nodes, kept so that a rendezvous that
+    times out can name the node that was lost: this node's rank in each round it joined, and the nodes
+    whose heartbeats stopped. torch keeps the participants only in its private rendezvous state and says
+    them only in its log lines (the dead ones at debug level), so the log is read; other wording: no names."""
+
+    LOGGER = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+    _JOINED = re.compile(r"The node '(?P<node>[^']+)' has joined round \d+ of the rendezvous '.*' as rank "
+                         r"(?P<rank>\d+) in a world of size (?P<world>\d+)")
+    _DEAD = re.compile(r"Detected dead node '(?P<node>[^']+)'")
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.this: tuple[str, int, int | None] | None = None
+        self.world: int | None = None
+        self.lost: list[tuple[str, int, int | None]] = []
+        self._logger = logging.getLogger(self.LOGGER)
+        self._shown = self._logger.getEffectiveLevel()  # what the user saw before: still passed on
+
+    @staticmethod
+    def _parse(node: str) -> tuple[str, int]:
+        addr, pid, _ = node.rsplit("_", 2)  # torch's _NodeDesc: ADDR_PID_LOCALID
+        return addr, int(pid)
+
+    def __enter__(self) -> RendezvousWatch:
+        self._saved = self._logger.level, self._logger.propagate
+        self._logger.setLevel(logging.DEBUG)
+        self._logger.propagate = False  # debug lines come here only; the rest go on in emit()
+        self._logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeHandler(self)
+        self._logger.level, self._logger.propagate = self._saved
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):  # a line of another shape names nobody; it never breaks the job
+            text = record.getMessage()
+            if m := self._JOINED.search(text):
+                self.this, self.world = (*self._parse(m["node"]), int(m["rank"])), int(m["world"])
+            elif (m := self._DEAD.search(text)) and self.this is not None:
+                addr, pid = self._parse(m["node"])
+                # its rank in the last round it was in: known when the two of a 2-node job are it and this node
+                rank = 1 - self.this[2] if self.world == 2 and self.this[2] is not None else None
+                if (addr, pid) != self.this[:2] and (addr, pid) not in [n[:2] for n in self.lost]:
+                    self.lost.append((addr, pid, rank))
+        if record.levelno >= self._shown and self._logger.parent is not None:
+            self._logger.parent.handle(record)
+
+
+def _rdzv_conf(conf: str, key: str, default: float) -> float:
+    for item in (conf or "").split(","):
+        name, _, value = item.partition("=")
+        if name.strip() == key:
+            with contextlib.suppress(ValueError):
+                return float(value)
+    return default
+
+
 def torchrun_main(argv: Sequence[str]) -> int:
     """Run torch.distributed.run in this process; return the first failed rank's exit code."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
     from torch.distributed.run import parse_args, run
 
+    from .failures import rendezvous_timed_out
+
     started = time.time()
+    args = parse_args(list(argv))
+    watch = RendezvousWatch()
     try:
-        run(parse_args(list(argv)))
+        with watch:
+            run(args)
+    except RendezvousTimeoutError:
+        error = rendezvous_timed_out(nnodes=str(args.nnodes), timeout_s=_rdzv_conf(args.rdzv_conf, "join_timeout", 600),
+                                     endpoint=args.rdzv_endpoint or None, this=watch.this, lost=watch.lost)
+        print(f"torchplace run: {error}", file=sys.stderr)
+        return 1
     except ChildFailedError as exc:
         _print_flight_record(started)
         rank, failure = exc.get_first_failure()

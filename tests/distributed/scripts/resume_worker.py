@@ -5,7 +5,7 @@ ids), and so is how many samples the dataset loaded in this attempt. KILL_AT_STE
 right after step N of the first attempt (kill -9 mid-epoch, after that step's checkpoint if it made one).
 HOLD_WHEN_ALONE=1: a job that re-formed on one rank of two trains to its next checkpoint and then waits (at
 most 240 s) for the node started again to join (torchrun's agent then restarts it as a membership change).
-STEP_SLEEP=S: sleep S seconds after each step (a node can be killed mid-run from outside).
+STEP_SLEEP=S: sleep S seconds after each step until a process resumes (a node can be killed mid-run from outside).
 LOAD_ONLY=1: load the newest checkpoint on however many ranks this job has and print what setup() said.
 """
 
@@ -79,7 +79,8 @@ for epoch in range(start, EPOCHS):
                     extra={"step": step, "epoch": epoch}, keep_last=2, all_ranks=True)
         if step == kill_at and attempt == 0 and rt.rank == 1:
             os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
+        if ck is None:
+            time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
         if os.environ.get("HOLD_WHEN_ALONE") and rt.world_size == 1 and step % EVERY == 0:
             time.sleep(240)
 log.write(json.dumps({"attempt": attempt, "pid": os.getpid(), "loads": loads[0]}) + "\n")
