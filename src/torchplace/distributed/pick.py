@@ -436,15 +436,15 @@ def _try_reserve(ordered: list[GpuRecord], need: int | str, leases_at: LeaseDir,
         if len(chosen) == want:
             break
         try:
-            taken = leases_at.try_reserve(gpu.uuid, nbytes, capacity, command=request.command)
+            reserved = leases_at.try_reserve(gpu.uuid, nbytes, capacity, command=request.command)
         except BaseException:
             for item in got:
                 item.release()
             raise
-        if taken is None:  # lost a race since the reading
+        if reserved is None:  # lost a race since the reading
             busy.append(Rejection(gpu.physical_index, gpu.uuid, "its room was reserved by another job meanwhile"))
             continue
-        got.append(taken)
+        got.append(reserved)
         chosen.append(_picked(gpu, user))
     if len(chosen) < want:
         for item in got:
