@@ -91,6 +91,12 @@ def user_name(uid: int) -> str:
         return f"uid {uid}"
 
 
+def plain(text: str, limit: int = 300) -> str:
+    """TEXT from another user's file or process, cut to LIMIT characters, its control characters (ESC, bidi
+    overrides) written as escapes: shown in this user's messages and tables, never obeyed by the terminal."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text[:limit])
+
+
 def safe_uuid(uuid: str) -> bool:
     """Whether `uuid` can name a file in the lease folder (no path separators, no '..')."""
     return bool(SAFE_NAME.match(uuid)) and ".." not in uuid
@@ -510,6 +516,9 @@ def _read_note(dirfd: int, name: str, uid_text: str) -> Note | None:
         fields = {k: raw.get(k) for k in ("pid", "user", "uid", "hostname", "since", "command", "memory_bytes")}
         if fields["uid"] != st.st_uid or not isinstance(fields["pid"], int):
             return None
+        fields["user"] = user_name(st.st_uid)  # the owner's name, not the one the note claims
+        for key in ("hostname", "since", "command"):
+            fields[key] = None if fields[key] is None else plain(str(fields[key]))
         if fields["memory_bytes"] is not None and (type(fields["memory_bytes"]) is not int
                                                    or fields["memory_bytes"] < 1):
             return None
@@ -527,7 +536,7 @@ def _holder_from_pid(pid: int) -> Holder:
     try:
         uid = os.stat(f"/proc/{pid}").st_uid
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            command = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:300] or None
+            command = plain(fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:300]) or None
     except OSError:
         return Holder(pid=pid, source="/proc/locks")
     return Holder(pid=pid, user=user_name(uid), uid=uid, command=command, source="/proc/locks")

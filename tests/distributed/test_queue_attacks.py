@@ -1,0 +1,86 @@
+"""A hostile co-user's queue entries (another uid when run as root, through setpriv), written by hand and
+locked by a live process of that user as a real waiter's are: the name it claims, the terminal escapes in
+its texts and a request larger than any machine are not believed, shown raw, or allowed to crash
+`torchplace queue` for everyone else."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from torchplace.distributed.leases import LeaseDir, user_name
+from torchplace.distributed.queue import waiters
+
+HANG_S = 150
+OTHER = 65531 if os.geteuid() == 0 and shutil.which("setpriv") else os.getuid()
+
+# the entry writer: the queue's file protocol by hand (name, lock, content), then it waits, holding the lock
+WRITER = """
+import fcntl, json, os, secrets, sys, time
+d, content = sys.argv[1], json.loads(sys.argv[2])
+content.update(pid=os.getpid(), uid=os.getuid())
+fd = os.open(os.path.join(d, f"queue.{os.getuid()}.{secrets.token_hex(8)}"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, json.dumps(content).encode())
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def folder():
+    base = Path(tempfile.mkdtemp(prefix="torchplace-queue-attacks-", dir="/tmp"))
+    os.chmod(base, 0o1777)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def hostile(folder):
+    procs = []
+
+    def write(**content):
+        argv = [sys.executable, "-c", WRITER, str(folder), json.dumps(content)]
+        if OTHER != os.getuid():
+            argv = ["setpriv", f"--reuid={OTHER}", f"--regid={OTHER}", "--clear-groups", *argv]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        procs.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+
+    yield write
+    for proc in procs:
+        proc.kill()
+        proc.wait(timeout=HANG_S)
+
+
+ENTRY = {"since": "2026-01-01T00:00:00+00:00", "since_ns": 1, "count": 1, "memory_bytes": None, "wait_s": 600.0}
+
+
+def _queue(folder: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "torchplace", "queue", "--dir", str(folder)],
+                          capture_output=True, text=True, timeout=HANG_S)
+
+
+def test_an_entry_is_shown_under_its_owners_name_with_its_escapes_visible(folder, hostile):
+    hostile(**ENTRY, user="root\x1b]0;owned\x07", command="train.py\x1b[2J\x1b[H\u202eexe.txt")
+    (entry,) = waiters(LeaseDir(folder))
+    assert entry.user == user_name(OTHER)  # not the name the entry claims
+    assert "\x1b" not in entry.command and "\u202e" not in entry.command and "train.py" in entry.command
+    shown = _queue(folder)
+    assert shown.returncode == 0 and "\x1b" not in shown.stdout + shown.stderr
+
+
+@pytest.mark.parametrize("ask", [{"memory_bytes": 10**400}, {"count": 10**30}])
+def test_an_entry_asking_for_more_than_any_machine_is_not_counted(folder, hostile, ask):
+    hostile(**{**ENTRY, **ask}, user="x", command="")
+    assert waiters(LeaseDir(folder)) == []
+    shown = _queue(folder)
+    assert shown.returncode == 0, shown.stderr
+    assert "internal error" not in shown.stderr
