@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -84,3 +86,27 @@ def test_an_entry_asking_for_more_than_any_machine_is_not_counted(folder, hostil
     shown = _queue(folder)
     assert shown.returncode == 0, shown.stderr
     assert "internal error" not in shown.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_waiter_stopped_by_a_signal_leaves_the_queue_without_a_traceback(folder, sig):
+    from snapshots import load_snapshot_dict
+
+    from torchplace.hardware.topology import Topology
+
+    uuid = Topology.from_dict(load_snapshot_dict("h200x1")).gpus[0].uuid
+    with LeaseDir(folder).try_acquire(uuid) as held:  # the one GPU is busy: the run waits in the queue
+        assert held is not None
+        env = {**os.environ, "TORCHPLACE_LEASE_DIR": str(folder)}
+        proc = subprocess.Popen([sys.executable, "-m", "torchplace", "run", "--snapshot", "h200x1", "--wait", "600",
+                                 "--", "true"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # its own session: SIGINT is not ignored as in a background job
+        end = time.monotonic() + HANG_S
+        while not waiters(LeaseDir(folder)):
+            assert proc.poll() is None and time.monotonic() < end, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=HANG_S)
+    assert proc.returncode == 128 + sig, err
+    assert "Traceback" not in err
+    assert not [n for n in os.listdir(folder) if n.startswith("queue.")]  # the entry went with it
