@@ -74,3 +74,8 @@ def test_an_unreadable_folder_does_not_stop_the_series_beside_it(closed):
     os.chmod(closed / "step1.safetensors", 0o644)
     assert load_as_other(closed) == {"ok": True}
 
+
+def test_a_dangling_link_says_it_is_a_link_to_nothing(tmp_path):
+    (tmp_path / "ck.pt").symlink_to(tmp_path / "gone.pt")
+    with pytest.raises(CheckpointError, match=r"symbolic link to .*gone\.pt, which does not exist"):
+        tp.load(tmp_path / "ck.pt")
