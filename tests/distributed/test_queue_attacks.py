@@ -110,3 +110,25 @@ def test_a_waiter_stopped_by_a_signal_leaves_the_queue_without_a_traceback(folde
     assert proc.returncode == 128 + sig, err
     assert "Traceback" not in err
     assert not [n for n in os.listdir(folder) if n.startswith("queue.")]  # the entry went with it
+
+
+@pytest.mark.parametrize("plant", ["symlink", "fifo"])
+def test_a_planted_lock_file_does_not_hide_every_lease_from_the_listing(folder, plant):
+    from snapshots import load_snapshot_dict
+
+    from torchplace.errors import TorchplaceWarning
+    from torchplace.hardware.topology import Topology
+
+    uuid = Topology.from_dict(load_snapshot_dict("h200x1")).gpus[0].uuid
+    bad = folder / "GPU-planted.lock"
+    bad.symlink_to("/etc/passwd") if plant == "symlink" else os.mkfifo(bad)
+    with LeaseDir(folder).try_acquire(uuid) as held:
+        assert held is not None
+        with pytest.warns(TorchplaceWarning, match="GPU-planted.lock"):
+            listed = LeaseDir(folder).list()
+        assert [s.uuid for s in listed if s.held] == [uuid]
+        shown = subprocess.run([sys.executable, "-m", "torchplace", "leases", "--dir", str(folder), "--snapshot",
+                                "h200x1", "--json"], capture_output=True, text=True, timeout=HANG_S)
+    assert shown.returncode == 0, shown.stderr
+    assert [r["uuid"] for r in json.loads(shown.stdout)["leases"]] == [uuid]
+    assert "GPU-planted.lock" in shown.stderr

@@ -59,12 +59,13 @@ import stat
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import LeaseError
+from ..errors import LeaseError, TorchplaceWarning
 from ..hardware.host import pid_exists
 
 __all__ = ["DEFAULT_LEASE_DIR", "LEASE_DIR_ENV", "Holder", "Lease", "LeaseDir", "LeaseStatus", "covered",
@@ -833,9 +834,18 @@ class LeaseDir:
             names = os.listdir(dirfd)
         uuids = {n[: -len(LOCK_SUFFIX)] for n in names if n.endswith(LOCK_SUFFIX)}
         noted = {n.partition(HOLDER_INFIX)[0] for n in names if HOLDER_INFIX in n} - uuids
-        statuses = [self.status(u) for u in sorted(uuids) if safe_uuid(u)]
-        statuses += [s for s in (self.status(u) for u in sorted(noted) if safe_uuid(u)) if s.held]
+        statuses = [s for s in (self._listed(u) for u in sorted(uuids) if safe_uuid(u)) if s is not None]
+        statuses += [s for s in (self._listed(u) for u in sorted(noted) if safe_uuid(u)) if s is not None and s.held]
         return sorted(statuses, key=lambda s: s.uuid)
+
+    def _listed(self, uuid: str) -> LeaseStatus | None:
+        """`status(uuid)` for the listing; None, with a warning, for a lock file it refuses (a link or a FIFO
+        another user planted): one such file does not hide every other GPU's lease."""
+        try:
+            return self.status(uuid)
+        except LeaseError as exc:
+            warnings.warn(str(exc), TorchplaceWarning, stacklevel=3)
+            return None
 
 
 def held_by_this_process() -> list[Lease]:
