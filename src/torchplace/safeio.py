@@ -49,6 +49,8 @@ def missing(path: str | os.PathLike[str]) -> str:
     if isinstance(text, bytes):
         text = os.fsdecode(text)
     said = f"{text} does not exist"
+    if os.path.islink(text):  # the name exists: what it points to does not
+        return f"{text} is a symbolic link to {os.readlink(text)}, which does not exist."
     if text.startswith("~") and os.path.expanduser(text) != text:
         expanded = os.path.expanduser(text)
         there = "exists" if os.path.exists(expanded) else "does not exist either"

@@ -25,14 +25,27 @@ def _refuse_negative(text: str, what: str, example: str) -> None:
         raise ValueError(f"{what} {text!r} is negative; a {what} is 0 or more, e.g. {example}.")
 
 
-def parse_size(text: str | int, *, bare: str = "B") -> int:
+def _number(value: float, what: str, example: str, limit: float) -> float:
+    """VALUE given as a number: finite (a duration may be infinite: wait for ever), 0 or more, at most LIMIT."""
+    if value != value or value < 0:  # NaN compares false with everything: it would wait, or reserve, nothing known
+        raise ValueError(f"{what} {value!r} is {'not a number' if value != value else 'negative'}; "
+                         f"a {what} is 0 or more, e.g. {example}.")
+    if value > limit or (value == float("inf") and limit != float("inf")):
+        raise ValueError(f"{what} {value!r} is larger than any memory or disk; write e.g. {example}.")
+    return value
+
+
+def parse_size(text: str | float, *, bare: str = "B") -> int:
     """Bytes from ``"20GiB"``, ``"500MB"``, ``"1.5G"``, ``"1e3MB"``, or a bare number in the unit `bare` (bytes).
 
     >>> parse_size("20GiB"), parse_size("4096"), parse_size("2", bare="GiB"), parse_size("1e3MB")
     (21474836480, 4096, 2147483648, 1000000000)
     """
-    if isinstance(text, int):
-        return text
+    if isinstance(text, (int, float)) and not isinstance(text, bool):  # bytes given as a number (20e9)
+        _number(text, "size", "20GiB", 2.0**80)
+        return text if isinstance(text, int) else int(text)
+    if not isinstance(text, str):
+        raise ValueError(f"size {text!r} is a {type(text).__name__}; write a number of bytes or a size such as 20GiB.")
     _refuse_negative(text, "size", "20GiB")
     m = _NUMBER_UNIT.match(text)
     unit = (m.group(2) or bare).lower() if m else None
@@ -53,8 +66,10 @@ def parse_duration(text: str | float) -> float:
     >>> parse_duration("10m"), parse_duration("90")
     (600.0, 90.0)
     """
-    if isinstance(text, (int, float)):
-        return float(text)
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return _number(text, "duration", "10m", float("inf"))
+    if not isinstance(text, str):
+        raise ValueError(f"duration {text!r} is a {type(text).__name__}; write seconds or a duration such as 10m.")
     _refuse_negative(text, "duration", "10m")
     m = _NUMBER_UNIT.match(text)
     unit = (m.group(2) or "s").lower() if m else None

@@ -158,8 +158,11 @@ def _empty_ordered_dict(*args: Any) -> collections.OrderedDict[Any, Any]:
 
 
 def is_dcp_dir(path: Path) -> bool:
-    """A folder with DCP's `.metadata` file."""
-    return path.is_dir() and (path / ".metadata").is_file()
+    """A folder with DCP's `.metadata` file (not one this user may not enter: a series beside it is still read)."""
+    try:
+        return path.is_dir() and (path / ".metadata").is_file()
+    except PermissionError:
+        return False
 
 
 MAX_METADATA_BYTES = 2**31  # DCP's .metadata: tens of MiB for the largest sharded models

@@ -37,6 +37,14 @@ def kind_of(path: Path) -> str:
     of ours), "dcp-foreign" (torch.distributed.checkpoint's own folder), "accelerate" (accelerate's save_state,
     transformers' save_pretrained), "folder" (any other folder: a series of ours), "index" (a sharded model's
     index JSON), or a file's format: "safetensors" (ours too), "torch-zip", "torch-pickle", "unknown"."""
+    try:
+        return _kind_of(path)
+    except PermissionError as exc:  # a folder this user may not list or enter
+        raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}: this user may not list or read it. Fix: "
+                              f"check its permissions (ls -ld {path}), or read it as a user who may.") from None
+
+
+def _kind_of(path: Path) -> str:
     if is_pointer(path):
         return "pointer"
     if path.is_dir():

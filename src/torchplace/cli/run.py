@@ -23,7 +23,11 @@ def _wait(text: str) -> float:
 def _size(text: str) -> int:
     from .args import size
 
-    return size(text)
+    value = size(text)
+    if value < 1:  # '0.5' is 0 bytes: say what was written, not "memory=0"
+        raise argparse.ArgumentTypeError(f"{text!r} is {value} bytes and reserves nothing; write e.g. 20GiB, or leave "
+                                         "--memory out for whole GPUs.")
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -59,12 +59,13 @@ import stat
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import LeaseError
+from ..errors import LeaseError, TorchplaceWarning
 from ..hardware.host import pid_exists
 
 __all__ = ["DEFAULT_LEASE_DIR", "LEASE_DIR_ENV", "Holder", "Lease", "LeaseDir", "LeaseStatus", "covered",
@@ -89,6 +90,12 @@ def user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return f"uid {uid}"
+
+
+def plain(text: str, limit: int = 300) -> str:
+    """TEXT from another user's file or process, cut to LIMIT characters, its control characters (ESC, bidi
+    overrides) written as escapes: shown in this user's messages and tables, never obeyed by the terminal."""
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text[:limit])
 
 
 def safe_uuid(uuid: str) -> bool:
@@ -510,6 +517,9 @@ def _read_note(dirfd: int, name: str, uid_text: str) -> Note | None:
         fields = {k: raw.get(k) for k in ("pid", "user", "uid", "hostname", "since", "command", "memory_bytes")}
         if fields["uid"] != st.st_uid or not isinstance(fields["pid"], int):
             return None
+        fields["user"] = user_name(st.st_uid)  # the owner's name, not the one the note claims
+        for key in ("hostname", "since", "command"):
+            fields[key] = None if fields[key] is None else plain(str(fields[key]))
         if fields["memory_bytes"] is not None and (type(fields["memory_bytes"]) is not int
                                                    or fields["memory_bytes"] < 1):
             return None
@@ -527,7 +537,7 @@ def _holder_from_pid(pid: int) -> Holder:
     try:
         uid = os.stat(f"/proc/{pid}").st_uid
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            command = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:300] or None
+            command = plain(fh.read().replace(b"\0", b" ").decode(errors="replace").strip()[:300]) or None
     except OSError:
         return Holder(pid=pid, source="/proc/locks")
     return Holder(pid=pid, user=user_name(uid), uid=uid, command=command, source="/proc/locks")
@@ -824,9 +834,18 @@ class LeaseDir:
             names = os.listdir(dirfd)
         uuids = {n[: -len(LOCK_SUFFIX)] for n in names if n.endswith(LOCK_SUFFIX)}
         noted = {n.partition(HOLDER_INFIX)[0] for n in names if HOLDER_INFIX in n} - uuids
-        statuses = [self.status(u) for u in sorted(uuids) if safe_uuid(u)]
-        statuses += [s for s in (self.status(u) for u in sorted(noted) if safe_uuid(u)) if s.held]
+        statuses = [s for s in (self._listed(u) for u in sorted(uuids) if safe_uuid(u)) if s is not None]
+        statuses += [s for s in (self._listed(u) for u in sorted(noted) if safe_uuid(u)) if s is not None and s.held]
         return sorted(statuses, key=lambda s: s.uuid)
+
+    def _listed(self, uuid: str) -> LeaseStatus | None:
+        """`status(uuid)` for the listing; None, with a warning, for a lock file it refuses (a link or a FIFO
+        another user planted): one such file does not hide every other GPU's lease."""
+        try:
+            return self.status(uuid)
+        except LeaseError as exc:
+            warnings.warn(str(exc), TorchplaceWarning, stacklevel=3)
+            return None
 
 
 def held_by_this_process() -> list[Lease]:

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -220,6 +222,7 @@ def pick_request(request: PickRequest, *, topology: Topology | None = None,
     every = 5 if terminal else 30  # seconds between repeats of an unchanged line
     ticket: queue.Ticket | None = None
     last_said, said_at, delay = None, 0.0, 0.05
+    restore = _sigterm_unwinds() if request.lease and wait_s > 0 else None
     try:
         while True:
             topo = topology if topology is not None else load_topology(request.snapshot, links=False, details=False)
@@ -267,6 +270,30 @@ def pick_request(request: PickRequest, *, topology: Topology | None = None,
             ticket.leave()
         if terminal and last_said is not None:
             print(file=sys.stderr, flush=True)  # end the progress line
+        if restore is not None:
+            restore()
+
+
+def _sigterm_unwinds() -> Callable[[], None] | None:
+    """While a pick waits, SIGTERM (kill, scancel, a container stopping) and SIGHUP (its terminal closed) exit
+    as SystemExit(128 + signal), so its queue entry is removed as on Ctrl-C; Python's default ends the process
+    at once and leaves the entry behind. Only in the main thread, and only for signals the program left at
+    their default; returns what puts the defaults back."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    ours = [s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None))
+            if s is not None and signal.getsignal(s) == signal.SIG_DFL]
+
+    def unwind(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    def restore() -> None:
+        for sig in ours:
+            signal.signal(sig, signal.SIG_DFL)
+
+    for sig in ours:
+        signal.signal(sig, unwind)
+    return restore
 
 
 def _progress_line(text: str) -> None:

@@ -29,12 +29,13 @@ from typing import Any
 from ..errors import LeaseError
 from ..hardware.host import pid_exists
 from ..policy.fairness import Ask
-from .leases import LEASE_DIR_ENV, LeaseDir, now_iso, open_folder, proc_locks, user_name
+from .leases import LEASE_DIR_ENV, LeaseDir, now_iso, open_folder, plain, proc_locks, user_name
 
 QUEUE_PREFIX = "queue."
 SERVED_PREFIX = "served."
 _ENTRY = re.compile(r"^queue\.([0-9]{1,10})\.[0-9a-f]{16}$")
 _SERVED = re.compile(r"^served\.([0-9]{1,10})$")
+_MOST, _MOST_BYTES = 2**20, 2**60  # GPUs and bytes per GPU: an entry asking for more is written by hand
 
 
 @dataclass(frozen=True)
@@ -180,11 +181,12 @@ def _read(dirfd: int, name: str) -> Waiter | None:
         raw = json.loads(os.read(fd, 65536).decode() or "null")
         if not isinstance(raw, dict):
             return None
-        w = Waiter(name, raw["pid"], raw["uid"], str(raw["user"]), str(raw["since"]), raw["since_ns"],
-                   raw["count"], raw.get("memory_bytes"), float(raw["wait_s"]), str(raw.get("command", "")))
+        # the user is the file's owner, whatever the entry claims; its texts are shown to other users
+        w = Waiter(name, raw["pid"], raw["uid"], user_name(st.st_uid), plain(str(raw["since"]), 40), raw["since_ns"],
+                   raw["count"], raw.get("memory_bytes"), float(raw["wait_s"]), plain(str(raw.get("command", ""))))
         if (type(w.pid) is not int or w.uid != st.st_uid or type(w.since_ns) is not int
-                or type(w.count) is not int or w.count < 1
-                or not (w.memory_bytes is None or (type(w.memory_bytes) is int and w.memory_bytes > 0))):
+                or type(w.count) is not int or not 1 <= w.count <= _MOST
+                or not (w.memory_bytes is None or (type(w.memory_bytes) is int and 0 < w.memory_bytes <= _MOST_BYTES))):
             return None
         pids = proc_locks(st.st_dev, st.st_ino)
         alive = pid_exists(w.pid) if pids is None else w.pid in pids

@@ -94,6 +94,8 @@ class Position:
             raise CheckpointError(f"DeviceLoader.load_state_dict: {type(state).__name__} is not a loader position "
                                   f"saved by this torchplace (the {MARK!r} key is missing or of another version). "
                                   "Fix: pass the 'loader' entry of a checkpoint rt.save wrote.")
+        _checked(state)
+        _same_length(state, self.loader)
         self.pending = state
         self.skip = int(state["taken"]) if skip is None else skip
         self.note = note
@@ -137,7 +139,12 @@ class Position:
         object.__setattr__(view, "_iterator", None)
         now = torch.get_rng_state()
         try:
-            _set_rng(self.loader, self.rng)
+            try:
+                _set_rng(self.loader, self.rng)
+            except RuntimeError as exc:  # a byte tensor of another length than a generator's state
+                raise CheckpointError(f"The saved loader position is damaged: its RNG states do not fit ({exc}). "
+                                      "Fix: load a checkpoint rt.save wrote, or leave loader= out to start the "
+                                      "epoch from its beginning.") from None
             it = iter(view)
             skipping.prime()  # a single-process iterator draws the order at its first batch: draw it here
         finally:
@@ -148,6 +155,40 @@ class Position:
         self.taken += 1
         if self.snapshots:
             self.stateful_now = self.snapshots.popleft()
+
+
+def _checked(state: dict[str, Any]) -> dict[str, Any]:
+    """STATE when its fields are what `state_dict` writes; CheckpointError naming the first that is not
+    (a file edited or cut: a negative or fractional count, RNG states that are not byte tensors)."""
+    taken, length, rng, sampler = state.get("taken"), state.get("length"), state.get("rng"), state.get("sampler")
+    problem = (
+        "'taken' is not a whole number >= 0" if type(taken) is not int or taken < 0 else
+        "'length' is not a whole number >= 0" if length is not None and (type(length) is not int or length < 0) else
+        f"'taken' {taken} is more than the epoch's {length} batches" if length is not None and taken > length else
+        "'sampler' is not a dict" if sampler is not None and not isinstance(sampler, dict) else
+        "'rng' is not a dict of tensors" if rng is not None and not (isinstance(rng, dict) and all(
+            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in rng.items())) else "")
+    if problem:
+        raise CheckpointError(f"The saved loader position is damaged: {problem} ({_shown(state)}). Fix: load a "
+                              "checkpoint rt.save wrote, or leave loader= out to start the epoch from its beginning.")
+    return state
+
+
+def _shown(state: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}"[:60] for k, v in state.items() if k in ("taken", "length"))
+
+
+def _same_length(state: dict[str, Any], loader: Any) -> None:
+    """A position inside an epoch holds only for a loader of the same number of batches per rank (same dataset
+    and batch size); after N -> M ranks `pick` converts it and the lengths differ by design."""
+    saved, now = state.get("length"), _length(loader)
+    replicas = (state.get("sampler") or {}).get("num_replicas"), _sampler_info(loader).get("num_replicas")
+    if state.get("taken") and saved is not None and now is not None and saved != now and replicas[0] == replicas[1]:
+        raise CheckpointError(
+            f"The checkpoint's loader position is batch {state['taken']} of an epoch of {saved} batches, but the "
+            f"loader given has {now} batches per epoch (another dataset, batch size or drop_last), so that position "
+            "is another sample's. Fix: resume with the dataset and batch size the checkpoint was saved with, or "
+            "leave loader= out (and do not call rt.loader before rt.resume) to start the epoch from its beginning.")
 
 
 def _length(loader: Any) -> int | None:
@@ -278,6 +319,11 @@ def pick(saved: dict[str, Any], rank: int, world_size: int) -> tuple[dict[str, A
     each, exact when M divides k * N (otherwise the rest of one batch per rank is seen again)."""
     ranks = saved.get("per_rank") if "per_rank" in saved else None
     state = ranks[rank] if ranks is not None and len(ranks) == world_size else (ranks[0] if ranks else saved)
+    if not isinstance(state, dict) or state.get(MARK) != VERSION:
+        raise CheckpointError(f"The saved loader position is damaged: rank {rank}'s entry is not a position of this "
+                              "torchplace. Fix: load a checkpoint rt.save wrote, or leave out the loader to start "
+                              "the epoch from its beginning.")
+    _checked({**state, "rng": None})  # its RNG states are checked when given to the loader (a summary has no tensors)
     saved_world = len(ranks) if ranks is not None else int(saved.get("world_size") or world_size)
     taken = int(state["taken"])
     if saved_world == world_size or not taken:
