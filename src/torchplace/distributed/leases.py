@@ -335,19 +335,12 @@ def write_note(dirfd: int, folder: Path, uuid: str, holder: Holder, locked: tupl
     LeaseError naming the folder and the fix instead."""
     data = json.dumps({**asdict(holder), "since_epoch": time.time(),
                        "lock_dev": locked[0], "lock_ino": locked[1]}).encode()
-    problem: OSError | None = None
-    for _ in range(8):  # a taken name is someone's file or folder: draw another
-        name = f"{uuid}{infix}{os.getuid()}.{secrets.token_hex(8)}"
+    try:
+        name, fd = new_file(dirfd, f"{uuid}{infix}{os.getuid()}.")
+    except OSError as exc:
+        problem = exc
+    else:
         try:
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o644, dir_fd=dirfd)
-        except OSError as exc:
-            problem = exc
-            if exc.errno in (errno.EEXIST, errno.EISDIR, errno.ELOOP):
-                continue
-            break
-        try:
-            os.fchmod(fd, 0o644)
             if os.write(fd, data) != len(data):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
             os.fsync(fd)  # file systems that report a full disk only when the data goes out
@@ -356,15 +349,41 @@ def write_note(dirfd: int, folder: Path, uuid: str, holder: Holder, locked: tupl
             problem = exc
             with contextlib.suppress(OSError):
                 os.unlink(name, dir_fd=dirfd)
-            break
         finally:
             os.close(fd)
-    why = problem.strerror if problem is not None and problem.strerror else str(problem)
+    why = problem.strerror or str(problem)
     raise LeaseError(
         f"Cannot write the holder note of GPU {uuid} in the lease directory {folder} ({why}), so the GPU "
         "is not leased: without its note a lease cannot be told apart from a free GPU once someone removes "
         f"its lock file. Fix: free space in the file system of {folder} (`df {folder}`), or set "
         f"{LEASE_DIR_ENV} to a directory on a file system with room.")
+
+
+def new_file(dirfd: int, prefix: str) -> tuple[str, int]:
+    """(name, fd) of a new file ``<prefix><random>`` in DIRFD, readable by all, writable by us: made with O_EXCL
+    and O_NOFOLLOW, so nothing planted under a name can take its place; a taken name (someone's file, folder
+    or link) draws another. Raises the OSError that stopped it."""
+    problem: OSError | None = None
+    for _ in range(8):
+        name = f"{prefix}{secrets.token_hex(8)}"
+        try:
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o644, dir_fd=dirfd)
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.EISDIR, errno.ELOOP):
+                raise
+            problem = exc
+            continue
+        try:
+            os.fchmod(fd, 0o644)  # whatever the umask: others read notes and entries to see who holds or waits
+        except OSError:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=dirfd)
+            raise
+        return name, fd
+    assert problem is not None
+    raise problem
 
 
 def clear_stale(dirfd: int, uuid: str, locked: tuple[int, int], keep: str) -> None:

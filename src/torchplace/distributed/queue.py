@@ -20,7 +20,6 @@ import fcntl
 import json
 import os
 import re
-import secrets
 import stat
 import time
 from dataclasses import asdict, dataclass, replace
@@ -29,7 +28,7 @@ from typing import Any
 from ..errors import LeaseError
 from ..hardware.host import pid_exists
 from ..policy.fairness import Ask
-from .leases import LEASE_DIR_ENV, LeaseDir, now_iso, open_folder, plain, proc_locks, user_name
+from .leases import LEASE_DIR_ENV, LeaseDir, new_file, now_iso, open_folder, plain, proc_locks, user_name
 
 QUEUE_PREFIX = "queue."
 SERVED_PREFIX = "served."
@@ -96,21 +95,14 @@ def join(folder: LeaseDir, *, count: int, memory_bytes: int | None, wait_s: floa
     with open_folder(folder.path, create=True) as dirfd:
         assert dirfd is not None
         _clear_dead(dirfd, uid)
-        problem: OSError | None = None
-        for _ in range(8):
-            name = f"{QUEUE_PREFIX}{uid}.{secrets.token_hex(8)}"
-            try:
-                fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             0o644, dir_fd=dirfd)
-            except OSError as exc:
-                problem = exc
-                if exc.errno in (errno.EEXIST, errno.EISDIR, errno.ELOOP):
-                    continue
-                break
+        try:
+            name, fd = new_file(dirfd, f"{QUEUE_PREFIX}{uid}.")
+        except OSError as exc:
+            problem = exc
+        else:
             mine = replace(waiter, name=name)
             data = json.dumps(mine.to_dict()).encode()
             try:
-                os.fchmod(fd, 0o644)
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the kernel's witness that we wait
                 if os.write(fd, data) != len(data):
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -120,8 +112,7 @@ def join(folder: LeaseDir, *, count: int, memory_bytes: int | None, wait_s: floa
                 with contextlib.suppress(OSError):
                     os.unlink(name, dir_fd=dirfd)
                 os.close(fd)
-                break
-    why = problem.strerror if problem is not None and problem.strerror else str(problem)
+    why = problem.strerror or str(problem)
     raise LeaseError(f"Cannot join the GPU queue in {folder.path} ({why}). Fix: free space there "
                      f"(`df {folder.path}`), or set {LEASE_DIR_ENV} to a directory on a file system with room.")
 
