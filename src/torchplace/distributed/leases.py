@@ -521,9 +521,9 @@ def _vouched(holders: list[Holder], pids: list[int]) -> Holder:
     return _holder_from_pid(live[0]) if live else Holder(pid=None, source="/proc/locks")
 
 
-def _read_note(dirfd: int, name: str, uid_text: str) -> Note | None:
-    """A holder note (when, who, the (device, inode) it locked), trusted only if the file's owner
-    is the uid its name claims."""
+def read_owned(dirfd: int, name: str, uid_text: str) -> tuple[Any, os.stat_result] | None:
+    """(the JSON object, its stat) of file NAME in DIRFD, only if it is a regular file of at most 64 KiB owned
+    by the uid UID_TEXT its name claims (opened without following links or blocking on a FIFO); else None."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
     except OSError:
@@ -532,7 +532,21 @@ def _read_note(dirfd: int, name: str, uid_text: str) -> Note | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or str(st.st_uid) != uid_text or st.st_size > 65536:
             return None
-        raw = json.loads(os.read(fd, 65536).decode())
+        raw = json.loads(os.read(fd, 65536).decode() or "null")
+        return (raw, st) if isinstance(raw, dict) else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_note(dirfd: int, name: str, uid_text: str) -> Note | None:
+    """A holder note (when, who, the (device, inode) it locked), trusted only if the file's owner
+    is the uid its name claims."""
+    if (owned := read_owned(dirfd, name, uid_text)) is None:
+        return None
+    raw, st = owned
+    try:
         fields = {k: raw.get(k) for k in ("pid", "user", "uid", "hostname", "since", "command", "memory_bytes")}
         if fields["uid"] != st.st_uid or not isinstance(fields["pid"], int):
             return None
@@ -545,10 +559,8 @@ def _read_note(dirfd: int, name: str, uid_text: str) -> Note | None:
         dev, ino = raw.get("lock_dev"), raw.get("lock_ino")
         lock = (dev, ino) if type(dev) is int and type(ino) is int and dev >= 0 and ino > 0 else None
         return float(raw.get("since_epoch") or 0), Holder(**fields), lock
-    except (OSError, ValueError, TypeError, AttributeError, RecursionError, OverflowError):
+    except (ValueError, TypeError, AttributeError, OverflowError):
         return None
-    finally:
-        os.close(fd)
 
 
 def _holder_from_pid(pid: int) -> Holder:

@@ -28,7 +28,7 @@ from typing import Any
 from ..errors import LeaseError
 from ..hardware.host import pid_exists
 from ..policy.fairness import Ask
-from .leases import LEASE_DIR_ENV, LeaseDir, new_file, now_iso, open_folder, plain, proc_locks, user_name
+from .leases import LEASE_DIR_ENV, LeaseDir, new_file, now_iso, open_folder, plain, proc_locks, read_owned, user_name
 
 QUEUE_PREFIX = "queue."
 SERVED_PREFIX = "served."
@@ -161,17 +161,10 @@ def _read(dirfd: int, name: str) -> Waiter | None:
     m = _ENTRY.match(name)
     if not m:
         return None
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
-    except OSError:
+    if (owned := read_owned(dirfd, name, m.group(1))) is None:
         return None
+    raw, st = owned
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or str(st.st_uid) != m.group(1) or st.st_size > 65536:
-            return None
-        raw = json.loads(os.read(fd, 65536).decode() or "null")
-        if not isinstance(raw, dict):
-            return None
         # the user is the file's owner, whatever the entry claims; its texts are shown to other users
         w = Waiter(name, raw["pid"], raw["uid"], user_name(st.st_uid), plain(str(raw["since"]), 40), raw["since_ns"],
                    raw["count"], raw.get("memory_bytes"), float(raw["wait_s"]), plain(str(raw.get("command", ""))))
@@ -182,10 +175,8 @@ def _read(dirfd: int, name: str) -> Waiter | None:
         pids = proc_locks(st.st_dev, st.st_ino)
         alive = pid_exists(w.pid) if pids is None else w.pid in pids
         return w if alive else None
-    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError, OverflowError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, OverflowError):
         return None
-    finally:
-        os.close(fd)
 
 
 def _clear_dead(dirfd: int, uid: int) -> None:
