@@ -194,7 +194,9 @@ def _explain_only(step, *args):
 def test_a_report_that_ran_nothing_says_so():
     """explain(model) outside a step and without a batch: only where tensors sit is known, and the report says
     what to do to have the step checked."""
-    text = str(tp.explain(Toy()))
-    assert "no placement problems found" in text and "nothing was run" in " ".join(text.split())
-    assert "at the top of the training step" in " ".join(text.split())
-    assert "nothing was run" not in str(run_step(probe_step, Toy().to(M)))
+    report = tp.explain(Toy())
+    [problem] = report.problems
+    assert problem["kind"] == "not-checked" and problem["severity"] == "note"
+    assert "could not check this" in problem["message"] and "step=train_step" in problem["message"]
+    assert "could not check this" in " ".join(str(report).split())
+    assert "not-checked" not in [p["kind"] for p in run_step(probe_step, Toy().to(M)).problems]

@@ -21,6 +21,7 @@ import dis
 import inspect
 import io
 import linecache
+import logging
 import os
 import re
 import sysconfig
@@ -53,6 +54,7 @@ class StepRun:
     optimizers: list[tuple[torch.optim.Optimizer, str]] = field(default_factory=list)  # and where each steps
     ran: str = "not run"  # "ran", "device mismatch", or why it stopped
     in_model: bool = False  # the device error was raised inside the model's forward
+    model_ran: bool = False  # the model's forward returned: torch accepted the model's own placement
 
 
 class _Stop(BaseException):
@@ -64,16 +66,11 @@ def running() -> Any:
     return _RUNNING.get()
 
 
-def read_callers(start: FrameType | None, model: torch.nn.Module, companions: list[Any], current: Any) -> StepRun:
+def read_callers(start: FrameType | None, model: torch.nn.Module, companions: list[Any], current: Any,
+                 device: torch.device | None = None) -> StepRun:
     """Re-run the nearest user function from START outwards whose run calls the model, on fake tensors
     (never past a module's top level: what runs around a script is not the step). CURRENT: what explain()
-    called again inside the run returns."""
-    from torch.nn.parallel import DataParallel, DistributedDataParallel
-
-    wrapped = [type(m).__name__ for m in model.modules() if isinstance(m, (DataParallel, DistributedDataParallel))
-               or type(m).__name__ == "OptimizedModule"]
-    if wrapped:  # their replication, communication and compilation are not for fake tensors
-        return StepRun(ran=f"not run: a {wrapped[0]} is not run on fake tensors")
+    called again inside the run returns; DEVICE: where the model's parameters and buffers are put (see run())."""
     frame, seen = start, 0
     while frame is not None and seen < _FRAMES:
         filename = frame.f_code.co_filename
@@ -82,9 +79,10 @@ def read_callers(start: FrameType | None, model: torch.nn.Module, companions: li
             if frame.f_code.co_name == "<module>":
                 return StepRun(ran="not run: explain() was called at the top level of a script")
             call = _call_of(frame)
-            reading = StepRun()
-            if call is not None and _run(call, model, companions, reading, current):
-                return reading
+            if call is not None:
+                reading = run(call, model, companions, current, device, must_call_model=True)
+                if reading is not None:
+                    return reading
         frame = frame.f_back
     return StepRun(ran="not run: no calling function of the user's calls the model")
 
@@ -124,7 +122,9 @@ def _rebound(code: types.CodeType, before: int, names: set[str]) -> bool:
 
 class _EagerChecks(TorchDispatchMode):
     """The device checks eager kernels make and fake tensors skip: a list of tensors (torch.cat, torch.stack)
-    takes no 0-dim CPU tensor among tensors elsewhere, and a CPU tensor takes no index on another device."""
+    takes no 0-dim CPU tensor among tensors elsewhere, a foreach op (an optimizer's step) none at one index of
+    its lists on another device, a random op no generator of another device type, and a CPU tensor no index on
+    another device."""
 
     def __torch_dispatch__(self, func: Any, types_: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -133,6 +133,19 @@ class _EagerChecks(TorchDispatchMode):
             if len(devices) > 1:
                 raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
                                    f"{devices[0]} and {devices[1]}!")
+        elif func.__name__.startswith("_foreach_") and args and isinstance(args[0], (list, tuple)):
+            for row in zip(*(a for a in args if isinstance(a, (list, tuple)))):  # one op per index, as torch runs it
+                devices = list(dict.fromkeys(str(t.device) for t in row if isinstance(t, torch.Tensor)
+                                             and not (t.device.type == "cpu" and t.dim() == 0)))
+                if len(devices) > 1:
+                    raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two "
+                                       f"devices, {devices[0]} and {devices[1]}!")
+        elif isinstance(kwargs.get("generator"), torch.Generator):  # a random op draws from its device's generator
+            made = kwargs.get("device") or next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+            kind = torch.device(made).type if made is not None else "cpu"
+            if kwargs["generator"].device.type != kind:
+                raise RuntimeError(f"Expected a '{kind}' device type for generator but found "
+                                   f"'{kwargs['generator'].device.type}'")
         elif func is torch.ops.aten.index.Tensor and args and args[0].device.type == "cpu":
             if any(isinstance(i, torch.Tensor) and i.device.type != "cpu" for i in args[1]):
                 raise RuntimeError("indices should be either on cpu or on the same device as the indexed tensor (cpu)")
@@ -161,34 +174,100 @@ _OLD_FAKE_MISMATCH = re.compile(r"Unhandled FakeTensor Device Propagation for \S
 
 
 class _Reachable(TorchFunctionMode):
-    """A device this machine lacks (cuda on a CPU-only torch, cuda:1 with one GPU) fails the run as the real step
-    would, before a fake tensor is made there (torch aborts the process for a device it was built without)."""
+    """Devices as the run sees them. Without a target device: one this machine lacks (cuda on a CPU-only torch,
+    cuda:1 with one GPU) fails the run as the real step would, before a fake tensor is made there (torch aborts
+    the process for a device it was built without). With one (a dry run for another machine): every device
+    exists, "cuda" without an index is cuda:0 (torch's current device when nothing set another), and where this
+    torch has no code for the device, indexing is worked out on meta and the backward pass is simulated (each
+    parameter gets a gradient on its own device): torch's device rules for them are kept, their kernels skipped."""
+
+    def __init__(self, target: torch.device | None, params: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.target, self.params = target, params
+        self.simulated = target is not None and target.type == "cuda" and not _has(target)
 
     def __torch_function__(self, func: Any, types_: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
+        kwargs = dict(kwargs or {})
         name = getattr(func, "__name__", "")
-        specs = [*(args[1:] if name in ("to", "cuda") else ()), kwargs.get("device")]
-        if name == "cuda" and not any(isinstance(v, (int, str, torch.device)) for v in specs[:-1]):
-            specs.append("cuda")
-        for spec in specs:
-            if isinstance(spec, (str, torch.device)) and str(spec).startswith("cuda"):
-                index = torch.device(spec).index or 0
-                gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0  # cuda-only: a cuda spec
-                if index >= gpus:
+        if self.target is None:
+            specs = [*(args[1:] if name in ("to", "cuda") else ()), kwargs.get("device")]
+            if name == "cuda" and not any(isinstance(v, (int, str, torch.device)) for v in specs[:-1]):
+                specs.append("cuda")
+            for spec in specs:
+                if isinstance(spec, (str, torch.device)) and str(spec).startswith("cuda") and not _has(spec):
                     raise _Unreachable(f"{spec} is not a device of this machine")
+            return func(*args, **kwargs)
+        if name == "cuda":  # tensor.cuda(), tensor.cuda(1): a .to() with the index made explicit
+            spec = args[1] if len(args) > 1 else kwargs.pop("device", None)
+            index = spec.index if isinstance(spec, torch.device) else spec if isinstance(spec, int) else None
+            return args[0].to(torch.device("cuda", index or 0), **kwargs)
+        args = tuple(_indexed(a) for a in args)
+        if "device" in kwargs:
+            kwargs["device"] = _indexed(kwargs["device"])
+        if self.simulated and name in ("__getitem__", "__setitem__") and _on(args[0], "cuda"):
+            return _index_on_meta(name, args)
+        if self.simulated and name == "backward":
+            for p in self.params:  # the gradients a backward pass leaves: one per parameter, on its device
+                if p.requires_grad:
+                    p.grad = torch.empty_like(p)
+            return None
         return func(*args, **kwargs)
 
 
-def _run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Module, companions: list[Any],
-         reading: StepRun, current: Any) -> bool:
-    """Run the call on fake tensors; whether it is the step (it called the model, or failed on a device)."""
+def _has(spec: Any) -> bool:
+    """Whether this machine has the cuda device SPEC."""
+    index = torch.device(spec).index or 0
+    return index < (torch.cuda.device_count() if torch.cuda.is_available() else 0)  # cuda-only: a cuda spec
+
+
+def _indexed(spec: Any) -> Any:
+    """"cuda" or torch.device("cuda") as cuda:0; anything else as it is."""
+    if isinstance(spec, (str, torch.device)) and str(spec) == "cuda":
+        return torch.device("cuda", 0)
+    return spec
+
+
+def _on(value: Any, kind: str) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type == kind
+
+
+def _index_on_meta(name: str, args: tuple[Any, ...]) -> Any:
+    """x[i] and x[i] = v for a fake cuda tensor where this torch has no cuda: torch's rule (index tensors on the
+    CPU or on x's device) checked, the result's shape worked out on meta, the result made on x's device."""
+    x, index = args[0], args[1]
+    for t in index if isinstance(index, tuple) else (index,):
+        if isinstance(t, torch.Tensor) and t.device not in (x.device, torch.device("cpu")):
+            raise RuntimeError(f"indices should be either on cpu or on the same device as the indexed tensor "
+                               f"({x.device})")
+    if name == "__setitem__":
+        return None
+
+    def meta(t: Any) -> Any:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") if _on(t, "cuda") else t
+
+    out = meta(x)[tuple(meta(t) for t in index) if isinstance(index, tuple) else meta(index)]
+    return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=x.device)
+
+
+def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Module, companions: list[Any],
+        current: Any, device: torch.device | None = None, must_call_model: bool = False,
+        kind: str = "step-device") -> StepRun | None:
+    """Run CALL (function, args, kwargs) on fake tensors and say what torch did. DEVICE: the model's parameters
+    and buffers are made there (as model.to(device) would put them); everything else keeps its device. With
+    MUST_CALL_MODEL, None when the call is not the step (it failed before calling the model, or never did)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.nn.parallel import DistributedDataParallel
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     from .mismatch import is_device_mismatch
     from .watch import watch
 
+    wrapped = [type(m).__name__ for m in model.modules() if isinstance(m, DistributedDataParallel)
+               or type(m).__name__ == "OptimizedModule"]
+    if wrapped:  # their communication and compilation are not for fake tensors
+        return StepRun(ran=f"not run: a {wrapped[0]} is not run on fake tensors")
     func, args, kwargs = call
+    reading = StepRun()
     calls = [0]
     depth = [0]
 
@@ -203,6 +282,7 @@ def _run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modu
 
     def after_model(*_: Any) -> None:
         depth[0] -= 1
+        reading.model_ran = True
 
     def before_companion(module: torch.nn.Module, _: Any) -> None:
         site = _user_site()
@@ -216,19 +296,21 @@ def _run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modu
             reading.optimizers.append((optimizer, site))
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    swap = _Swap(mode)
+    swap = _Swap(mode, device)
     handles = [model.register_forward_pre_hook(before_model), model.register_forward_hook(after_model)]
     handles += [c.register_forward_pre_hook(before_companion) for c in companions if isinstance(c, torch.nn.Module)]
     handles.append(register_optimizer_step_pre_hook(before_step))
     token = _RUNNING.set(current)
     quiet = io.StringIO()
     try:
-        swap.value(model)
+        swap.value(model, move=True)
         for companion in companions:
             swap.value(companion)
         fake_args, fake_kwargs = swap.value(args), swap.value(kwargs)
+        devices = _Reachable(device, [f for _, f in swap.fakes.values() if isinstance(f, torch.nn.Parameter)])
+        grad = torch.no_grad() if devices.simulated else contextlib.nullcontext()  # autograd needs the device's code
         with (warnings.catch_warnings(), contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet),
-              mode, _EagerChecks(), _Reachable(), watch(model)):
+              _quiet_log("torch._subclasses.fake_tensor"), mode, _EagerChecks(), devices, grad, watch(model)):
             warnings.simplefilter("ignore")
             func(*fake_args, **fake_kwargs)
         reading.ran = "ran"
@@ -239,23 +321,35 @@ def _run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modu
         report = getattr(exc, "report", None)
         names = [(t.origin or t.label).split(" at ")[0].split(" in ")[0] for t in getattr(report, "culprits", [])]
         where = getattr(report, "module", None) or ", ".join(dict.fromkeys(names)) or "step"
-        reading.problems.append({"kind": "step-device", "where": where, "severity": "error",
-                                 "message": f"the step fails (run on fake tensors, as torch checks devices): {exc}"})
+        reading.problems.append({"kind": kind, "where": where, "severity": "error",
+                                 "message": f"the {'forward' if kind == 'mismatch' else 'step'} fails (run on fake tensors, "
+                                            f"as torch checks devices): {exc}"})
     except Exception as exc:  # an op fake tensors cannot run, or the step's own error: said, not guessed past
-        if not calls[0] and not is_device_mismatch(exc) and not isinstance(exc, _Unreachable):
-            return False  # it failed before reaching the model: not the step (a function around explain())
+        if must_call_model and not calls[0] and not is_device_mismatch(exc) and not isinstance(exc, _Unreachable):
+            return None  # it failed before reaching the model: not the step (a function around explain())
         at = _stopped_at(exc)
         what = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}" if str(exc) else type(exc).__name__
         reading.ran = f"stopped{' at ' + at if at else ''}: {what}"
         reading.problems.append({"kind": "step-not-checked", "where": "step", "severity": "note",
-                                 "message": f"the step was checked on fake tensors up to {at or 'an op'}, "
-                                            f"where it stopped ({what}); the rest of it was not checked."})
+                                 "message": f"fake tensors ran the step up to {at or 'an op'} and stopped there "
+                                            f"({what}); the rest was not checked."})
     finally:
         _RUNNING.reset(token)
         for handle in handles:
             handle.remove()
         swap.restore()
-    return calls[0] > 0 or reading.ran != "ran"
+    return reading if calls[0] > 0 or reading.ran != "ran" or not must_call_model else None
+
+
+@contextlib.contextmanager
+def _quiet_log(name: str) -> Any:
+    """Logger NAME silenced for the block (fake tensors log each meta kernel that fails, as errors)."""
+    logger = logging.getLogger(name)
+    old, logger.disabled = logger.disabled, True
+    try:
+        yield
+    finally:
+        logger.disabled = old
 
 
 class _Unreachable(RuntimeError):
@@ -269,25 +363,28 @@ class _Swap:
     lists, tuples and dicts of tensors they keep), attributes of plain objects, optimizers' parameters and
     state, and tensors in the arguments' containers (which the step gets as copies)."""
 
-    def __init__(self, mode: Any) -> None:
-        self.mode = mode
+    def __init__(self, mode: Any, device: torch.device | None = None) -> None:
+        self.mode, self.device = mode, device
         self.fakes: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(real) -> (real, fake)
         self.undo: list[Any] = []
         self.seen: set[int] = set()
 
-    def tensor(self, t: torch.Tensor) -> torch.Tensor:
+    def tensor(self, t: torch.Tensor, move: bool = False) -> torch.Tensor:
         from torch._subclasses.fake_tensor import FakeTensor
 
         if isinstance(t, FakeTensor):
             return t
         if id(t) not in self.fakes:
             fake = self.mode.from_tensor(t)
+            if move and self.device is not None and fake.device != self.device:
+                with self.mode, torch.no_grad():
+                    fake = fake.to(self.device)
             if isinstance(t, torch.nn.Parameter):
                 fake = torch.nn.Parameter(fake, requires_grad=t.requires_grad)
             self.fakes[id(t)] = (t, fake)
         return self.fakes[id(t)][1]
 
-    def value(self, v: Any, depth: int = 0) -> Any:
+    def value(self, v: Any, depth: int = 0, move: bool = False) -> Any:
         """V with its tensors fake: containers as copies (depth 4), modules, optimizers and objects in place."""
         if isinstance(v, torch.Tensor):
             return self.tensor(v)
@@ -301,9 +398,9 @@ class _Swap:
         if id(v) in self.seen:
             return v
         self.seen.add(id(v))
-        if isinstance(v, torch.nn.Module):
+        if isinstance(v, torch.nn.Module):  # MOVE: the model's own tensors go to the run's device
             for m in v.modules():
-                self._module(m, depth)
+                self._module(m, depth, move)
         elif isinstance(v, torch.optim.Optimizer):
             self._optimizer(v)
         elif hasattr(v, "__dict__") and not isinstance(v, (type, types.FunctionType, types.ModuleType,
@@ -311,14 +408,14 @@ class _Swap:
             self._attributes(v, vars(v), depth)
         return v
 
-    def _module(self, m: torch.nn.Module, depth: int) -> None:
+    def _module(self, m: torch.nn.Module, depth: int, move: bool = False) -> None:
         registries: tuple[dict[str, Any], ...] = (m._parameters, m._buffers)
         for registry in registries:
             old = dict(registry)
             self.undo.append((registry, old))
             for k, t in old.items():
                 if t is not None:
-                    registry[k] = self.tensor(t)
+                    registry[k] = self.tensor(t, move)
         self._attributes(m, {k: v for k, v in vars(m).items() if k not in _MODULE_STATE}, depth)
 
     def _attributes(self, owner: Any, attributes: dict[str, Any], depth: int) -> None:

@@ -43,10 +43,6 @@ def render(data: dict[str, Any]) -> Group:
         parts.append(table)
     else:
         parts.append("[green]no placement problems found[/]")
-    forward, step = str(data.get("forward", "")), str(data.get("step", ""))
-    if forward.startswith("not run") and step.startswith("not run"):  # only where tensors sit was looked at
-        parts.append(f"[yellow]nothing was run: the forward ({forward}) nor a step ({step}). Call explain() at "
-                     f"the top of the training step, with the batch, so torch checks what the step does too.[/]")
     return Group(*parts)
 
 

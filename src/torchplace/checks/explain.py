@@ -30,6 +30,7 @@ from __future__ import annotations
 import io
 import sys
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -69,28 +70,33 @@ class Explanation(dict):
         return out.getvalue()
 
 
-def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimizer | None = None) -> Explanation:
-    """Where a model's parameters and buffers, the inputs and the optimizer state live, and the problems.
+def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimizer | None = None,
+            step: Callable[..., Any] | None = None, device: str | torch.device | None = None) -> Explanation:
+    """Where a model's parameters and buffers, the inputs and the optimizer state live, and what torch refuses.
 
-    Looks without changing anything: each module's devices, plain tensor attributes that `.to()`
-    would not move, inputs on another device than the layers that read them, optimizer state on
-    another device than its parameters, DataParallel pitfalls; with inputs, one forward is run and
-    its outcome reported. Called at the top of the training step, it also runs that step again on
-    fake tensors (no data, no kernels; the user's tensors and objects are put back): what torch
-    refuses there (a loss, metric, labels or tensors mixed with the model's output) is named with its
-    line; the step's Python side effects beyond its arguments are not undone (see docs/strict-mode.md).
+    Runs the step (STEP, else the function of the user's that called explain()), or else the forward
+    `model(*inputs)`, once on fake tensors (no data, no kernels; the user's tensors and objects are put back),
+    so torch's own device checks decide: what it refuses is an error naming its culprit and line; where tensors
+    only sit oddly (CPU index or lengths tensors, host-only attributes, a deliberate split) is a note once torch
+    ran the code. The step's Python side effects beyond its arguments are not undone (see docs/strict-mode.md).
 
     Args:
         model: the model to examine.
-        *inputs: a batch as the model takes it (tensors or nested containers), optional.
+        *inputs: a batch as the model takes it (tensors or nested containers), optional; with STEP, the step's
+            arguments. Modules and objects holding tensors among them (a loss, a metric) are checked too.
         optimizer: its state is checked against the parameters' devices.
+        step: a training step, run as `step(*inputs)` (bind the model, optimizer and loss with a lambda or
+            functools.partial).
+        device: a dry run for another machine: the model's parameters and buffers are put on DEVICE (as
+            `model.to(device)` would there, e.g. "cuda:1" on a laptop without GPUs); everything else keeps its
+            device (a batch from the loader, plain attributes, optimizer state, modules outside the model).
 
     Returns:
         An `Explanation`: a plain dict (`model`, `modules`, `inputs`, `optimizer`, `forward`, `step`,
         `problems`) that prints as tables (`print()`) or text (`str()`).
 
     Raises:
-        TypeError: `model` is not an `nn.Module`.
+        TypeError: `model` is not an `nn.Module`, or `step` is not callable.
 
     Example:
         ```python
@@ -98,21 +104,25 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
         import torchplace as tp
 
         model = torch.nn.Linear(8, 2)
-        report = tp.explain(model, torch.randn(2, 8), optimizer=torch.optim.Adam(model.parameters()))
+        report = tp.explain(model, torch.randn(2, 8), device="cuda:1")
         print(report.problems or "no problems")
         ```
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"explain() takes the model (an nn.Module) first, got {type(model).__name__}. "
                         "Fix: explain(model, batch, optimizer=opt).")
+    if step is not None and not callable(step):
+        raise TypeError(f"explain(step=...) takes the training step, a function, got {type(step).__name__}. "
+                        "Fix: explain(model, batch, step=lambda batch: train_step(model, batch)).")
     if dry_run.running() is not None:  # explain()'s own re-run of the step that called it: the report being made
         return dry_run.running()  # type: ignore[no-any-return]
+    target = torch.device(device) if device is not None else None
     problems: list[dict[str, str]] = []
     inner = unwrap(model)  # through DDP, DataParallel, torch.compile, Fabric: the paths the user's class has
-    devices = model_devices(inner)
+    devices = [str(target)] if target is not None else model_devices(inner)
     groups = module_groups(inner, "model")
     result = Explanation(
-        model={"type": type(inner).__name__, "devices": devices,
+        model={"type": type(inner).__name__, "devices": model_devices(inner),
                "parameters": sum(g.elements for g in groups if g.parameters),
                "bytes": sum(g.bytes for g in groups)},
         modules=[g.to_dict() for g in groups],
@@ -121,19 +131,30 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
         optimizer=None,
         problems=problems,
     )
+    if target is not None:
+        result["device"] = str(target)
     companions = [(i, v) for i, v in enumerate(inputs) if _is_companion(v)]
     args = tuple(v for v in inputs if not _is_companion(v))
-    _check_modules(inner, groups, devices, problems)
-    result["plain_attributes"] = _check_attributes(inner, problems)
+    if target is None:
+        _check_modules(inner, groups, devices, problems)
+    result["plain_attributes"] = _check_attributes(inner, devices, problems)
     result["inputs"] = _check_inputs(args, devices, problems)
     _check_unregistered(inner, devices, problems)
     _check_parallel(model, problems)
-    result["forward"] = _run_forward(model, args, problems) if args else "not run: no inputs given"
-    reading = dry_run.read_callers(sys._getframe(1), model, [v for _, v in companions], result)
+    near = [v for _, v in companions]
+    if step is not None:
+        reading = dry_run.run((step, inputs, {}), model, near, result, target) or dry_run.StepRun()
+    else:
+        reading = dry_run.read_callers(sys._getframe(1), model, near, result, target)
     result["step"] = reading.ran
+    forward = None
+    if args and step is None and not reading.model_ran and reading.ran != "device mismatch":
+        forward = dry_run.run((model, args, {}), model, [], result, target, kind="mismatch") or dry_run.StepRun()
+        if forward.ran.startswith("stopped") and target is None:  # an op fake tensors cannot run: the real one
+            forward = _run_forward(model, args, forward)
+    result["forward"] = forward.ran if forward else "not run: " + ("the step ran it" if reading.model_ran else
+                                                                   "the step was given" if step else "no inputs given")
     _check_companions(companions, devices, problems, reading.used)
-    if reading.ran == "ran":  # torch ran the step: placement that looked odd is fine
-        _accepted(problems, "The step ran on fake tensors with these devices", (*_LOOKS_ODD, "companion-device"))
     params = {id(p) for p in model.parameters()}
     steps = {id(o): site for o, site in reversed(reading.optimizers)}  # the nearest frame's line
     if optimizer is None:  # the optimizer that steps in the caller's code, when all its parameters are the model's
@@ -146,8 +167,14 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
             p["message"] += f" The model is called at {reading.model_calls[0]}."
         elif p["kind"] == "optimizer-state-device" and id(optimizer) in steps:
             p["message"] += f" The optimizer steps at {steps[id(optimizer)]}."
-    forward_failed = result["forward"] in ("device mismatch", "meta tensor used for its data")
-    problems += [p for p in reading.problems if not (forward_failed and reading.in_model)]  # said once
+    runs = [r for r in (reading, forward) if r is not None]
+    _judge(problems, runs)
+    problems += [p for r in runs for p in r.problems]
+    if not any(r.model_ran or r.ran == "device mismatch" for r in runs):
+        why = "; ".join(dict.fromkeys(str(x) for x in (result["step"], result["forward"])))
+        _problem(problems, "not-checked", "step", "note",
+                 f"could not check this: torch ran nothing ({why}), so only where tensors sit was looked at. Give "
+                 f"me the step: explain(model, batch, step=train_step), or call explain() at the top of the step.")
     annotate_meta(inner, problems)
     return result
 
@@ -155,7 +182,14 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
 _FAILS_IN_CALL = ("mismatch", "input-device", "parallel-first-device")
 
 
-_LOOKS_ODD = ("input-device", "plain-attribute", "model-split")
+def _judge(problems: list[dict[str, str]], runs: list[Any]) -> None:
+    """Where tensors sit is a hint, never an error by itself: torch judges (it accepts CPU indices, lengths,
+    0-dim scalars, host-only values, a deliberate split). A finding that names a culprit of a failure torch
+    raised stays beside that failure, as its explanation."""
+    failure = " ".join(p["message"] for r in runs for p in r.problems if p["severity"] == "error")
+    for p in problems:
+        if not (failure and p["where"] in failure):
+            p["severity"] = "note"
 
 
 def _is_companion(value: Any) -> bool:
@@ -167,39 +201,35 @@ def _is_companion(value: Any) -> bool:
     return any(isinstance(v, torch.Tensor) for v in vars(value).values())
 
 
-def _run_forward(model: torch.nn.Module, args: tuple[Any, ...], problems: list[dict[str, str]]) -> str:
-    """Run model(*args) once; a device mismatch becomes a problem naming its culprit, and placement that
-    only looked odd becomes a note when the forward ran (torch accepted it)."""
+def _run_forward(model: torch.nn.Module, args: tuple[Any, ...], fake: Any) -> Any:
+    """The forward on the real tensors (under torch.no_grad(), buffers put back), where fake tensors stopped at
+    an op that needs data: a device mismatch or a meta tensor read for its data becomes the run's problem."""
     from ..errors import DeviceMismatchError, MetaTensorError
     from .watch import watch
 
     saved = [(b, b.detach().clone()) for b in model.buffers()]
+    real = dry_run.StepRun(problems=fake.problems)
     try:
         with torch.no_grad(), watch(model):
             model(*args)
+        real.ran, real.model_ran = "ran", True
+        for p in real.problems:
+            p["message"] = p["message"].replace("the rest was not checked", "the forward ran on the real tensors")
     except (DeviceMismatchError, MetaTensorError) as exc:  # a meta tensor used for its data: named as watch() does
         report = getattr(exc, "report", None)
-        where = getattr(report, "module", None) or "model"
         no_data = isinstance(exc, MetaTensorError)
-        _problem(problems, "meta-tensor" if no_data else "mismatch", where, "error", f"the forward fails: {exc}")
-        return "meta tensor used for its data" if no_data else "device mismatch"
+        real.problems = [{"kind": "meta-tensor" if no_data else "mismatch", "severity": "error",
+                          "where": getattr(report, "module", None) or "model", "message": f"the forward fails: {exc}"}]
+        real.ran = "meta tensor used for its data" if no_data else "device mismatch"
     except Exception as exc:  # inputs the forward does not take (a whole batch): the static findings stand
-        return f"not run: model(*inputs) raised {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        real.ran = f"not run: model(*inputs) raised {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        real.problems = []
     finally:
         with torch.no_grad():
             for buffer, value in saved:
                 if buffer.device == value.device and buffer.shape == value.shape:
                     buffer.copy_(value)
-    _accepted(problems, "The forward ran with these inputs")
-    return "ran"
-
-
-def _accepted(problems: list[dict[str, str]], how: str, kinds: tuple[str, ...] = _LOOKS_ODD) -> None:
-    """Placement that only looked odd becomes a note once torch ran the code with it."""
-    for p in problems:
-        if p["kind"] in kinds and p["severity"] != "note":
-            p["severity"] = "note"
-            p["message"] += f" ({how}, so torch accepts this placement.)"
+    return real
 
 
 def _companion_names(values: list[Any]) -> dict[int, str]:
@@ -231,12 +261,9 @@ def _check_companions(companions: list[tuple[int, Any]], devices: list[str],
         away = [(path, t) for path, t in tensors if str(t.device) not in devices and t.dim() > 0]
         if away:
             shown = ", ".join(f"{path} on {t.device}" for path, t in away[:4])
-            used = [f"{label}.{key} at {at}" for key in dict.fromkeys(path.split(".")[1] for path, _ in away[:4])
-                    if (at := _used_at(type(value), key))]
             _problem(problems, "companion-device", label, "error",
                      f"{label} ({type(value).__name__}) keeps {shown}, while the model is on {', '.join(devices)}; it "
                      f"is not part of the model, so model.to() does not move it"
-                     + (f" (its own code uses {'; '.join(used)})" if used else "")
                      + (f"; it is called at {called[id(value)]}" if id(value) in called else "")
                      + f". Fix: {label}.to({devices[0]!r}) (or make it a submodule of the model).")
 
@@ -257,44 +284,11 @@ def _check_unregistered(model: torch.nn.Module, devices: list[str], problems: li
             away = [(f"{path}.{n}", t.device) for path, m in held
                     for n, t in [*m.named_parameters(), *m.named_buffers()] if devices and str(t.device) not in devices]
             where = "; ".join(f"{path} on {d}" for path, d in away[:4])
-            used = _used_at(type(module), key)
             _problem(problems, "unregistered-module", f"{prefix}.{key}", "error" if away else "warning",
                      f"{prefix}.{key} is a plain Python {kind} holding {len(held)} module(s) "
                      f"({', '.join(p for p, _ in held[:4])}); model.to(), model.parameters() and the state_dict do "
                      f"not see them" + (f", and they are elsewhere: {where}" if away else "") +
-                     (f"; used at {used}" if used else "") + f". Fix: {prefix}.{key} = {wrapper}(...).")
-
-
-def _used_at(cls: type, attr: str) -> str | None:
-    """Where the user's class CLS first reads `self.ATTR` outside __init__ ('corpus.py:322 in
-    validation_step()'), from its source; None for library classes or when no method uses it."""
-    import ast
-    import inspect
-
-    from .frames import TORCH_DIR, is_installed, short_path
-
-    for klass in cls.__mro__:
-        try:
-            filename = inspect.getsourcefile(klass) or ""
-            lines, first = inspect.getsourcelines(klass)
-        except (OSError, TypeError):
-            continue
-        if not filename or filename.startswith(TORCH_DIR) or is_installed(filename):
-            continue
-        try:
-            tree = ast.parse(inspect.cleandoc("\n" + "".join(lines)) if lines[0][:1].isspace() else "".join(lines))
-        except SyntaxError:
-            continue
-        found = [node.lineno for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 and fn.name != "__init__" for node in ast.walk(fn)
-                 if isinstance(node, ast.Attribute) and node.attr == attr
-                 and isinstance(node.value, ast.Name) and node.value.id == "self"]
-        if found:
-            lineno = first + min(found) - 1
-            method = next(fn.name for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-                          and fn.lineno <= min(found) <= (fn.end_lineno or fn.lineno))
-            return f"{short_path(filename)}:{lineno} in {method}()"
-    return None
+                     f". Fix: {prefix}.{key} = {wrapper}(...).")
 
 
 def describe(tensor: torch.Tensor) -> dict[str, Any]:
@@ -325,9 +319,8 @@ def _check_modules(model: torch.nn.Module, groups: list[Any], devices: list[str]
                  f"replaced after the move.")
 
 
-def _check_attributes(model: torch.nn.Module, problems: list[dict[str, str]]) -> list[dict[str, Any]]:
+def _check_attributes(model: torch.nn.Module, devices: list[str], problems: list[dict[str, str]]) -> list[dict[str, Any]]:
     out = []
-    devices = model_devices(model)
     for path, tensor in plain_attributes(model):
         entry = {"name": path, **describe(tensor)}
         out.append(entry)

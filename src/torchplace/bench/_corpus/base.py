@@ -79,11 +79,12 @@ def legal(source: str, pairs: tuple[str, ...] = ALL) -> Callable[[Callable[..., 
     return case("legal", source, pairs=pairs)
 
 
-def _explain(model: nn.Module, *inputs: Any) -> Any:
-    """explain() as a user calls it, with the loss, metric or scheduler that lives beside the model."""
+def _explain(model: nn.Module, *inputs: Any, step: Callable[..., Any] | None = None) -> Any:
+    """explain() as a user calls it, with the loss, metric or scheduler that lives beside the model, and the
+    step (run as step(*inputs)) where the mistake is outside the model's forward."""
     from torchplace.checks.explain import explain
 
-    return explain(model, *inputs)
+    return explain(model, *inputs, step=step)
 
 
 _REPORTS: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("corpus_reports", default=None)

@@ -213,7 +213,7 @@ def scheduler_sigmas(dev: torch.device, other: torch.device) -> Program:
     with built_on(other):
         scheduler = Scheduler()
     x = randn(4, W, device=dev)
-    return Program(model, lambda: scheduler.step(model(x), 3), (x,), explain=lambda: _explain(model, x, scheduler))
+    return Program(model, lambda: scheduler.step(model(x), 3), (x,), explain=lambda: _explain(model, x, scheduler, step=lambda x, scheduler: scheduler.step(model(x), 3)))
 
 
 # ----------------------------------------------------------------------------- tensors made in forward without a device

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import C, Program, Toy, W, built_on, explain_here, labels, mistake, randn, stepped
+from .base import C, Program, Toy, W, _explain, built_on, explain_here, labels, mistake, randn, stepped
 
 # ----------------------------------------------------------------------------- recurrent state
 
@@ -208,7 +208,8 @@ def criterions_in_list(dev: torch.device, other: torch.device) -> Program:
         model = Recognizer()
     model.to(dev)
     batch = {"x": randn(4, W, device=dev), "y": torch.randint(0, C, (4, 2), device=dev)}
-    return Program(model, lambda: model.validation_step(batch), (batch["x"],))
+    return Program(model, lambda: model.validation_step(batch), (batch,),
+                   explain=lambda: _explain(model, batch, step=model.validation_step))
 
 
 class Classifier(nn.Module):
