@@ -50,7 +50,6 @@ class StepRun:
 
     problems: list[dict[str, str]] = field(default_factory=list)
     model_calls: list[str] = field(default_factory=list)  # "train.py:40 in step(): `loss = model(x)`"
-    used: dict[int, str] = field(default_factory=dict)  # id(module) -> its first call site, as above
     optimizers: list[tuple[torch.optim.Optimizer, str]] = field(default_factory=list)  # and where each steps
     ran: str = "not run"  # "ran", "device mismatch", or why it stopped
     in_model: bool = False  # the device error was raised inside the model's forward
@@ -284,11 +283,6 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
         depth[0] -= 1
         reading.model_ran = True
 
-    def before_companion(module: torch.nn.Module, _: Any) -> None:
-        site = _user_site()
-        if site:
-            reading.used.setdefault(id(module), site)
-
     def before_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
         swap.value(optimizer)  # one the step reaches otherwise (a global): swapped now, before it steps
         site = _user_site()
@@ -298,7 +292,6 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     swap = _Swap(mode, device)
     handles = [model.register_forward_pre_hook(before_model), model.register_forward_hook(after_model)]
-    handles += [c.register_forward_pre_hook(before_companion) for c in companions if isinstance(c, torch.nn.Module)]
     handles.append(register_optimizer_step_pre_hook(before_step))
     token = _RUNNING.set(current)
     quiet = io.StringIO()
@@ -321,9 +314,9 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
         report = getattr(exc, "report", None)
         names = [(t.origin or t.label).split(" at ")[0].split(" in ")[0] for t in getattr(report, "culprits", [])]
         where = getattr(report, "module", None) or ", ".join(dict.fromkeys(names)) or "step"
+        what = "forward" if kind == "mismatch" else "step"
         reading.problems.append({"kind": kind, "where": where, "severity": "error",
-                                 "message": f"the {'forward' if kind == 'mismatch' else 'step'} fails (run on fake tensors, "
-                                            f"as torch checks devices): {exc}"})
+                                 "message": f"the {what} fails (run on fake tensors, as torch checks devices): {exc}"})
     except Exception as exc:  # an op fake tensors cannot run, or the step's own error: said, not guessed past
         if must_call_model and not calls[0] and not is_device_mismatch(exc) and not isinstance(exc, _Unreachable):
             return None  # it failed before reaching the model: not the step (a function around explain())

@@ -38,7 +38,7 @@ import torch
 from ..shared.tree import tensors_with_paths
 from ..shared.wrappers import unwrap
 from . import _dry_run as dry_run
-from .layout import _MODULE_INTERNALS, model_devices, module_groups, own_tensors, plain_attributes
+from .layout import model_devices, module_groups, own_tensors, plain_attributes
 from .meta import annotate as annotate_meta
 
 _CPU = torch.device("cpu")
@@ -139,7 +139,6 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
         _check_modules(inner, groups, devices, problems)
     result["plain_attributes"] = _check_attributes(inner, devices, problems)
     result["inputs"] = _check_inputs(args, devices, problems)
-    _check_unregistered(inner, devices, problems)
     _check_parallel(model, problems)
     near = [v for _, v in companions]
     if step is not None:
@@ -154,7 +153,6 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
             forward = _run_forward(model, args, forward)
     result["forward"] = forward.ran if forward else "not run: " + ("the step ran it" if reading.model_ran else
                                                                    "the step was given" if step else "no inputs given")
-    _check_companions(companions, devices, problems, reading.used)
     params = {id(p) for p in model.parameters()}
     steps = {id(o): site for o, site in reversed(reading.optimizers)}  # the nearest frame's line
     if optimizer is None:  # the optimizer that steps in the caller's code, when all its parameters are the model's
@@ -162,10 +160,8 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
                           if all(id(p) in params for g in o.param_groups for p in g["params"])), None)
     if optimizer is not None:
         result["optimizer"] = _check_optimizer(model, optimizer, problems)
-    for p in problems:  # the user's lines: where the model is called, where the optimizer steps
-        if p["kind"] in _FAILS_IN_CALL and p["severity"] == "error" and reading.model_calls:
-            p["message"] += f" The model is called at {reading.model_calls[0]}."
-        elif p["kind"] == "optimizer-state-device" and id(optimizer) in steps:
+    for p in problems:  # the user's line where the optimizer steps
+        if p["kind"] == "optimizer-state-device" and id(optimizer) in steps:
             p["message"] += f" The optimizer steps at {steps[id(optimizer)]}."
     runs = [r for r in (reading, forward) if r is not None]
     _judge(problems, runs)
@@ -177,9 +173,6 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
                  f"me the step: explain(model, batch, step=train_step), or call explain() at the top of the step.")
     annotate_meta(inner, problems)
     return result
-
-
-_FAILS_IN_CALL = ("mismatch", "input-device", "parallel-first-device")
 
 
 def _judge(problems: list[dict[str, str]], runs: list[Any]) -> None:
@@ -232,65 +225,6 @@ def _run_forward(model: torch.nn.Module, args: tuple[Any, ...], fake: Any) -> An
     return real
 
 
-def _companion_names(values: list[Any]) -> dict[int, str]:
-    """The caller's names for the companions (`criterion`), read from the frames that called explain()."""
-    out: dict[int, str] = {}
-    frame = sys._getframe(3)
-    for _ in range(4):
-        if frame is None:
-            break
-        for name, value in frame.f_locals.items():
-            if name not in ("inputs", "args", "self") and any(value is v for v in values):
-                out.setdefault(id(value), name)
-        frame = frame.f_back
-    return out
-
-
-def _check_companions(companions: list[tuple[int, Any]], devices: list[str],
-                      problems: list[dict[str, str]], called: dict[int, str]) -> None:
-    if not companions or not devices:
-        return
-    names = _companion_names([v for _, v in companions])
-    for index, value in companions:
-        label = names.get(id(value), f"inputs[{index}]")
-        if isinstance(value, torch.nn.Module):
-            tensors = [(f"{label}.{n}", t) for n, t in [*value.named_parameters(), *value.named_buffers()]]
-            tensors += list(plain_attributes(value, label))
-        else:
-            tensors = [(f"{label}.{k}", t) for k, t in vars(value).items() if isinstance(t, torch.Tensor)]
-        away = [(path, t) for path, t in tensors if str(t.device) not in devices and t.dim() > 0]
-        if away:
-            shown = ", ".join(f"{path} on {t.device}" for path, t in away[:4])
-            _problem(problems, "companion-device", label, "error",
-                     f"{label} ({type(value).__name__}) keeps {shown}, while the model is on {', '.join(devices)}; it "
-                     f"is not part of the model, so model.to() does not move it"
-                     + (f"; it is called at {called[id(value)]}" if id(value) in called else "")
-                     + f". Fix: {label}.to({devices[0]!r}) (or make it a submodule of the model).")
-
-
-def _check_unregistered(model: torch.nn.Module, devices: list[str], problems: list[dict[str, str]]) -> None:
-    """Modules kept in plain lists, tuples or dicts: model.to() and model.parameters() skip them."""
-    for name, module in model.named_modules():
-        prefix = f"model.{name}" if name else "model"
-        for key, value in vars(module).items():
-            if key in _MODULE_INTERNALS or not isinstance(value, (list, tuple, dict)):
-                continue
-            items = list(value.items() if isinstance(value, dict) else enumerate(value))[:256]
-            held = [(f"{prefix}.{key}[{k!r}]", m) for k, m in items if isinstance(m, torch.nn.Module)]
-            if not held:
-                continue
-            kind = "dict" if isinstance(value, dict) else type(value).__name__
-            wrapper = "nn.ModuleDict" if isinstance(value, dict) else "nn.ModuleList"
-            away = [(f"{path}.{n}", t.device) for path, m in held
-                    for n, t in [*m.named_parameters(), *m.named_buffers()] if devices and str(t.device) not in devices]
-            where = "; ".join(f"{path} on {d}" for path, d in away[:4])
-            _problem(problems, "unregistered-module", f"{prefix}.{key}", "error" if away else "warning",
-                     f"{prefix}.{key} is a plain Python {kind} holding {len(held)} module(s) "
-                     f"({', '.join(p for p, _ in held[:4])}); model.to(), model.parameters() and the state_dict do "
-                     f"not see them" + (f", and they are elsewhere: {where}" if away else "") +
-                     f". Fix: {prefix}.{key} = {wrapper}(...).")
-
-
 def describe(tensor: torch.Tensor) -> dict[str, Any]:
     return {"device": str(tensor.device), "dtype": str(tensor.dtype).removeprefix("torch."),
             "shape": list(tensor.shape)}
@@ -319,7 +253,8 @@ def _check_modules(model: torch.nn.Module, groups: list[Any], devices: list[str]
                  f"replaced after the move.")
 
 
-def _check_attributes(model: torch.nn.Module, devices: list[str], problems: list[dict[str, str]]) -> list[dict[str, Any]]:
+def _check_attributes(model: torch.nn.Module, devices: list[str],
+                      problems: list[dict[str, str]]) -> list[dict[str, Any]]:
     out = []
     for path, tensor in plain_attributes(model):
         entry = {"name": path, **describe(tensor)}

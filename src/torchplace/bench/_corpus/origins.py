@@ -213,7 +213,10 @@ def scheduler_sigmas(dev: torch.device, other: torch.device) -> Program:
     with built_on(other):
         scheduler = Scheduler()
     x = randn(4, W, device=dev)
-    return Program(model, lambda: scheduler.step(model(x), 3), (x,), explain=lambda: _explain(model, x, scheduler, step=lambda x, scheduler: scheduler.step(model(x), 3)))
+    def step(x: torch.Tensor, scheduler: Scheduler) -> torch.Tensor:
+        return scheduler.step(model(x), 3)
+
+    return Program(model, lambda: step(x, scheduler), (x,), explain=lambda: _explain(model, x, scheduler, step=step))
 
 
 # ----------------------------------------------------------------------------- tensors made in forward without a device
