@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cases", default=None, help="only these case names, comma-separated")
     parser.add_argument("--quick", action="store_true",
                         help="the cpu-meta pair only, on any machine: a smoke test of the corpus (seconds)")
+    parser.add_argument("--fake-gpu", action="store_true",
+                        help="also score explain() on the cuda-cpu pair where this machine has no GPU: the cases are "
+                             "built on meta and explain's dry run puts what is on meta on a fake cuda:0")
 
 
 @dataclass
@@ -95,17 +98,24 @@ def available_pairs() -> list[str]:
 
 
 def score(case: Any, pair: str, tool: str, corpus: Any) -> Outcome:
-    """Build CASE for PAIR and judge TOOL on it."""
+    """Build CASE for PAIR and judge TOOL on it. The cuda-cpu pair without a GPU (explain only): built on
+    meta vs cpu, explained with what is on meta relocated to a fake cuda:0."""
+    import contextlib
+
     import torch
 
-    main, other = (torch.device(d) for d in corpus.PAIRS[pair])
+    from ..checks import _dry_run
+
+    fake = pair == _FAKE_PAIR and not torch.cuda.is_available()
+    main, other = (torch.device(d) for d in corpus.PAIRS["cpu-meta" if fake else pair])
     if torch.cuda.is_available():
         torch.cuda.set_device(0)
     out = Outcome(case.name, case.kind, pair, tool)
     torch.manual_seed(0)
     program = case.build(main, other)
     if tool == "explain":
-        result = program.explain() if program.explain else _explain(program)
+        with _dry_run.relocated({"meta": "cuda:0"}) if fake else contextlib.nullcontext():
+            result = program.explain() if program.explain else _explain(program)
         found = [p for p in result.problems if p["severity"] in ("error", "warning")]
         out.text = "\n".join(f"[{p['severity']}] {p['kind']} {p['where']}: {p['message']}" for p in found)
         out.alarm = bool(found)
@@ -148,12 +158,18 @@ def _run_under(tool: str, program: Any) -> tuple[str, bool]:
     return "\n".join(texts), bool(texts)
 
 
-def score_all(pairs: list[str], corpus: Any, names: set[str] | None = None) -> list[Outcome]:
+_FAKE_PAIR = "cuda-cpu"
+
+
+def score_all(pairs: list[str], corpus: Any, names: set[str] | None = None, fake: bool = False) -> list[Outcome]:
+    """Every tool on every case of PAIRS; with FAKE, explain() alone on the cuda-cpu pair too (no GPU here)."""
     outcomes = []
     jobs = [(pair, case) for pair in pairs for case in corpus.for_pair(pair) if not names or case.name in names]
+    if fake and _FAKE_PAIR not in pairs:
+        jobs += [(_FAKE_PAIR, c) for c in corpus.for_pair(_FAKE_PAIR) if not names or c.name in names]
     begin("scoring the corpus", len(jobs) * len(TOOLS))
     for pair, case in jobs:
-        for tool in TOOLS:
+        for tool in TOOLS if pair in pairs else ("explain",):
             outcomes.append(score(case, pair, tool, corpus))
             advance()
     return outcomes
@@ -186,7 +202,9 @@ def run(args: argparse.Namespace) -> BenchResult:
     if args.quick:
         pairs = [p for p in pairs if p == "cpu-meta"] or ["cpu-meta"]
     names = {n.strip() for n in args.cases.split(",")} if args.cases else None
-    outcomes = score_all(pairs, corpus, names)
+    outcomes = score_all(pairs, corpus, names, fake=getattr(args, "fake_gpu", False))
+    if getattr(args, "fake_gpu", False) and _FAKE_PAIR not in pairs:
+        pairs.append(_FAKE_PAIR)
     rows: list[Row] = []
     targets: list[Target] = []
     for pair in pairs:
@@ -194,6 +212,8 @@ def run(args: argparse.Namespace) -> BenchResult:
         legal = [o for o in outcomes if o.pair == pair and o.kind == "legal"]
         for tool in TOOLS:
             mine = [o for o in mistakes if o.tool == tool]
+            if not any(o.tool == tool for o in mistakes + legal):
+                continue  # a fake pair: explain() alone
             n = len(mine) or 1
             named, full = sum(o.named for o in mine), sum(o.full for o in mine)
             alarms = sum(o.alarm for o in legal if o.tool == tool)

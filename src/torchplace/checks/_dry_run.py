@@ -42,6 +42,7 @@ from . import frames as fr
 _FRAMES = 3  # the function that called explain() and the two that called it
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _RUNNING: contextvars.ContextVar[Any] = contextvars.ContextVar("torchplace_dry_run", default=None)
+_MOVED: contextvars.ContextVar[dict[str, torch.device]] = contextvars.ContextVar("torchplace_moved", default={})
 
 
 @dataclass
@@ -58,6 +59,23 @@ class StepRun:
 
 class _Stop(BaseException):
     """The model was called a second time: one step has been seen."""
+
+
+@contextlib.contextmanager
+def relocated(devices: dict[str, str]) -> Any:
+    """Runs in the block put every tensor on a device of DEVICES' keys, and every device the code names that
+    is one of them, on its value: {"meta": "cuda:0"} runs code built on meta as if it had been built on cuda:0
+    (how the CPU scores the corpus on the GPU pairs)."""
+    token = _MOVED.set({k: torch.device(v) for k, v in devices.items()})
+    try:
+        yield
+    finally:
+        _MOVED.reset(token)
+
+
+def relocating() -> bool:
+    """Inside relocated(): the real tensors stand for others, so the real forward is no fallback."""
+    return bool(_MOVED.get())
 
 
 def running() -> Any:
@@ -119,16 +137,22 @@ def _rebound(code: types.CodeType, before: int, names: set[str]) -> bool:
                for i in dis.get_instructions(code))
 
 
+_A = torch.ops.aten
+_NO_CPU_SCALAR = (_A.cat.default, _A.stack.default, _A.clamp.Tensor, _A.clamp_.Tensor, _A.clamp_min.Tensor,
+                  _A.clamp_max.Tensor)
+
+
 class _EagerChecks(TorchDispatchMode):
-    """The device checks eager kernels make and fake tensors skip: a list of tensors (torch.cat, torch.stack)
-    takes no 0-dim CPU tensor among tensors elsewhere, a foreach op (an optimizer's step) none at one index of
+    """The device checks eager kernels make and fake tensors skip: torch.cat, torch.stack and clamp's tensor
+    bounds take no 0-dim CPU tensor among tensors elsewhere, a foreach op (an optimizer's step) none at one index of
     its lists on another device, a random op no generator of another device type, and a CPU tensor no index on
     another device."""
 
     def __torch_dispatch__(self, func: Any, types_: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func in (torch.ops.aten.cat.default, torch.ops.aten.stack.default) and args:
-            devices = list(dict.fromkeys(str(t.device) for t in args[0] if isinstance(t, torch.Tensor)))
+        if func in _NO_CPU_SCALAR and args:
+            tensors = [*(args[0] if isinstance(args[0], (list, tuple)) else args), *kwargs.values()]
+            devices = list(dict.fromkeys(str(t.device) for t in tensors if isinstance(t, torch.Tensor)))
             if len(devices) > 1:
                 raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
                                    f"{devices[0]} and {devices[1]}!")
@@ -177,16 +201,20 @@ class _Reachable(TorchFunctionMode):
     cuda:1 with one GPU) fails the run as the real step would, before a fake tensor is made there (torch aborts
     the process for a device it was built without). With one (a dry run for another machine): every device
     exists, "cuda" without an index is cuda:0 (torch's current device when nothing set another), and where this
-    torch has no code for the device, indexing is worked out on meta and the backward pass is simulated (each
-    parameter gets a gradient on its own device): torch's device rules for them are kept, their kernels skipped."""
+    torch has no code for the device, an op is worked out on meta (_on_meta) and the backward pass is simulated
+    (each parameter gets a gradient on its own device): torch's device rules are kept, its kernels skipped."""
 
-    def __init__(self, target: torch.device | None, params: list[torch.Tensor]) -> None:
+    def __init__(self, target: torch.device | None, swap: _Swap) -> None:
         super().__init__()
-        self.target, self.params = target, params
+        self.target, self.swap = target, swap
         self.simulated = target is not None and target.type == "cuda" and not _has(target)
 
     def __torch_function__(self, func: Any, types_: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = dict(kwargs or {})
+        from torch.utils._pytree import tree_map_only
+
+        # a tensor of the user's the run did not reach through the step's arguments (a global, a closure): its
+        # fake copy, so the run reads it where it is and never writes into it
+        args, kwargs = tree_map_only(torch.Tensor, self.swap.tensor, (tuple(args), dict(kwargs or {})))
         name = getattr(func, "__name__", "")
         if self.target is None:
             specs = [*(args[1:] if name in ("to", "cuda") else ()), kwargs.get("device")]
@@ -203,14 +231,17 @@ class _Reachable(TorchFunctionMode):
         args = tuple(_indexed(a) for a in args)
         if "device" in kwargs:
             kwargs["device"] = _indexed(kwargs["device"])
-        if self.simulated and name in ("__getitem__", "__setitem__") and _on(args[0], "cuda"):
-            return _index_on_meta(name, args)
         if self.simulated and name == "backward":
-            for p in self.params:  # the gradients a backward pass leaves: one per parameter, on its device
-                if p.requires_grad:
+            for _, p in self.swap.fakes.values():  # what a backward pass leaves: a gradient per parameter
+                if isinstance(p, torch.nn.Parameter) and p.requires_grad:
                     p.grad = torch.empty_like(p)
             return None
-        return func(*args, **kwargs)
+        try:
+            return func(*args, **kwargs)
+        except RuntimeError as exc:
+            if not (self.simulated and "not linked with support for cuda" in str(exc)):
+                raise
+        return _on_meta(func, args, kwargs)
 
 
 def _has(spec: Any) -> bool:
@@ -220,32 +251,35 @@ def _has(spec: Any) -> bool:
 
 
 def _indexed(spec: Any) -> Any:
-    """"cuda" or torch.device("cuda") as cuda:0; anything else as it is."""
+    """"cuda" or torch.device("cuda") as cuda:0, a relocated device as where it goes; anything else as it is."""
     if isinstance(spec, (str, torch.device)) and str(spec) == "cuda":
         return torch.device("cuda", 0)
-    return spec
+    return _MOVED.get().get(str(spec), spec) if isinstance(spec, (str, torch.device)) else spec
 
 
-def _on(value: Any, kind: str) -> bool:
-    return isinstance(value, torch.Tensor) and value.device.type == kind
+def _on_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """FUNC for fake cuda tensors where this torch has no cuda code for it (a composite op such as cross_entropy,
+    indexing): torch's device rule checked (one device, 0-dim CPU tensors and CPU indices aside), the result
+    worked out on meta and made on that device."""
+    from torch.utils._pytree import tree_flatten, tree_map_only
 
+    index = getattr(func, "__name__", "") in ("__getitem__", "__setitem__")
+    tensors = [t for t in tree_flatten((args[1:2] if index else args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    devices = list(dict.fromkeys(str(t.device) for t in [*args[:1], *tensors]
+                                 if not (t.device.type == "cpu" and (t.dim() == 0 or index))))
+    if len(devices) > 1:
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                           f"{devices[0]} and {devices[1]}!")
 
-def _index_on_meta(name: str, args: tuple[Any, ...]) -> Any:
-    """x[i] and x[i] = v for a fake cuda tensor where this torch has no cuda: torch's rule (index tensors on the
-    CPU or on x's device) checked, the result's shape worked out on meta, the result made on x's device."""
-    x, index = args[0], args[1]
-    for t in index if isinstance(index, tuple) else (index,):
-        if isinstance(t, torch.Tensor) and t.device not in (x.device, torch.device("cpu")):
-            raise RuntimeError(f"indices should be either on cpu or on the same device as the indexed tensor "
-                               f"({x.device})")
-    if name == "__setitem__":
-        return None
+    def meta(t: torch.Tensor) -> torch.Tensor:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") if t.device.type == "cuda" \
+            else t
 
-    def meta(t: Any) -> Any:
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") if _on(t, "cuda") else t
-
-    out = meta(x)[tuple(meta(t) for t in index) if isinstance(index, tuple) else meta(index)]
-    return torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, device=x.device)
+    out = func(*tree_map_only(torch.Tensor, meta, (args, kwargs))[0], **tree_map_only(torch.Tensor, meta, kwargs))
+    device = torch.device(devices[0]) if devices else torch.device("cuda", 0)
+    return tree_map_only(torch.Tensor, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
+                                                                     device=device) if t.device.type == "meta" else t,
+                         out)
 
 
 def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Module, companions: list[Any],
@@ -300,7 +334,8 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
         for companion in companions:
             swap.value(companion)
         fake_args, fake_kwargs = swap.value(args), swap.value(kwargs)
-        devices = _Reachable(device, [f for _, f in swap.fakes.values() if isinstance(f, torch.nn.Parameter)])
+        target = device or next(iter(_MOVED.get().values()), None)
+        devices = _Reachable(target, swap)
         grad = torch.no_grad() if devices.simulated else contextlib.nullcontext()  # autograd needs the device's code
         with (warnings.catch_warnings(), contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet),
               _quiet_log("torch._subclasses.fake_tensor"), mode, _EagerChecks(), devices, grad, watch(model)):
@@ -318,7 +353,7 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
         reading.problems.append({"kind": kind, "where": where, "severity": "error",
                                  "message": f"the {what} fails (run on fake tensors, as torch checks devices): {exc}"})
     except Exception as exc:  # an op fake tensors cannot run, or the step's own error: said, not guessed past
-        if must_call_model and not calls[0] and not is_device_mismatch(exc) and not isinstance(exc, _Unreachable):
+        if must_call_model and not calls[0] and not is_device_mismatch(exc) and not isinstance(exc, _NO_FAKE):
             return None  # it failed before reaching the model: not the step (a function around explain())
         at = _stopped_at(exc)
         what = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}" if str(exc) else type(exc).__name__
@@ -350,6 +385,18 @@ class _Unreachable(RuntimeError):
     machine lacks."""
 
 
+def _no_fake() -> tuple[type[BaseException], ...]:
+    """What fake tensors raise for an op they cannot run (its output depends on data), and _Unreachable."""
+    from torch._subclasses import fake_tensor as ft
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    return (_Unreachable, ft.DataDependentOutputException, ft.DynamicOutputShapeException,
+            ft.UnsupportedOperatorException, GuardOnDataDependentSymNode)
+
+
+_NO_FAKE = _no_fake()
+
+
 class _Swap:
     """The user's tensors the step reaches through its arguments, the model and its companions, swapped for
     fake ones for the run and put back after: parameters, buffers and tensor attributes of modules (and the
@@ -369,9 +416,10 @@ class _Swap:
             return t
         if id(t) not in self.fakes:
             fake = self.mode.from_tensor(t)
-            if move and self.device is not None and fake.device != self.device:
+            to = _MOVED.get().get(str(t.device)) or (self.device if move else None)
+            if to is not None and fake.device != to:
                 with self.mode, torch.no_grad():
-                    fake = fake.to(self.device)
+                    fake = fake.to(to)
             if isinstance(t, torch.nn.Parameter):
                 fake = torch.nn.Parameter(fake, requires_grad=t.requires_grad)
             self.fakes[id(t)] = (t, fake)

@@ -149,7 +149,7 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
     forward = None
     if args and step is None and not reading.model_ran and reading.ran != "device mismatch":
         forward = dry_run.run((model, args, {}), model, [], result, target, kind="mismatch") or dry_run.StepRun()
-        if forward.ran.startswith("stopped") and target is None:  # an op fake tensors cannot run: the real one
+        if forward.ran.startswith("stopped") and target is None and not dry_run.relocating():  # the real one
             forward = _run_forward(model, args, forward)
     result["forward"] = forward.ran if forward else "not run: " + ("the step ran it" if reading.model_ran else
                                                                    "the step was given" if step else "no inputs given")
@@ -166,11 +166,10 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
     runs = [r for r in (reading, forward) if r is not None]
     _judge(problems, runs)
     problems += [p for r in runs for p in r.problems]
-    if not any(r.model_ran or r.ran == "device mismatch" for r in runs):
-        why = "; ".join(dict.fromkeys(str(x) for x in (result["step"], result["forward"])))
+    if reading.ran.startswith("not run") and not any(r.model_ran or r.ran == "device mismatch" for r in runs):
         _problem(problems, "not-checked", "step", "note",
-                 f"could not check this: torch ran nothing ({why}), so only where tensors sit was looked at. Give "
-                 f"me the step: explain(model, batch, step=train_step), or call explain() at the top of the step.")
+                 f"could not check this ({reading.ran}; forward {result['forward']}): only where tensors sit was "
+                 f"looked at. Give me the step: explain(model, batch, step=train_step), or call explain() in it.")
     annotate_meta(inner, problems)
     return result
 

@@ -293,7 +293,8 @@ def _op_index(entries: list[tuple[FrameType, int, int]]) -> int:
     """The frame that called the failing op: the last one above torch's op machinery."""
     first = 0  # strict(factories=True)'s TorchFunctionMode re-runs each call: the op is below the mode's frame
     for i in range(1, len(entries)):
-        if fr.is_plumbing(entries[i][0]) and entries[i - 1][0].f_code.co_filename == _OVERRIDES:
+        if fr.is_plumbing(entries[i][0]) and entries[i - 1][0].f_code.co_filename == _OVERRIDES \
+                and not all(fr.is_plumbing(e[0]) for e in entries[i:]):  # raised in the mode itself: the call is the op
             first = i + 1
     limit = next((i for i in range(first, len(entries)) if fr.is_internal(entries[i][0].f_code.co_filename)),
                  len(entries))
