@@ -42,7 +42,8 @@ from . import frames as fr
 _FRAMES = 3  # the function that called explain() and the two that called it
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _RUNNING: contextvars.ContextVar[Any] = contextvars.ContextVar("torchplace_dry_run", default=None)
-_MOVED: contextvars.ContextVar[dict[str, torch.device]] = contextvars.ContextVar("torchplace_moved", default={})
+_MOVED: contextvars.ContextVar[dict[str, torch.device] | None] = contextvars.ContextVar("torchplace_moved",
+                                                                                       default=None)
 
 
 @dataclass
@@ -254,7 +255,7 @@ def _indexed(spec: Any) -> Any:
     """"cuda" or torch.device("cuda") as cuda:0, a relocated device as where it goes; anything else as it is."""
     if isinstance(spec, (str, torch.device)) and str(spec) == "cuda":
         return torch.device("cuda", 0)
-    return _MOVED.get().get(str(spec), spec) if isinstance(spec, (str, torch.device)) else spec
+    return (_MOVED.get() or {}).get(str(spec), spec) if isinstance(spec, (str, torch.device)) else spec
 
 
 def _on_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -334,7 +335,7 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
         for companion in companions:
             swap.value(companion)
         fake_args, fake_kwargs = swap.value(args), swap.value(kwargs)
-        target = device or next(iter(_MOVED.get().values()), None)
+        target = device or next(iter((_MOVED.get() or {}).values()), None)
         devices = _Reachable(target, swap)
         grad = torch.no_grad() if devices.simulated else contextlib.nullcontext()  # autograd needs the device's code
         with (warnings.catch_warnings(), contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet),
@@ -416,7 +417,7 @@ class _Swap:
             return t
         if id(t) not in self.fakes:
             fake = self.mode.from_tensor(t)
-            to = _MOVED.get().get(str(t.device)) or (self.device if move else None)
+            to = (_MOVED.get() or {}).get(str(t.device)) or (self.device if move else None)
             if to is not None and fake.device != to:
                 with self.mode, torch.no_grad():
                     fake = fake.to(to)

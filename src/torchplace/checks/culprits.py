@@ -5,9 +5,11 @@ the user wrote, and optimizer state left on another device. Runs only after an e
 
 from __future__ import annotations
 
+import contextlib
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from types import FrameType
+from types import FrameType, FunctionType, MethodType, ModuleType
 from typing import Any, TypeVar
 
 import torch
@@ -110,18 +112,31 @@ class ModuleNames:
             found = _find_module(self.root, self.root_label, target)
             if found:
                 return found
-        frames = list(reversed(self.user_frames))  # innermost first, then the globals of the user's modules
-        spaces = [f.f_locals for f in frames] + list({id(f.f_globals): f.f_globals for f in frames}.values())
-        for space in spaces:
-            for name, value in list(space.items()):
-                if name == "self" and value is not self.root:
-                    continue
-                if isinstance(value, torch.nn.Module) or value is target:
-                    label = self.root_label if value is self.root else name
-                    found = _find_module(unwrap(value), label, target) if isinstance(value, torch.nn.Module) else None
-                    if found:
-                        return found
+        for label, module in user_modules(self.user_frames, self.root, self.root_label):
+            found = _find_module(unwrap(module), label, target)
+            if found:
+                return found
         return None
+
+
+def user_modules(user_frames: list[FrameType], root: torch.nn.Module | None,
+                 root_label: str) -> Iterator[tuple[str, torch.nn.Module]]:
+    """(the user's name, module) for each module the user's frames hold, innermost frame first, then the
+    globals of the user's files: a variable (`criterion`), or an attribute of a plain object the user holds
+    (`extractor.spec`, `ema.ema_model`). A frame's `self` is named by the variables further out."""
+    frames = list(reversed(user_frames))
+    spaces = [f.f_locals for f in frames] + list({id(f.f_globals): f.f_globals for f in frames}.values())
+    for space in spaces:
+        for name, value in list(space.items()):
+            if name == "self" and value is not root:
+                continue
+            if isinstance(value, torch.nn.Module):
+                yield (root_label if value is root else name), value
+            elif hasattr(value, "__dict__") and not isinstance(value, (type, ModuleType, FunctionType, MethodType)):
+                with contextlib.suppress(TypeError):
+                    for key, held in list(vars(value).items())[:256]:
+                        if isinstance(held, torch.nn.Module):
+                            yield f"{name}.{key}", held
 
 
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
@@ -154,13 +169,16 @@ def origins_of(root: torch.nn.Module | None, root_label: str, chain: list[torch.
     modules = [(root_label, root)] if root is not None else []
     modules += [((names.path(m) if names else None) or type(m).__name__, m) for m in chain
                 if root is None or not contains(root, m)]
+    modules += list(user_modules(user_frames, root, root_label))  # an EMA copy, a loss: by the user's names
     for label, module in modules:
         for name, sub in module.named_modules():
             prefix = f"{label}.{name}" if name else label
             for kind, key, tensor in own_tensors(sub):
                 out.setdefault(id(tensor), (kind, f"{prefix}.{key}"))
+                out.setdefault(storage_key(tensor), (kind, f"{prefix}.{key}"))
         for path, tensor in plain_attributes(module, label):
             out.setdefault(id(tensor), ("attribute", path))
+            out.setdefault(storage_key(tensor), ("attribute", path))
     # batch keys first (`batch['x']` says more than `x`), each from the innermost frame that holds it
     for want_container in (True, False):
         for frame in reversed(user_frames):
@@ -173,7 +191,8 @@ def origins_of(root: torch.nn.Module | None, root_label: str, chain: list[torch.
     return out
 
 
-def trace_assignment(info: Operand, op_frame: FrameType, user: tuple[FrameType, int, int] | None) -> None:
+def trace_assignment(info: Operand, op_frame: FrameType, user: tuple[FrameType, int, int] | None,
+                     frames: Sequence[FrameType] = ()) -> None:
     """Where a local culprit was assigned (`h0 = torch.zeros(...)` at file:line), and whether that is a
     torch factory call without a device. Reads the function's source; runs only after an error."""
     if info.made:  # already found where the user's code further out made it
@@ -182,6 +201,9 @@ def trace_assignment(info: Operand, op_frame: FrameType, user: tuple[FrameType, 
     if info.origin and " at " in info.origin and user is not None:
         candidates.append((info.origin.split(" at ", 1)[0], user[0]))
     candidates.append((info.label, op_frame))
+    if info.origin and " in " in info.origin:  # `state[0] in BiLSTM.forward()`: the variable in that frame
+        name = re.split(r"[\[. ]", info.origin, maxsplit=1)[0]
+        candidates += [(name, f) for f in frames if name in f.f_locals]
     for name, frame in candidates:
         if not name.isidentifier() or fr.is_library(frame.f_code.co_filename):
             continue
@@ -288,8 +310,19 @@ def _made_outside(info: Operand, tensor: torch.Tensor, frames: list[FrameType]) 
                 return
 
 
+def storage_key(tensor: torch.Tensor) -> int:
+    """A key for the memory a tensor views (negative, apart from ids): `.data` and views of a parameter or
+    attribute share it; 0 where there is none to read."""
+    try:
+        return -tensor.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return 0
+
+
 def _info(label: str, tensor: torch.Tensor, origins: dict[int, tuple[str, str]]) -> Operand:
-    kind, origin = origins.get(id(tensor)) or origins.get(id(tensor._base), ("value", None))
+    kind, origin = origins.get(id(tensor)) or origins.get(id(tensor._base)) or ("value", None)
+    if kind in ("value", "local", "batch"):  # `.data` or a view of a parameter or attribute: named by it
+        kind, origin = origins.get(storage_key(tensor) or 1, (kind, origin))
     if isinstance(tensor, torch.nn.Parameter) and kind == "value":
         kind = "parameter"
     return Operand(label=label, device=str(tensor.device), dtype=str(tensor.dtype).removeprefix("torch."),

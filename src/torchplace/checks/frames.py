@@ -117,14 +117,18 @@ def assignment_of(name: str, frame: FrameType) -> tuple[int, str, str | None] | 
         tree = ast.parse(textwrap.dedent("".join(lines)))
     except SyntaxError:
         return None
-    best: ast.AST | None = None
+    found = []
     for node in ast.walk(tree):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
             node, (ast.AnnAssign, ast.AugAssign)) else []
         names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
         if name in names and start + node.lineno - 1 <= frame.f_lineno:
-            if best is None or node.lineno > best.lineno:
-                best = node
+            found.append(node)
+    # the latest, passing over `name = other` where other holds something else now (a branch not taken)
+    value = frame.f_locals.get(name, _UNKNOWN)
+    best = next((n for n in sorted(found, key=lambda n: -n.lineno)
+                 if not (isinstance(getattr(n, "value", None), ast.Name) and n.value.id in frame.f_locals
+                         and frame.f_locals[n.value.id] is not value)), None)
     if best is None:
         return None
     text = " ".join(ast.unparse(best).split())

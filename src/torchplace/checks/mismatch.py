@@ -270,7 +270,7 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
             if t.scalar and report.expected_device and t.device != report.expected_device:
                 t.scalar, t.refused_scalar = False, True
     for t in report.culprits if not traced else ():
-        trace_assignment(t, op_frame, user)
+        trace_assignment(t, op_frame, user, list(reversed(user_frames)))
     report.optimizer_state = stepping_optimizer_state(entries, root, root_label)
     report.meta = meta.mismatch_note(report.tensors, root, root_label)
     if root is not None and len(model_devices(root)) > 1:
