@@ -103,7 +103,7 @@ def test_no_false_alarms(built: tuple[nn.Module, dict[str, torch.Tensor]]) -> No
         static = tp.explain(model, inputs)  # a whole batch the forward does not take: the static findings
     assert torch.equal(got_strict, want) and torch.equal(got_watch, want)
     assert report.problems == [] and static.problems == [], str(report)
-    assert not str(report["forward"]).startswith("not run"), report["forward"]
+    assert "ran" in (report["forward"], report["step"]), report["forward"]  # this test's body is the step
     assert torch.equal(forward(model, inputs), want)  # explain restored the buffers it ran with
 
 

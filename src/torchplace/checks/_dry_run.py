@@ -1,16 +1,9 @@
-"""explain()'s look at the user's step: run it again on fake tensors and report what torch itself raises.
+"""explain()'s run of the step (or the forward) on fake tensors: torch's own device checks decide.
 
-Called inside the user's training step, explain() re-runs that function (the nearest of its callers
-whose run calls the model) under torch's FakeTensorMode: every tensor the step touches becomes a fake
-tensor on the same device, with no data and no kernel, so torch's own device checks decide, and
-nothing the user holds changes (module attributes, gradients and optimizer state are put back; the
-step's prints and warnings are swallowed). A device error there is named by the same diagnosis as
-watch(); an op fake tensors cannot run (one whose output depends on data: `.item()`, `.tolist()`,
-packing sequences) ends the run early and is said, never guessed past. The run stops when the model
-is called a second time (the next iteration of a loop).
-
-What torch accepts is never flagged here: CPU index and lengths tensors, 0-dim CPU scalars, values only
-read on the host, deliberate splits with `.to()` between the parts.
+The function runs under torch's FakeTensorMode: every tensor it reaches is a fake one (no data, no kernel)
+on the same device, or, for a dry run for another machine, the model's on that device; the user's objects
+are put back after. A device error is named by watch()'s diagnosis; an op fake tensors cannot run (its
+output depends on data) ends the run, said, never guessed past; a loop stops at the model's second call.
 """
 
 from __future__ import annotations
@@ -152,18 +145,10 @@ class _EagerChecks(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types_: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func in _NO_CPU_SCALAR and args:
-            tensors = [*(args[0] if isinstance(args[0], (list, tuple)) else args), *kwargs.values()]
-            devices = list(dict.fromkeys(str(t.device) for t in tensors if isinstance(t, torch.Tensor)))
-            if len(devices) > 1:
-                raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
-                                   f"{devices[0]} and {devices[1]}!")
+            _one_device([*(args[0] if isinstance(args[0], (list, tuple)) else args), *kwargs.values()], False)
         elif func.__name__.startswith("_foreach_") and args and isinstance(args[0], (list, tuple)):
             for row in zip(*(a for a in args if isinstance(a, (list, tuple)))):  # one op per index, as torch runs it
-                devices = list(dict.fromkeys(str(t.device) for t in row if isinstance(t, torch.Tensor)
-                                             and not (t.device.type == "cpu" and t.dim() == 0)))
-                if len(devices) > 1:
-                    raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two "
-                                       f"devices, {devices[0]} and {devices[1]}!")
+                _one_device(row)
         elif isinstance(kwargs.get("generator"), torch.Generator):  # a random op draws from its device's generator
             made = kwargs.get("device") or next((a.device for a in args if isinstance(a, torch.Tensor)), None)
             kind = torch.device(made).type if made is not None else "cpu"
@@ -173,23 +158,26 @@ class _EagerChecks(TorchDispatchMode):
         elif func is torch.ops.aten.index.Tensor and args and args[0].device.type == "cpu":
             if any(isinstance(i, torch.Tensor) and i.device.type != "cpu" for i in args[1]):
                 raise RuntimeError("indices should be either on cpu or on the same device as the indexed tensor (cpu)")
-        if func._schema.is_mutable:  # never write into a tensor of the user's that was not swapped for a fake
-            from torch._subclasses.fake_tensor import FakeTensor
-
-            for i, a in enumerate(func._schema.arguments):
-                if a.alias_info is not None and a.alias_info.is_write:
-                    value = args[i] if i < len(args) else kwargs.get(a.name)
-                    for t in value if isinstance(value, (list, tuple)) else [value]:
-                        if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor):
-                            raise _Unreachable(f"the step writes into a tensor explain() could not copy ({func})")
         try:
             return func(*args, **kwargs)
         except RuntimeError as exc:  # torch before 2.12 words fake tensors' device check its own way
             found = _OLD_FAKE_MISMATCH.search(str(exc))
             if found is None:
                 raise
-            raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
-                               f"{found[1]} and {found[2]}!") from None
+            raise RuntimeError(_TWO.format(found[1], found[2])) from None
+
+
+_TWO = "Expected all tensors to be on the same device, but found at least two devices, {} and {}!"  # torch's words
+
+
+def _one_device(tensors: Any, cpu_scalars: bool = True) -> str | None:
+    """The one device of TENSORS (0-dim CPU tensors aside, with CPU_SCALARS), as torch's rule wants; else
+    torch's error."""
+    devices = list(dict.fromkeys(str(t.device) for t in tensors if isinstance(t, torch.Tensor)
+                                 and not (cpu_scalars and t.device.type == "cpu" and t.dim() == 0)))
+    if len(devices) > 1:
+        raise RuntimeError(_TWO.format(devices[0], devices[1]))
+    return devices[0] if devices else None
 
 
 # FakeTensorMode's device check in torch < 2.12 (2.12 raises FakeTensorDeviceMismatchError with the eager text)
@@ -264,23 +252,17 @@ def _on_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     worked out on meta and made on that device."""
     from torch.utils._pytree import tree_flatten, tree_map_only
 
-    index = getattr(func, "__name__", "") in ("__getitem__", "__setitem__")
-    tensors = [t for t in tree_flatten((args[1:2] if index else args, kwargs))[0] if isinstance(t, torch.Tensor)]
-    devices = list(dict.fromkeys(str(t.device) for t in [*args[:1], *tensors]
-                                 if not (t.device.type == "cpu" and (t.dim() == 0 or index))))
-    if len(devices) > 1:
-        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
-                           f"{devices[0]} and {devices[1]}!")
+    index = getattr(func, "__name__", "") in ("__getitem__", "__setitem__")  # CPU index tensors are fine
+    tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    device = _one_device([t for t in tensors if not (index and t is not args[0] and t.device.type == "cpu")])
 
     def meta(t: torch.Tensor) -> torch.Tensor:
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") if t.device.type == "cuda" \
             else t
 
-    out = func(*tree_map_only(torch.Tensor, meta, (args, kwargs))[0], **tree_map_only(torch.Tensor, meta, kwargs))
-    device = torch.device(devices[0]) if devices else torch.device("cuda", 0)
-    return tree_map_only(torch.Tensor, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
-                                                                     device=device) if t.device.type == "meta" else t,
-                         out)
+    on_meta, kw_on_meta = tree_map_only(torch.Tensor, meta, (args, kwargs))
+    return tree_map_only(torch.Tensor, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+                         if t.device.type == "meta" else t, func(*on_meta, **kw_on_meta))
 
 
 def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Module, companions: list[Any],
@@ -382,8 +364,7 @@ def _quiet_log(name: str) -> Any:
 
 
 class _Unreachable(RuntimeError):
-    """The run met something it must not do: write into a tensor it could not swap, or use a device this
-    machine lacks."""
+    """The run met a device this machine lacks."""
 
 
 def _no_fake() -> tuple[type[BaseException], ...]:

@@ -102,21 +102,16 @@ def root_of(model: torch.nn.Module | None, chain: list[torch.nn.Module]) -> tupl
 
 class ModuleNames:
     """Names modules the way the user wrote them: `model.encoder.layers.0`, `model.heads[1]` (a module in a
-    plain list or dict), `criterion` (a local of the user's code). Runs only after an error."""
+    plain list or dict), `criterion` or `ema.ema_model` (held by the user's code). Runs only after an error."""
 
     def __init__(self, root: torch.nn.Module | None, root_label: str, user_frames: list[FrameType]) -> None:
-        self.root, self.root_label, self.user_frames = root, root_label, user_frames
+        held = user_modules(user_frames, root, root_label)
+        self.spaces = [(root_label, root)] if root is not None else []
+        self.spaces += list(held)
 
     def path(self, target: torch.nn.Module) -> str | None:
-        if self.root is not None:
-            found = _find_module(self.root, self.root_label, target)
-            if found:
-                return found
-        for label, module in user_modules(self.user_frames, self.root, self.root_label):
-            found = _find_module(unwrap(module), label, target)
-            if found:
-                return found
-        return None
+        return next((found for label, module in self.spaces if (found := _find_module(unwrap(module), label, target))),
+                    None)
 
 
 def user_modules(user_frames: list[FrameType], root: torch.nn.Module | None,

@@ -1,28 +1,11 @@
-"""`torchplace.explain(model, *inputs, optimizer=None)`: where everything lives, and what is wrong.
+"""`torchplace.explain(model, *inputs, optimizer=None, step=None, device=None)`: where everything lives, and
+what torch refuses.
 
-Parameters and buffers grouped by module and device (layout.py), inputs by their path in the
-batch, optimizer state by device, and the problems found. Given inputs, it also runs the forward
-once (under torch.no_grad(), buffers restored afterwards) and judges by what the forward does: a
-device mismatch there is reported with its culprit (as watch() names it), and placement that
-only looks odd (a CPU index or lengths tensor, a host-only attribute, a deliberate split) is a
-note, not an alarm, when the forward ran. Problems looked for:
-
-- a module whose own parameters and buffers are on different devices;
-- a model spread over devices (fine when deliberate, e.g. torchplace.place; a bug otherwise);
-- tensors kept as plain attributes, which `.to()` does not move;
-- inputs on a device that holds none of the model;
-- optimizer state on another device than its parameter (state made before `model.to()`),
-  and optimizer parameters that are not the model's;
-- DataParallel / DistributedDataParallel whose first device does not hold the model;
-- modules kept in plain lists or dicts (model.to() skips them), and companions passed beside
-  the inputs (a loss, a metric, a scheduler: any module or object holding tensors) that sit on
-  another device than the model.
-
-Called inside the user's training step, it also runs that step again on fake tensors (_dry_run.py):
-what torch itself refuses there (a loss, metric, labels or a tensor made without a device) is named
-as watch() names it, with the step's line; the line that calls the model; the optimizer that steps.
-
-The result is a dict (for code) that renders as rich tables (`print(result)`, `.print()`).
+Parameters and buffers grouped by module and device (layout.py), inputs by their path in the batch,
+optimizer state by device. The step (given, or the user's function that called explain()), else the
+forward, runs once on fake tensors (_dry_run.py): what torch refuses is an error named as watch() names it;
+where tensors only sit oddly (plain attributes, inputs elsewhere, split modules, optimizer state left
+behind) is a note, or the explanation beside a failure it caused.
 """
 
 from __future__ import annotations
@@ -38,6 +21,7 @@ import torch
 from ..shared.tree import tensors_with_paths
 from ..shared.wrappers import unwrap
 from . import _dry_run as dry_run
+from .culprits import misplaced_state
 from .layout import model_devices, module_groups, own_tensors, plain_attributes
 from .meta import annotate as annotate_meta
 
@@ -139,7 +123,6 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
         _check_modules(inner, groups, devices, problems)
     result["plain_attributes"] = _check_attributes(inner, devices, problems)
     result["inputs"] = _check_inputs(args, devices, problems)
-    _check_parallel(model, problems)
     near = [v for _, v in companions]
     if step is not None:
         reading = dry_run.run((step, inputs, {}), model, near, result, target) or dry_run.StepRun()
@@ -149,7 +132,8 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
     forward = None
     if args and step is None and not reading.model_ran and reading.ran != "device mismatch":
         forward = dry_run.run((model, args, {}), model, [], result, target, kind="mismatch") or dry_run.StepRun()
-        if forward.ran.startswith("stopped") and target is None and not dry_run.relocating():  # the real one
+        if forward.ran.startswith(("stopped", "not run")) and target is None and not dry_run.relocating():
+            # an op fake tensors cannot run, or a wrapper they do not run (torch.compile): the real forward
             forward = _run_forward(model, args, forward)
     result["forward"] = forward.ran if forward else "not run: " + ("the step ran it" if reading.model_ran else
                                                                    "the step was given" if step else "no inputs given")
@@ -285,16 +269,9 @@ def _check_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     names = {id(p): f"model.{n}" for n, p in model.named_parameters(remove_duplicate=False)}
     params = [p for group in optimizer.param_groups for p in group["params"]]
     foreign = [p for p in params if id(p) not in names]
-    by_device: Counter[str] = Counter()
-    wrong: list[str] = []
-    for param in params:
-        for key, value in optimizer.state.get(param, {}).items():
-            if not isinstance(value, torch.Tensor):
-                continue
-            by_device[str(value.device)] += 1
-            if value.device != param.device and not (value.device == _CPU and value.dim() == 0):
-                wrong.append(f"{names.get(id(param), 'a parameter')}['{key}'] on {value.device} "
-                             f"(parameter on {param.device})")
+    by_device = Counter(str(v.device) for p in params for v in optimizer.state.get(p, {}).values()
+                        if isinstance(v, torch.Tensor))
+    wrong = misplaced_state(optimizer, model)
     if wrong:
         shown = "; ".join(wrong[:4]) + (f"; and {len(wrong) - 4} more" if len(wrong) > 4 else "")
         _problem(problems, "optimizer-state-device", "optimizer", "error",
@@ -309,22 +286,3 @@ def _check_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  f"Fix: build the optimizer from model.parameters() after the model is final.")
     return {"type": type(optimizer).__name__, "parameters": len(params), "foreign_parameters": len(foreign),
             "state_devices": dict(sorted(by_device.items())), "misplaced_state": wrong}
-
-
-def _check_parallel(model: torch.nn.Module, problems: list[dict[str, str]]) -> None:
-    from torch.nn.parallel import DataParallel, DistributedDataParallel
-
-    for name, module in model.named_modules():
-        if not isinstance(module, (DataParallel, DistributedDataParallel)):
-            continue
-        ids = getattr(module, "device_ids", None) or []
-        if not ids:
-            continue
-        first = ids[0] if isinstance(ids[0], torch.device) else torch.device("cuda", int(ids[0]))
-        held = model_devices(module.module)
-        if held and held != [str(first)]:
-            path = f"model.{name}" if name else "model"
-            _problem(problems, "parallel-first-device", path, "error",
-                     f"{path} is a {type(module).__name__} over devices {[str(d) for d in ids]}, whose first "
-                     f"device {first} must hold the whole model, but it is on {', '.join(held)}. Fix: "
-                     f"model.to({str(first)!r}) before wrapping (or list that device first in device_ids).")
