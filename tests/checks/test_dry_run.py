@@ -199,3 +199,35 @@ def test_a_report_that_ran_nothing_says_so():
     assert "could not check this" in problem["message"] and "step=train_step" in problem["message"]
     assert "could not check this" in " ".join(str(report).split())
     assert "not-checked" not in [p["kind"] for p in run_step(probe_step, Toy().to(M)).problems]
+
+
+def test_a_dry_run_for_another_machine_finds_what_it_would_refuse():
+    """explain(device="cuda:1", step=...) on a CPU-only torch: the model's parameters and buffers on a fake
+    cuda:1, everything else where it is; backward and the optimizer step run as torch's device rules say."""
+    from checks_programs import Scaled, WithBuffer
+
+    def errors(model, step_body):
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+        def step(x):
+            step_body(model, x).sum().backward()
+            optimizer.step()
+
+        report = tp.explain(model, torch.randn(2, 8), device="cuda:1", step=step)
+        return report, [p for p in report.problems if p["severity"] == "error"]
+
+    def moved(model, x):  # the batch moved where the model is, read from the model
+        return model(x.to(next(model.parameters()).device))
+
+    report, [attribute, failure] = errors(Scaled(), moved)
+    assert report["step"] == "device mismatch" and attribute["where"] == "model.scale"
+    assert "model.scale, not moved by .to()" in failure["message"] and "cuda:1" in failure["message"]
+    report, found = errors(WithBuffer(), moved)
+    assert report["step"] == "ran" and found == []
+    _, [failure] = errors(WithBuffer(), lambda model, x: model(x.cuda()))  # .cuda() is cuda:0
+    assert "cuda:0" in failure["message"] and "cuda:1" in failure["message"]
+    model = WithBuffer()
+    errors(model, moved)
+    fake = torch._subclasses.fake_tensor.FakeTensor
+    assert all(not isinstance(t, fake) and t.device.type == "cpu" and t.grad is None
+               for t in [*model.parameters(), *model.buffers()])

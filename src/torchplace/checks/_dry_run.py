@@ -41,13 +41,11 @@ _MOVED: contextvars.ContextVar[dict[str, torch.device] | None] = contextvars.Con
 
 @dataclass
 class StepRun:
-    """What the step's run showed: problems, where the model is called, where companions and optimizers are."""
+    """What a run showed: its problems, the optimizers that stepped (and where), how it ended."""
 
     problems: list[dict[str, str]] = field(default_factory=list)
-    model_calls: list[str] = field(default_factory=list)  # "train.py:40 in step(): `loss = model(x)`"
     optimizers: list[tuple[torch.optim.Optimizer, str]] = field(default_factory=list)  # and where each steps
     ran: str = "not run"  # "ran", "device mismatch", or why it stopped
-    in_model: bool = False  # the device error was raised inside the model's forward
     model_ran: bool = False  # the model's forward returned: torch accepted the model's own placement
 
 
@@ -285,19 +283,13 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
     func, args, kwargs = call
     reading = StepRun()
     calls = [0]
-    depth = [0]
 
     def before_model(module: torch.nn.Module, _: Any) -> None:
         calls[0] += 1
         if calls[0] > 1:
             raise _Stop
-        depth[0] += 1
-        site = _user_site()
-        if site:
-            reading.model_calls.append(site)
 
     def after_model(*_: Any) -> None:
-        depth[0] -= 1
         reading.model_ran = True
 
     def before_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
@@ -328,7 +320,7 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
     except _Stop:
         reading.ran = "ran"
     except DeviceMismatchError as exc:
-        reading.ran, reading.in_model = "device mismatch", depth[0] > 0
+        reading.ran = "device mismatch"
         report = getattr(exc, "report", None)
         names = [(t.origin or t.label).split(" at ")[0].split(" in ")[0] for t in getattr(report, "culprits", [])]
         where = getattr(report, "module", None) or ", ".join(dict.fromkeys(names)) or "step"

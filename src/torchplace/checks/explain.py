@@ -117,13 +117,12 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
     )
     if target is not None:
         result["device"] = str(target)
-    companions = [(i, v) for i, v in enumerate(inputs) if _is_companion(v)]
+    near = [v for v in inputs if _is_companion(v)]  # a loss, a metric: swapped for the run too
     args = tuple(v for v in inputs if not _is_companion(v))
     if target is None:
         _check_modules(inner, groups, devices, problems)
     result["plain_attributes"] = _check_attributes(inner, devices, problems)
     result["inputs"] = _check_inputs(args, devices, problems)
-    near = [v for _, v in companions]
     if step is not None:
         reading = dry_run.run((step, inputs, {}), model, near, result, target) or dry_run.StepRun()
     else:
