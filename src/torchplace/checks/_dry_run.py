@@ -31,6 +31,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import DeviceMismatchError
 from . import frames as fr
+from .culprits import BIRTHS, note_birth
+from .implicit_device import FACTORIES
 
 _FRAMES = 3  # the function that called explain() and the two that called it
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
@@ -210,25 +212,27 @@ class _Reachable(TorchFunctionMode):
             for spec in specs:
                 if isinstance(spec, (str, torch.device)) and str(spec).startswith("cuda") and not _has(spec):
                     raise _Unreachable(f"{spec} is not a device of this machine")
-            return func(*args, **kwargs)
-        if name == "cuda":  # tensor.cuda(), tensor.cuda(1): a .to() with the index made explicit
+        elif name == "cuda":  # tensor.cuda(), tensor.cuda(1): a .to() with the index made explicit
             spec = args[1] if len(args) > 1 else kwargs.pop("device", None)
             index = spec.index if isinstance(spec, torch.device) else spec if isinstance(spec, int) else None
             return args[0].to(torch.device("cuda", index or 0), **kwargs)
-        args = tuple(_indexed(a) for a in args)
-        if "device" in kwargs:
-            kwargs["device"] = _indexed(kwargs["device"])
+        else:
+            args = tuple(_indexed(a) for a in args)
+            kwargs.update({"device": _indexed(kwargs["device"])} if "device" in kwargs else {})
         if self.simulated and name == "backward":
             for _, p in self.swap.fakes.values():  # what a backward pass leaves: a gradient per parameter
                 if isinstance(p, torch.nn.Parameter) and p.requires_grad:
                     p.grad = torch.empty_like(p)
             return None
         try:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
         except RuntimeError as exc:
             if not (self.simulated and "not linked with support for cuda" in str(exc)):
                 raise
-        return _on_meta(func, args, kwargs)
+            out = _on_meta(func, args, kwargs)
+        if func in FACTORIES and isinstance(out, torch.Tensor):  # where it was made, should it be a culprit
+            note_birth(out, FACTORIES[func], kwargs.get("device"))
+        return out
 
 
 def _has(spec: Any) -> bool:
@@ -302,7 +306,7 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
     swap = _Swap(mode, device)
     handles = [model.register_forward_pre_hook(before_model), model.register_forward_hook(after_model)]
     handles.append(register_optimizer_step_pre_hook(before_step))
-    token = _RUNNING.set(current)
+    token, births = _RUNNING.set(current), BIRTHS.set({})
     quiet = io.StringIO()
     try:
         swap.value(model, move=True)
@@ -338,6 +342,7 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
                                             f"({what}); the rest was not checked."})
     finally:
         _RUNNING.reset(token)
+        BIRTHS.reset(births)
         for handle in handles:
             handle.remove()
         swap.restore()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from types import FrameType, FunctionType, MethodType, ModuleType
 from typing import Any, TypeVar
@@ -320,6 +321,22 @@ def _info(label: str, tensor: torch.Tensor, origins: dict[int, tuple[str, str]])
         kind, origin = origins.get(storage_key(tensor) or 1, (kind, origin))
     if isinstance(tensor, torch.nn.Parameter) and kind == "value":
         kind = "parameter"
+    _, made, factory = (BIRTHS.get() or {}).get(id(tensor), (None, None, None))
     return Operand(label=label, device=str(tensor.device), dtype=str(tensor.dtype).removeprefix("torch."),
-                      shape=tuple(tensor.shape), kind=kind, origin=origin,
-                      scalar=tensor.device.type == "cpu" and tensor.dim() == 0)
+                   shape=tuple(tensor.shape), kind=kind, origin=origin, made=made, factory=factory,
+                   scalar=tensor.device.type == "cpu" and tensor.dim() == 0)
+
+
+# where the dry run saw each tensor made by a factory: id -> (tensor, "`code` at file:line", factory note)
+BIRTHS: ContextVar[dict[int, tuple[torch.Tensor, str, str | None]] | None] = ContextVar("torchplace_births",
+                                                                                       default=None)
+
+
+def note_birth(tensor: torch.Tensor, name: str, device: Any) -> None:
+    """Inside a dry run: TENSOR was just made by torch.NAME(..., device=DEVICE), at the user's line."""
+    births, frame = BIRTHS.get(), fr.caller_frame()
+    if births is not None and frame is not None:
+        site = fr.site_of(frame)
+        births[id(tensor)] = (tensor, f"`{site.expression or site.line}` at {fr.short_path(site.filename)}:"
+                                      f"{site.lineno}", None if device is not None else
+                              f"torch.{name}(...) without a device, so on the {tensor.device.type.upper()}")
