@@ -5,6 +5,7 @@ the user wrote, and optimizer state left on another device. Runs only after an e
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -337,6 +338,8 @@ def note_birth(tensor: torch.Tensor, name: str, device: Any) -> None:
     births, frame = BIRTHS.get(), fr.caller_frame()
     if births is not None and frame is not None:
         site = fr.site_of(frame)
-        births[id(tensor)] = (tensor, f"`{site.expression or site.line}` at {fr.short_path(site.filename)}:"
-                                      f"{site.lineno}", None if device is not None else
+        tree = fr.parse_expression(site.line)  # the statement, as trace_assignment() gives one
+        code = " ".join(ast.unparse(tree).split()) if tree is not None else site.expression
+        births[id(tensor)] = (tensor, f"`{code}` at {fr.short_path(site.filename)}:{site.lineno}",
+                              None if device is not None else
                               f"torch.{name}(...) without a device, so on the {tensor.device.type.upper()}")
