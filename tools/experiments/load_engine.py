@@ -605,6 +605,8 @@ ENGINES = {  # (MIN_WINDOWS, TASK_BYTES MiB, WINDOW_BYTES MiB, RING_BYTES MiB, w
     "new, 64 MiB x 4": (8, 8, 64, 256, None),
     "new, ring 512 MiB (128 x 4)": (8, 8, 128, 512, None),
     "new, 16 workers": (8, 8, 128, 256, 16),
+    "new, at least 4 windows": (4, 8, 128, 256, None),
+    "new, at least 16 windows": (16, 8, 128, 256, None),
 }
 
 
