@@ -89,9 +89,9 @@ def test_windowed_load_fills_every_tensor_across_windows_and_chunks(monkeypatch,
     assert all(torch.equal(out[k], tensors[k]) for k in tensors)
 
 
-def test_a_small_load_is_cut_in_many_windows_and_a_big_one_in_two():
+def test_a_small_load_is_cut_in_many_windows_and_a_big_one_in_the_largest():
     """The ring's shape: a load smaller than the ring in at least MIN_WINDOWS windows (all in the ring at once),
-    a big one in two windows of WINDOW_BYTES."""
+    a big one in windows of WINDOW_BYTES, as many as RING_BYTES holds."""
     chunk = 16 * 2**20
     per_window, nbuf = stream._ring(237 * 2**20, chunk)
     assert per_window * chunk <= 237 * 2**20 // stream.MIN_WINDOWS + chunk and nbuf * per_window * chunk >= 237 * 2**20

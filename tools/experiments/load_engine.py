@@ -1,4 +1,3 @@
-# ruff: noqa: F821, B023, E501  (closures are called before the names they use are deleted, within their loop turn)
 """Where a torchplace load onto CUDA from the page cache spends its time, and what registering the file's
 mapped pages for DMA (cudaHostRegister, read-only) gives instead of reading them into pinned windows.
 
@@ -329,7 +328,6 @@ def fixed_costs(path: str, nbytes: int, repeats: int) -> None:
         say(f"      {len(entries)} copies, ctypes cudaMemcpyAsync {fmt(nbytes, timed(per_tensor_ct, repeats))}")
     except Exception as exc:  # noqa: BLE001
         say(f"      ctypes copies failed: {exc}")
-    del src, big, out, flat
 
 
 # ---------------------------------------------------------------- (c) registered file pages
@@ -362,14 +360,13 @@ def registration(path: str, nbytes: int, repeats: int, cr: Cudart) -> None:
             big = torch.empty(size, dtype=torch.uint8, device=DEV)
             s = torch.cuda.Stream(DEV)
 
-            def dma() -> None:
+            def dma(s: Any = s, big: torch.Tensor = big, v: torch.Tensor = v) -> None:
                 with torch.cuda.stream(s):
                     big.copy_(v, non_blocking=True)
                 s.synchronize()
 
             dma()
             say(f"      DMA whole file from registered pages  {fmt(size, timed(dma, repeats))}")
-            del big
             t = time.perf_counter()
             cr.unregister(m.addr)
             say(f"      unregister whole file: {(time.perf_counter() - t) * 1e3:.2f} ms")
@@ -409,7 +406,7 @@ def registration(path: str, nbytes: int, repeats: int, cr: Cudart) -> None:
             counter = [0]
             stop = threading.Event()
 
-            def spin() -> None:
+            def spin(stop: threading.Event = stop, counter: list[int] = counter) -> None:
                 while not stop.is_set():
                     counter[0] += 1
 
@@ -440,7 +437,7 @@ def crc_alone(path: str, nbytes: int, repeats: int) -> None:
             for nthr in (8, 12, 16):
                 local = threading.local()
 
-                def task(k: int, c0: int, c1: int, piece: int = piece) -> None:
+                def task(k: int, c0: int, c1: int, piece: int = piece, local: Any = local) -> None:
                     buf = getattr(local, "buf", None)
                     if buf is None:
                         buf = local.buf = bytearray(piece)
@@ -449,11 +446,13 @@ def crc_alone(path: str, nbytes: int, repeats: int) -> None:
                 chunks = [(k, c0, min(c0 + chunk, h.data_bytes)) for k, c0 in enumerate(range(0, h.data_bytes, chunk))]
                 pool = ThreadPoolExecutor(nthr)
 
-                def run() -> None:
+                def run(pool: ThreadPoolExecutor = pool, chunks: list[tuple[int, int, int]] = chunks,
+                        task: Any = task) -> None:
                     list(pool.map(lambda c: task(*c), chunks))
 
                 run()
-                say(f"      CRC alone, {piece // MiB} MiB pieces, {nthr:2d} threads     {fmt(nbytes, timed(run, repeats))}")
+                say(f"      CRC alone, {piece // MiB} MiB pieces, {nthr:2d} threads     "
+                    f"{fmt(nbytes, timed(run, repeats))}")
                 pool.shutdown()
     finally:
         os.close(fd)
@@ -734,14 +733,15 @@ def main() -> None:
     try:
         cr = Cudart()
         say(f"cudart {cr.path}; HostRegisterReadOnlySupported(attr 113) {cr.attr(113)}, "
-            f"HostRegisterSupported(attr 104) {cr.attr(104)}, PageableMemoryAccessUsesHostPageTables(100) {cr.attr(100)}")
+            f"HostRegisterSupported(attr 104) {cr.attr(104)}, "
+            f"PageableMemoryAccessUsesHostPageTables(100) {cr.attr(100)}")
     except Exception as exc:  # noqa: BLE001
         say(f"no cudart via ctypes: {exc}")
         cr = None  # type: ignore[assignment]
     src = torch.empty(GiB, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(GiB, dtype=torch.uint8, device=DEV)
     say(f"pinned H2D 1 GiB: {fmt(GiB, timed(lambda: dst.copy_(src, non_blocking=True), args.repeats))}")
-    del src, dst
+    src = dst = None  # type: ignore[assignment]
     empty_host()
     if cr is not None and "regdma" in parts:
         registration_beside_dma(cr)

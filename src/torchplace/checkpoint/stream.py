@@ -317,16 +317,19 @@ def read_data(fd: int, header: Header, out: dict[str, torch.Tensor], *, workers:
 # RING_BYTES of pinned memory: threads fill the next windows (one task per piece of at most
 # TASK_BYTES; a chunk's CRC-32 is put together from its pieces') while the calling thread checks the
 # chunks of the window read first and queues its copies, one per tensor overlapping it, on one stream
-# per device. Big loads use windows of WINDOW_BYTES, two of them (rings of 3-8 windows of 32-256 MiB
-# loaded 10 GiB no faster and pinned more memory, 2026-12-01); a load smaller than the ring is cut in
-# at least MIN_WINDOWS windows, so that its first read and last copy are short and every reader has
-# work (a 237 MiB load in two 128 MiB windows of 16 MiB tasks kept 8 of 12 threads busy, 2026-12-02).
-# Registering the file's own page-cache pages for DMA instead (cudaHostRegister, read-only) was
-# measured and left out: registration ran at 35-43 GB/s whatever the threads, and DMA queued beside
-# it waited for it, so a load through registered pages ran at 14-18 GB/s (2026-12-02, docs/results/experiments).
+# per device. A load smaller than the ring is cut in at least MIN_WINDOWS windows, so that its first
+# read and last copy are short and every reader has work. Against the earlier ring (two 128 MiB
+# windows, one task per 16 MiB chunk), in the same run on an H200 host (2026-12-02,
+# docs/results/experiments/load-engine-h200x1-2026-12-02-s7.txt), this one read 10 GiB onto the GPU at
+# 34.0 GB/s against 25.4, the Llama-style layout (3.3 GiB) at 27.9 against 22.7, 1 GiB at 25.6 against
+# 21.7 (medians); 4 MiB tasks were no faster than 8, 16 MiB ones slower, 128 MiB windows, 512 MiB rings
+# and 16 threads slower.
+# Registering the file's own page-cache pages for DMA instead (cudaHostRegister, read-only: no CPU
+# copy) was measured and left out: registration ran at 26-43 GB/s alone whatever the threads, and at 17
+# GB/s beside a running DMA, so a load through registered pages (CRC beside it) ran at 14-18 GB/s.
 
-WINDOW_BYTES = 128 * 2**20  # the largest window
-RING_BYTES = 256 * 2**20  # the ring's pinned memory: at least two windows
+WINDOW_BYTES = 64 * 2**20  # the largest window
+RING_BYTES = 256 * 2**20  # the ring's pinned memory (at least two windows are made)
 MIN_WINDOWS = 8  # a load smaller than the ring is cut in at least this many windows (of whole chunks)
 TASK_BYTES = 8 * 2**20  # one reader task: read and checksum this much (within one chunk)
 
