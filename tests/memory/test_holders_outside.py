@@ -135,9 +135,6 @@ def test_losses_logged_in_a_dict_of_tensors_are_named_by_the_entry():
     assert names[:1] == ["autograd graph of tensor `epoch_loss['total']`"], names
 
 
-@pytest.mark.xfail(strict=True, reason="the LSTM state is a tuple: the graph is named 'autograd graph of a float32 "
-                                       "[1, 2048, 256] tensor made by StackBackward0' with no line, not by the "
-                                       "tuple the user keeps, `hidden`")
 def test_lstm_state_tuple_carried_across_steps_is_named_by_its_entries():
     """pytorch/pytorch#2198 with an LSTM: `out, hidden = lstm(data, hidden)` where hidden is the (h, c) tuple."""
     lstm = nn.LSTM(256, 256)

@@ -306,6 +306,11 @@ def _path(obj: Any, frames: list[types.FrameType], ignore: set[int], depth: int)
                     outer, _, origin = _path(ref, frames, ignore | {id(ref)}, depth - 1)
                     if outer:
                         return f"{outer}[{_key_text(key)}]", None, origin
+            elif type(ref) in (tuple, list):  # an entry of a sequence the user keeps: `hidden[0]` of (h, c)
+                index = next((i for i, v in enumerate(ref) if v is obj), None)
+                outer, _, origin = _path(ref, frames, ignore, depth - 1) if index is not None else (None, None, None)
+                if outer:
+                    return f"{outer}[{index}]", None, origin
             elif not issubclass(type(ref), _CONTAINERS):
                 attr = next((k for k, v in _attributes(ref).items() if v is obj), None)
                 if attr is not None:
