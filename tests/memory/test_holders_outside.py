@@ -185,9 +185,6 @@ class FeatureExtractor:
         self.features.append(output)
 
 
-@pytest.mark.xfail(strict=True, reason="named 'list `FeatureExtractor.features`' by its class: the user's variable "
-                                       "is gone, and the path from the one still alive (a forward hook of "
-                                       "`encoder.0`) is not given")
 def test_features_kept_by_forward_hooks_that_outlive_their_extractor():
     """KamitaniLab/bdpy#72: each reconstruction makes a FeatureExtractor that registers forward hooks on the same
     encoder and never removes them; the hooks keep every extractor alive, and each keeps accumulating features."""
