@@ -75,6 +75,10 @@ def test_what_a_torch_save_file_cannot_hold_is_refused(tmp_path: Path) -> None:
     model, _ = _trained()
     with pytest.raises(CheckpointError, match=r"weights_only=True\) refuses .*Config.*Fix: save plain data"):
         torchplace.save(tmp_path / "c.pt", model=model, config=Config())
+    import argparse  # torchvision's and timm's checkpoints hold their parsed args
+
+    with pytest.raises(CheckpointError, match=r"argparse.Namespace.*Fix: .*vars\(args\)"):
+        torchplace.save(tmp_path / "c.pth", model=model, args=argparse.Namespace(lr=0.1))
     with pytest.raises(CheckpointError, match="torch.save cannot write the state"):
         torchplace.save(tmp_path / "c.pt", model=model, schedule=lambda step: step)
     with pytest.raises(CheckpointError, match="keep_last= and latest= order a series.*Fix: name it .*c.safetensors"):

@@ -107,8 +107,8 @@ def write(target: Path, tree: dict[str, Any], meta: dict[str, Any]) -> Path:
             raise CheckpointError(
                 f"save({str(target)!r}): the state holds values torch.load(weights_only=True) refuses "
                 f"({', '.join(unsafe[:5])}), so readers would have to run code from the file; nothing was "
-                "written. Fix: save plain data (numbers, strings, lists, dicts, tensors): e.g. a dataclass "
-                "config as dataclasses.asdict(config), a numpy value as .tolist().")
+                "written. Fix: save plain data (numbers, strings, lists, dicts, tensors): e.g. parsed arguments "
+                "as vars(args), a dataclass config as dataclasses.asdict(config), a numpy value as .tolist().")
 
     return atomic_write(target, fill)
 
