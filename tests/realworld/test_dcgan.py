@@ -49,12 +49,8 @@ def test_the_port_continues_from_the_pre_port_files_and_a_killed_run_resumes_to_
     assert {"model", "optimizer", "netD", "optimizerD", "fixed_noise"} <= set(ck.state) and ck.extra["epoch"] == 1
 
 
-@pytest.mark.xfail(strict=True, reason="tp.save('netG_epoch_2.pth', model=netG) writes {'model': ..., 'rng': ..., "
-                                       "'torchplace': ...}; the program's own reader, netG.load_state_dict("
-                                       "torch.load(path)), needs the bare state dict, and no tp.save form writes it "
-                                       "(reported to the lead: an API decision)")
 def test_the_pre_port_reader_continues_from_the_ports_weights(original, tmp_path: Path) -> None:
     folder, _ = original
     state = torch.load(folder / "netG_epoch_2.pth", weights_only=True)  # the pre-port file: a bare state dict
-    tp.save(tmp_path / "netG_epoch_2.pth", model=state)  # the port's save of the same weights
+    tp.save(tmp_path / "netG_epoch_2.pth", model=state, weights_only=True)  # the port's save of the same weights
     assert set(torch.load(tmp_path / "netG_epoch_2.pth", weights_only=True)) == set(state)
