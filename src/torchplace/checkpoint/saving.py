@@ -84,11 +84,12 @@ def check_request(path: str | os.PathLike[str], keep_last: int | None, more_stat
     check_name(target)  # the pointer's name: a checkpoint saved there would be overwritten by it
     if HF_WEIGHT_NAMES.fullmatch(target.name):
         raise CheckpointError(
-            f"save({str(target)!r}): transformers' from_pretrained and accelerate's load_state and "
-            f"load_checkpoint_in_model read a file named {target.name} as the model's plain weights, but a "
-            "torchplace checkpoint names its tensors 'model/...' beside the optimizer's and RNG states, so they "
-            "would load none of them; nothing was written. Fix: save under another name (step-000100.safetensors) "
-            f"and write the weights they read with `torchplace ckpt convert --weights-only CHECKPOINT {target.name}`.")
+            f"save({str(target)!r}): {target.name} is the name transformers and accelerate read as a model's "
+            "plain weights; nothing was written.\n"
+            "Fix: save under another name (step-000100.safetensors), and write the weights they read with "
+            f"`torchplace ckpt convert --weights-only CHECKPOINT {target.name}`.\n"
+            "Why: from_pretrained, load_state and load_checkpoint_in_model would load none of a torchplace "
+            "checkpoint's tensors, which are named 'model/...' beside the optimizer's and RNG states.")
     if not torch_names and torchfile.is_torch_name(target):
         raise torchfile.refuse(target, "save_async writes torchplace's own format (torchplace.save writes the "
                                        "torch.save file)")
@@ -207,10 +208,11 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
     if torch_file and target.suffix.lower() == ".ckpt" and torchfile.is_lightning_module(model):
         raise CheckpointError(
             f"save({str(target)!r}): a LightningModule in a .ckpt file promises Lightning's checkpoint, which "
-            "load_from_checkpoint and Trainer.fit(ckpt_path=) read (its version, loops and callbacks), and "
-            "torchplace does not write Lightning's format; nothing was written. Fix: trainer.save_checkpoint(path) "
-            "for Lightning's readers (torchplace.load reads that file too), or name this file .pt (torch.load and "
-            "Fabric.load read it) or .safetensors.")
+            "torchplace does not write; nothing was written.\n"
+            "Fix: trainer.save_checkpoint(path) for Lightning's readers (torchplace.load reads that file too).\n"
+            "Or: name this file .pt (torch.load and Fabric.load read it) or .safetensors.\n"
+            "Why: load_from_checkpoint and Trainer.fit(ckpt_path=) read Lightning's version, loops and callbacks "
+            "from a .ckpt.")
     if torch_file and (rotate_after or allow_pickle or sharded):
         raise torchfile.refuse(target, "keep_last= and latest= order a series by torchplace's header, which it "
                                        "has not" if rotate_after else "allow_pickle=True stores values torch.load "

@@ -37,6 +37,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import DeviceMismatchError
 from . import frames as fr
+from ._fixes import failed
 
 _FRAMES = 3  # the function that called explain() and the two that called it
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
@@ -240,7 +241,7 @@ def _run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modu
         names = [(t.origin or t.label).split(" at ")[0].split(" in ")[0] for t in getattr(report, "culprits", [])]
         where = getattr(report, "module", None) or ", ".join(dict.fromkeys(names)) or "step"
         reading.problems.append({"kind": "step-device", "where": where, "severity": "error",
-                                 "message": f"the step fails (run on fake tensors, as torch checks devices): {exc}"})
+                                 "message": failed("the step fails (run on fake tensors)", exc)})
     except Exception as exc:  # an op fake tensors cannot run, or the step's own error: said, not guessed past
         if not calls[0] and not is_device_mismatch(exc) and not isinstance(exc, _Unreachable):
             return False  # it failed before reaching the model: not the step (a function around explain())

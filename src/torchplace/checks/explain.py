@@ -37,6 +37,7 @@ import torch
 from ..shared.tree import tensors_with_paths
 from ..shared.wrappers import unwrap
 from . import _dry_run as dry_run
+from ._fixes import failed
 from .layout import _MODULE_INTERNALS, model_devices, module_groups, own_tensors, plain_attributes
 from .meta import annotate as annotate_meta
 
@@ -143,9 +144,9 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
         result["optimizer"] = _check_optimizer(model, optimizer, problems)
     for p in problems:  # the user's lines: where the model is called, where the optimizer steps
         if p["kind"] in _FAILS_IN_CALL and p["severity"] == "error" and reading.model_calls:
-            p["message"] += f" The model is called at {reading.model_calls[0]}."
+            p["message"] += f"\nThe model is called at {reading.model_calls[0]}."
         elif p["kind"] == "optimizer-state-device" and id(optimizer) in steps:
-            p["message"] += f" The optimizer steps at {steps[id(optimizer)]}."
+            p["message"] += f"\nThe optimizer steps at {steps[id(optimizer)]}."
     forward_failed = result["forward"] in ("device mismatch", "meta tensor used for its data")
     problems += [p for p in reading.problems if not (forward_failed and reading.in_model)]  # said once
     annotate_meta(inner, problems)
@@ -181,7 +182,7 @@ def _run_forward(model: torch.nn.Module, args: tuple[Any, ...], problems: list[d
         report = getattr(exc, "report", None)
         where = getattr(report, "module", None) or "model"
         no_data = isinstance(exc, MetaTensorError)
-        _problem(problems, "meta-tensor" if no_data else "mismatch", where, "error", f"the forward fails: {exc}")
+        _problem(problems, "meta-tensor" if no_data else "mismatch", where, "error", failed("the forward fails", exc))
         return "meta tensor used for its data" if no_data else "device mismatch"
     except Exception as exc:  # inputs the forward does not take (a whole batch): the static findings stand
         return f"not run: model(*inputs) raised {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
@@ -199,7 +200,8 @@ def _accepted(problems: list[dict[str, str]], how: str, kinds: tuple[str, ...] =
     for p in problems:
         if p["kind"] in kinds and p["severity"] != "note":
             p["severity"] = "note"
-            p["message"] += f" ({how}, so torch accepts this placement.)"
+            first, nl, rest = p["message"].partition("\n")
+            p["message"] = f"{first} ({how}, so torch accepts this placement.){nl}{rest}"
 
 
 def _companion_names(values: list[Any]) -> dict[int, str]:
@@ -234,11 +236,11 @@ def _check_companions(companions: list[tuple[int, Any]], devices: list[str],
             used = [f"{label}.{key} at {at}" for key in dict.fromkeys(path.split(".")[1] for path, _ in away[:4])
                     if (at := _used_at(type(value), key))]
             _problem(problems, "companion-device", label, "error",
-                     f"{label} ({type(value).__name__}) keeps {shown}, while the model is on {', '.join(devices)}; it "
-                     f"is not part of the model, so model.to() does not move it"
-                     + (f" (its own code uses {'; '.join(used)})" if used else "")
-                     + (f"; it is called at {called[id(value)]}" if id(value) in called else "")
-                     + f". Fix: {label}.to({devices[0]!r}) (or make it a submodule of the model).")
+                     f"{label} ({type(value).__name__}) keeps {shown}, while the model is on {', '.join(devices)}. "
+                     f"Fix: {label}.to({devices[0]!r}).\nIt is not part of the model, so model.to() does not move it "
+                     "(or make it a submodule of the model)"
+                     + (f"; its own code uses {'; '.join(used)}" if used else "")
+                     + (f"; it is called at {called[id(value)]}" if id(value) in called else "") + ".")
 
 
 def _check_unregistered(model: torch.nn.Module, devices: list[str], problems: list[dict[str, str]]) -> None:
@@ -259,10 +261,11 @@ def _check_unregistered(model: torch.nn.Module, devices: list[str], problems: li
             where = "; ".join(f"{path} on {d}" for path, d in away[:4])
             used = _used_at(type(module), key)
             _problem(problems, "unregistered-module", f"{prefix}.{key}", "error" if away else "warning",
-                     f"{prefix}.{key} is a plain Python {kind} holding {len(held)} module(s) "
-                     f"({', '.join(p for p, _ in held[:4])}); model.to(), model.parameters() and the state_dict do "
-                     f"not see them" + (f", and they are elsewhere: {where}" if away else "") +
-                     (f"; used at {used}" if used else "") + f". Fix: {prefix}.{key} = {wrapper}(...).")
+                     f"{prefix}.{key} is a plain Python {kind} of {len(held)} module(s), which model.to() does not "
+                     f"see. Fix: {prefix}.{key} = {wrapper}(...).\n{', '.join(p for p, _ in held[:4])}: "
+                     "model.to(), model.parameters() and the state_dict do not see them"
+                     + (f", and they are elsewhere: {where}" if away else "") + (f"; used at {used}" if used else "")
+                     + ".")
 
 
 def _used_at(cls: type, attr: str) -> str | None:
@@ -303,7 +306,9 @@ def describe(tensor: torch.Tensor) -> dict[str, Any]:
 
 
 def _problem(problems: list[dict[str, str]], kind: str, where: str, severity: str, message: str) -> None:
+    """MESSAGE: what and the fix on its first line (a table cell), the details on the lines after it."""
     problems.append({"kind": kind, "where": where, "severity": severity, "message": message})
+
 
 
 def _check_modules(model: torch.nn.Module, groups: list[Any], devices: list[str],
@@ -315,14 +320,14 @@ def _check_modules(model: torch.nn.Module, groups: list[Any], devices: list[str]
             continue
         where = ", ".join(f"{key} on {t.device}" for _, key, t in own_tensors(module))
         _problem(problems, "split-module", path, "error",
-                 f"{path} ({type(module).__name__}) has its own tensors on different devices ({where}); its "
-                 f"forward will fail with a device mismatch. Fix: move the whole module: {path}.to(device).")
+                 f"{path} ({type(module).__name__}) has its own tensors on different devices: its forward will fail. "
+                 f"Fix: move the whole module: {path}.to(device).\nIts tensors: {where}.")
     if len(devices) > 1:
         parts = "; ".join(f"{g.module} on {g.device}" for g in groups[:8])
         _problem(problems, "model-split", "model", "warning",
-                 f"the model spans {', '.join(devices)} ({parts}). Fine if deliberate (pipeline or "
-                 f"torchplace.place); otherwise a submodule missed model.to(device), e.g. one added or "
-                 f"replaced after the move.")
+                 f"the model spans {', '.join(devices)} (fine if deliberate: a pipeline, torchplace.place). Fix: "
+                 f"call model.to(device) once it is built.\nWhere: {parts}. A submodule added or replaced after "
+                 "the move stays behind.")
 
 
 def _check_attributes(model: torch.nn.Module, problems: list[dict[str, str]]) -> list[dict[str, Any]]:
@@ -333,10 +338,10 @@ def _check_attributes(model: torch.nn.Module, problems: list[dict[str, str]]) ->
         out.append(entry)
         elsewhere = bool(devices) and str(tensor.device) not in devices
         _problem(problems, "plain-attribute", path, "error" if elsewhere else "warning",
-                 f"{path} is a tensor kept as a plain attribute on {tensor.device}"
-                 + (f", while the model is on {', '.join(devices)}" if elsewhere else "")
-                 + "; model.to() does not move it. Fix: self.register_buffer(name, tensor, persistent=False) "
-                 "in __init__ (persistent=True if it belongs in the state_dict).")
+                 f"{path} is a plain tensor attribute on {tensor.device}"
+                 + (f" (the model on {', '.join(devices)})" if elsewhere else "")
+                 + ": model.to() skips it. Fix: self.register_buffer(name, tensor, persistent=False).\nRegister it in "
+                 "__init__; persistent=True puts it in the state_dict too.")
     return out
 
 
@@ -371,15 +376,15 @@ def _check_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     if wrong:
         shown = "; ".join(wrong[:4]) + (f"; and {len(wrong) - 4} more" if len(wrong) > 4 else "")
         _problem(problems, "optimizer-state-device", "optimizer", "error",
-                 f"{len(wrong)} optimizer state tensor(s) are on another device than their parameter: {shown}. "
-                 f"This happens when the optimizer stepped (or loaded a state_dict) before model.to(device): "
-                 f"Module.to moves parameters in place, not the optimizer's state. Fix: move the model before "
-                 f"the first step, or load the optimizer's state_dict after the move (it follows each parameter).")
+                 f"{len(wrong)} optimizer state tensor(s) are on another device than their parameter. Fix: move the "
+                 f"model before the first step.\nFirst: {shown}. The optimizer stepped (or loaded a state_dict) "
+                 "before model.to(device), which moves parameters, not the optimizer's state. Or load the "
+                 "optimizer's state_dict after the move (it follows each parameter).")
     if foreign:
         _problem(problems, "optimizer-foreign-parameters", "optimizer", "warning",
-                 f"the optimizer updates {len(foreign)} tensor(s) that are not parameters of this model (of "
-                 f"{len(params)}); a model rebuilt or replaced after the optimizer was made is not trained. "
-                 f"Fix: build the optimizer from model.parameters() after the model is final.")
+                 f"the optimizer updates {len(foreign)} of {len(params)} tensor(s) that are not this model's. Fix: "
+                 "build the optimizer from model.parameters() once the model is final.\nA model rebuilt or "
+                 "replaced after the optimizer was made is not trained.")
     return {"type": type(optimizer).__name__, "parameters": len(params), "foreign_parameters": len(foreign),
             "state_devices": dict(sorted(by_device.items())), "misplaced_state": wrong}
 
@@ -398,6 +403,6 @@ def _check_parallel(model: torch.nn.Module, problems: list[dict[str, str]]) -> N
         if held and held != [str(first)]:
             path = f"model.{name}" if name else "model"
             _problem(problems, "parallel-first-device", path, "error",
-                     f"{path} is a {type(module).__name__} over devices {[str(d) for d in ids]}, whose first "
-                     f"device {first} must hold the whole model, but it is on {', '.join(held)}. Fix: "
-                     f"model.to({str(first)!r}) before wrapping (or list that device first in device_ids).")
+                     f"{path} is a {type(module).__name__} whose first device {first} must hold the model, but it "
+                     f"is on {', '.join(held)}. Fix: model.to({str(first)!r}) before wrapping.\nIts devices: "
+                     f"{[str(d) for d in ids]}; or list the model's device first in device_ids.")

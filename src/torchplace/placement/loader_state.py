@@ -194,9 +194,11 @@ def _same_length(state: dict[str, Any], loader: Any) -> None:
     if state.get("taken") and saved is not None and now is not None and saved != now and replicas[0] == replicas[1]:
         raise CheckpointError(
             f"The checkpoint's loader position is batch {state['taken']} of an epoch of {saved} batches, but the "
-            f"loader given has {now} batches per epoch (another dataset, batch size or drop_last), so that position "
-            "is another sample's. Fix: resume with the dataset and batch size the checkpoint was saved with, or "
-            "leave loader= out (and do not call rt.loader before rt.resume) to start the epoch from its beginning.")
+            f"loader given has {now} batches per epoch (another dataset, batch size or drop_last): that position "
+            "is another sample's.\n"
+            "Fix: resume with the dataset and batch size the checkpoint was saved with.\n"
+            "Or: leave loader= out (and do not call rt.loader before rt.resume) to start the epoch from its "
+            "beginning.")
 
 
 def _length(loader: Any) -> int | None:
