@@ -348,7 +348,9 @@ def run(args: argparse.Namespace) -> BenchResult:
             repeats = repeats_for(size, args)
             state = _state(case.shapes, dev)
             extra = {"bytes": size, "tensors": len(state), "repeats": repeats}
-            stalls = background.measure_stalls(state, size, dev, root, repeats, full=case.full, label=label)
+            saved = os.path.join(root, f"saved-{label}")  # save_async's last file: the loads read it
+            stalls = background.measure_stalls(state, size, dev, root, repeats, full=case.full, label=label,
+                                               keep=saved)
             more_rows, more_targets = background.stall_rows(label, dev, stalls, extra, full=case.full)
             if case.full:
                 seconds = _measure(size, dev, root, repeats, state, label)
@@ -360,7 +362,7 @@ def run(args: argparse.Namespace) -> BenchResult:
                 more_rows += step_rows
                 more_targets += step_targets
             loads, load_notes = background.measure_loads(state, dev, root, repeats, cold=case.cold, slow_s=SLOW_S,
-                                                         label=label, slow_peers=case.slow_peers)
+                                                         label=label, slow_peers=case.slow_peers, saved=saved)
             del state
             for note in load_notes:
                 left_out.setdefault(note, []).append(label)
