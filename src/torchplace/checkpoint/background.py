@@ -7,9 +7,11 @@
 
 At the call, the state is collected and encoded as `save` does, and every tensor's bytes are copied
 into a host staging buffer laid out exactly like the file's data region (from a GPU: one copy
-into pinned memory, on a side stream that first waits for the work queued on the current one;
-the call returns once that copy is complete, so training may change the model at once). A writer
-thread then does what `save` does from there: checksums, temporary file, fsync, rename, rotation.
+into pinned memory, on a side stream that first waits for the work queued on the current one; the
+small tensors, which the layout keeps together, are joined on the device and cross in one copy; the
+call returns once the copy is complete, so training may change the model at once). A writer thread,
+started while the copy runs and held until it is done, then does what `save` does from there:
+checksums, temporary file, fsync, rename, rotation.
 
 Sharded models (FSDP, DTensor parameters) go through torch.distributed.checkpoint as with `save`:
 every rank calls save_async, copies its own shards to host memory at the call (torch's stager, the
