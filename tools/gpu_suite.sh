@@ -3,6 +3,7 @@
 #   bash tools/gpu_suite.sh tests|final-tests|bench-a|bench-ddp|bench-b|final [pytest args...]
 #   bash tools/gpu_suite.sh final-bench PAGE...   (benches, then docs/PAGE.md's runnable blocks on this machine)
 #   bash tools/gpu_suite.sh verify-1gpu|verify-2gpu   (what the 2026-12-01 session left to check on GPUs)
+#   bash tools/gpu_suite.sh close   (the whole GPU suite, then every diagnosis corpus on this GPU)
 #   bash tools/gpu_suite.sh bench34   (issue 34: bench checkpoint at default sizes, then bench strict; <= 360 s)
 # The GPU machine has no network and lacks isal (fast CRC-32) and fastsafetensors: fetch their wheels
 # here first with `bash tools/fetch_gpu_wheels.sh` (into .whl/, git-ignored) and carry .whl along.
@@ -29,6 +30,17 @@ case $part in
       echo "== run $run, $(date -u)"
       timeout 280 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider --timeout 240 2>&1 \
         | tee "$R/pytest-gpu-$tag-run$run.txt" | tail -6
+    done
+    ;;
+  close)  # a session's last GPU call: the whole GPU suite in default order, then every diagnosis corpus on this GPU
+    tp doctor --json > "$R/snapshot-h200-$tag.json"
+    tp doctor --check-driver > "$R/doctor-$tag.txt" 2>&1
+    timeout 330 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --timeout 240 "$@" 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -25
+    timeout 120 python3 -m torchplace bench diagnose --out "$R/shipped" 2>&1 | tee "$R/bench-diagnose-shipped-$tag.txt" | tail -12
+    for f in tests/checks/corpus_*.py; do
+      c=$(basename "$f" .py); [ "$c" = corpus_kit ] && continue
+      timeout 120 python3 -m torchplace bench diagnose --corpus "$f" --out "$R/$c" 2>&1 \
+        | tee "$R/bench-diagnose-$c-$tag.txt" | tail -12
     done
     ;;
   exits)  # abort-at-exit counts on the GPU host's Python (issue 28), then the outside corpora on this GPU

@@ -45,7 +45,7 @@ def test_quick_run_measures_every_variant_and_cleans_up(tmp_path: Path) -> None:
                                                 "gpt2 save_async stall vs bare pinned copy",
                                                 "2MiB save_async stall vs bare pinned copy"]
     assert all(t.spread is not None for t in result.targets)
-    assert result.params["cases"]["gpt2"]["tensors"] == 148 and result.params["repeats"] == 2
+    assert result.params["cases"]["gpt2"]["tensors"] == 148 and result.params["cases"]["gpt2"]["repeats"] == 2
     assert any(note.startswith("ran: 4MiB") for note in result.notes)
     # peers that cannot run here are named once, with the cases they would have run for
     assert any("instanttensor left out: it loads to GPUs only" in note and note.startswith("4MiB, gpt2, 2MiB")
@@ -119,3 +119,24 @@ def test_sizes_and_layouts_parse() -> None:
         bench.cases_for(_args("--layouts", "bert"))
     with pytest.raises(TorchplaceError, match="nothing to measure"):
         bench.cases_for(_args("--sizes", "none", "--layouts", "none"))
+
+
+def test_slow_peers_and_rounds_are_spent_where_they_inform() -> None:
+    cases = {c.label: c for c in bench.cases_for(_args("--sizes", "1GiB,10GiB"))}
+    assert {label: c.slow_peers for label, c in cases.items()} == {"1GiB": True, "gpt2": True, "llama": False,
+                                                                   "10GiB": False}
+    rounds = {label: bench.repeats_for(c.nbytes, _args()) for label, c in cases.items()}
+    assert rounds == {"1GiB": 3, "gpt2": 9, "llama": 3, "10GiB": 3}
+    assert bench.repeats_for(cases["gpt2"].nbytes, _args("--repeats", "4")) == 4
+    assert all(c.slow_peers for c in bench.cases_for(_args("--sizes", "1GiB,10GiB", "--full")))
+
+
+def test_a_state_above_the_slow_peers_size_loads_without_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    monkeypatch.setattr(bench, "SLOW_PEERS_MAX_BYTES", 3 * 2**20)
+    args = _args("--quick", "--sizes", "1MiB,4MiB", "--layouts", "none", "--dir", str(tmp_path), "--device", "cpu")
+    loads = [row.variant for row in bench.run(args).rows if " load -> " in row.variant]
+    assert loads == ["1MiB load -> cpu: safetensors load_file", "1MiB load -> cpu: torch.load(mmap)+.to",
+                     "1MiB load -> cpu: torchplace.load",
+                     "4MiB load -> cpu: safetensors load_file", "4MiB load -> cpu: torchplace.load"]
+    assert list(tmp_path.iterdir()) == []

@@ -29,6 +29,8 @@ def test_quick_run_measures_every_variant_and_finds_no_false_alarm():
                             "strict() entered every step", "TORCHPLACE_STRICT=1 (whole program)",
                             "strict off (env unset)"]
     assert all(row.value > 0 for row in result.rows) and result.rows[0].variant.startswith("tiny transformer LM")
+    assert result.rows[0].extra["n"] == 6  # one round: a bare block before the first variant and after each
+    assert all(len(row.extra["round_ratios"]) == 1 for row in result.rows[1:])  # each against its two neighbours
     alarms = [t for t in result.targets if "false alarms" in t.name]
     assert [t.measured for t in alarms] == [0.0]
     untouched = [t for t in result.targets if "functions in place" in t.name]

@@ -97,6 +97,49 @@ def test_large_states_grow_by_whole_slabs_and_keep_the_slabs_they_have() -> None
     assert staging.need(SLAB_BYTES + 1, pinned=False) == 2 * SLAB_BYTES  # large: whole slabs, the small one goes
 
 
+def test_the_copy_joins_small_tensors_and_puts_every_byte_in_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchplace.checkpoint import staging as staging_module
+    from torchplace.checkpoint.fileio import plan_file
+    from torchplace.checkpoint.format import SMALL_TENSOR_BYTES
+
+    monkeypatch.setattr(staging_module, "JOIN_BYTES", 600)  # runs of small tensors split into several pieces
+    g = torch.Generator().manual_seed(0)
+    state = {f"bias{i}": torch.randn(20 + i, generator=g) for i in range(12)}
+    state.update({"big": torch.randn(SMALL_TENSOR_BYTES // 4 + 3, generator=g), "empty": torch.empty(0, 3),
+                  "strided": torch.randn(8, 6, generator=g).t(), "half": torch.randn(33, generator=g).half(),
+                  "int": torch.arange(7), "flag": torch.tensor([True, False, True])})
+    planned = plan_file({"model": state})
+    staging = HostStaging()
+    staging.slabs = [torch.zeros(4099, dtype=torch.uint8) for _ in range(-(-planned.data_bytes // 4099))]
+    staging.copy_in(planned)  # slabs of an odd size: pieces cross their ends
+    region = torch.cat(staging.slabs)
+    for e in planned.entries:
+        expected = planned.tensors[e.key].reshape(-1).view(torch.uint8)
+        assert torch.equal(region[e.start:e.end], expected), e.key
+
+
+def test_a_failure_while_the_copies_finish_saves_nothing_and_reports_once(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchplace.checkpoint import background
+
+    def failing(self: HostStaging, planned: object) -> object:
+        def wait() -> None:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return wait
+
+    monkeypatch.setattr(HostStaging, "start_copy", failing)  # the writer thread is started by then
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        torchplace.save_async(tmp_path / "c", model={"w": torch.ones(10)}, rng_state=False)
+    monkeypatch.undo()
+    saver = background.default_saver()
+    deadline = time.monotonic() + 120
+    while saver._pending:  # its writer thread ends without writing
+        assert time.monotonic() < deadline, "the cancelled save's writer never ended"
+        time.sleep(0.005)
+    assert not (tmp_path / "c").exists() and saver.uncollected() is None  # raised at the call: not again
+    assert torchplace.save_async(tmp_path / "d", model={"w": torch.ones(10)}, rng_state=False).result(timeout=120)
+
+
 def test_the_shard_stager_is_reused_across_saves_of_a_state_holding_a_class() -> None:
     """torch 2.11's DefaultStager closes its stager after each stage, emptying its copy table, so the
     second stage of a state that holds a class object raised KeyError: <class 'type'> (H200 run,

@@ -189,3 +189,30 @@ def test_a_pre_port_training_dict_keeps_its_own_keys(tmp_path: Path) -> None:
     assert ported["best_acc1"] == 72.0
     with pytest.raises(KeyError, match=r"saved with extra=, so it is ck.extra\['epoch'\]"):
         ported["epoch"]
+
+
+def test_a_pre_port_training_dict_fills_objects_named_by_its_own_keys(tmp_path: Path) -> None:
+    """torchvision's reference checkpoint keeps its scheduler under 'lr_scheduler' and its EMA model under
+    'model_ema'; load(..., lr_scheduler=, model_ema=) fills them from those keys, as the pre-port resume did."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    ema = torch.optim.swa_utils.AveragedModel(model, use_buffers=True)
+    for _ in range(2):
+        model(torch.randn(4, 3)).sum().backward()
+        opt.step()
+        sched.step()
+        ema.update_parameters(model)
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "lr_scheduler": sched.state_dict(),
+                "epoch": 1, "model_ema": ema.state_dict()}, tmp_path / "checkpoint.pth")
+    fresh = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
+    fresh_sched = torch.optim.lr_scheduler.StepLR(fresh_opt, step_size=1, gamma=0.5)
+    fresh_ema = torch.optim.swa_utils.AveragedModel(fresh, use_buffers=True)
+    ck = torchplace.load(tmp_path / "checkpoint.pth", model=fresh, optimizer=fresh_opt, lr_scheduler=fresh_sched,
+                         model_ema=fresh_ema)
+    assert ck["epoch"] == 1 and fresh_sched.last_epoch == 2 and int(fresh_ema.n_averaged) == 2
+    assert all(torch.equal(v, fresh_ema.state_dict()[k]) for k, v in ema.state_dict().items())
+    with pytest.raises(torchplace.CheckpointError, match="has no swa state"):  # a name the file lacks: refused
+        torchplace.load(tmp_path / "checkpoint.pth", model=fresh, swa=fresh_ema)

@@ -153,3 +153,14 @@ def test_a_plain_safetensors_file_loads_as_model_weights(tmp_path: Path) -> None
     os.truncate(path, path.stat().st_size - 1)
     with pytest.raises(torchplace.CheckpointError, match="truncated"):
         torchplace.load(path)
+
+
+def test_small_tensors_are_laid_out_together_after_the_large_ones_of_their_width() -> None:
+    big = fmt.SMALL_TENSOR_BYTES // 4  # float32 elements of exactly the threshold: a large one
+    tensors = {"bias": torch.ones(3), "weight": torch.ones(big), "half_bias": torch.ones(5, dtype=torch.half),
+               "norm": torch.ones(4), "head": torch.ones(big + 1), "step": torch.tensor(2, dtype=torch.int64),
+               "meta_small": torch.ones(2, device="meta"), "half": torch.ones(2 * big, dtype=torch.half)}
+    entries = fmt.plan_layout(tensors)
+    assert [e.key for e in entries] == ["step", "weight", "head", "bias", "norm", "meta_small", "half", "half_bias"]
+    assert entries[0].start == 0 and all(a.end == b.start for a, b in zip(entries, entries[1:]))  # no holes
+    assert all(e.start % e.dtype.itemsize == 0 for e in entries)  # widest first: every offset aligned

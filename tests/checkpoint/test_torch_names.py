@@ -75,6 +75,10 @@ def test_what_a_torch_save_file_cannot_hold_is_refused(tmp_path: Path) -> None:
     model, _ = _trained()
     with pytest.raises(CheckpointError, match=r"weights_only=True\) refuses .*Config.*Fix: save plain data"):
         torchplace.save(tmp_path / "c.pt", model=model, config=Config())
+    import argparse  # torchvision's and timm's checkpoints hold their parsed args
+
+    with pytest.raises(CheckpointError, match=r"argparse.Namespace.*Fix: .*vars\(args\)"):
+        torchplace.save(tmp_path / "c.pth", model=model, args=argparse.Namespace(lr=0.1))
     with pytest.raises(CheckpointError, match="torch.save cannot write the state"):
         torchplace.save(tmp_path / "c.pt", model=model, schedule=lambda step: step)
     with pytest.raises(CheckpointError, match="keep_last= and latest= order a series.*Fix: name it .*c.safetensors"):
@@ -110,5 +114,42 @@ def test_convert_to_a_torch_name_writes_the_torch_save_file(tmp_path: Path) -> N
     src = torchplace.save(tmp_path / "src.safetensors", model=model, optimizer=opt)
     convert(src, tmp_path / "out.pt")
     assert torch.equal(torch.load(tmp_path / "out.pt")["model"]["0.weight"], model[0].weight)
-    with pytest.raises(CheckpointError, match="--weights-only writes a plain safetensors file"):
-        convert(src, tmp_path / "w.pt", weights_only=True)
+    convert(src, tmp_path / "w.pth", weights_only=True)  # the bare state dict a published .pth holds (dcgan's netG)
+    fresh = _trained(seed=1)[0]
+    fresh.load_state_dict(torch.load(tmp_path / "w.pth", weights_only=True))
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+    assert getattr(torch.load(tmp_path / "w.pth"), "_metadata", None) is not None  # module versions kept
+
+
+def test_a_folder_of_torch_name_files_resumes_from_the_newest(tmp_path: Path) -> None:
+    """torchvision's reference and imagenet save model_{epoch}.pth and checkpoint.pth into the output folder;
+    given that folder (load(DIR), setup(checkpoint_dir=..., resume=...)), torchplace takes the newest of its
+    own torch.save files, by the creation time in their metadata, and ignores a pre-port torch.save file."""
+    model, opt = _trained()
+    torch.save({"model": model.state_dict(), "epoch": 9}, tmp_path / "pre_port.pth")  # not ours: ignored
+    for epoch in range(3):
+        torchplace.save(tmp_path / f"model_{epoch}.pth", model=model, optimizer=opt, epoch=epoch)
+    ck = torchplace.load(tmp_path, model=_trained(1)[0])
+    assert ck.path.name == "model_2.pth" and ck["epoch"] == 2
+    rt = torchplace.setup("cpu", threads=None, checkpoint_dir=tmp_path, resume=True, verbose=False)
+    assert rt.resume_from is not None and rt.resume_from.name == "model_2.pth"
+    assert any("model_2.pth" in line for line in rt.decisions)
+
+
+def test_save_weights_only_writes_what_the_models_own_readers_take(tmp_path: Path) -> None:
+    """A published .pth (dcgan's netG_epoch_N.pth) is a bare state dict, HF's model.safetensors plain safetensors:
+    save(weights_only=True) writes each as its readers take it; anything beside the model is refused, unwritten."""
+    from safetensors.torch import load_file
+
+    model, opt = _trained()
+    fresh = _trained(seed=1)[0]
+    fresh.load_state_dict(torch.load(torchplace.save(tmp_path / "net.pth", model=model, weights_only=True)))
+    assert torch.equal(fresh[0].weight, model[0].weight)
+    fresh = _trained(seed=2)[0]
+    fresh.load_state_dict(load_file(torchplace.save(tmp_path / "model.safetensors", model=model, weights_only=True)))
+    assert torch.equal(fresh[2].bias, model[2].bias)
+    with pytest.raises(CheckpointError, match=r"weights alone, and optimizer was given too.*Fix"):
+        torchplace.save(tmp_path / "both.pth", model=model, optimizer=opt, weights_only=True)
+    with pytest.raises(CheckpointError, match="no model= was given"):
+        torchplace.save(tmp_path / "none.pth", weights_only=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "net.pth"]

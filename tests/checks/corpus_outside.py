@@ -11,12 +11,12 @@ refuses (meta kernels let linear, gather, indexing and in-place ops mix devices)
 
 Scored with `torchplace bench diagnose --corpus tests/checks/corpus_outside.py`; tests/checks/test_corpus_public.py
 runs it on cpu vs meta with the cases that fail today marked xfail(strict=True) (OUTSIDE_XFAIL there).
-Score when written (2026-12-02, main at 77ac0e0, cpu vs meta: 22 cases, 14 mistakes and 8 legal, of which 6 and 6
-run on this pair; the other 10 need a GPU and were not scored here):
+Score when written (2026-12-02, main at 77ac0e0, cpu vs meta: 30 cases, 19 mistakes and 11 legal, of which 8 and 8
+run on this pair; the other 14 need one GPU or two and were not scored here, no GPU being lent to this work):
 
-    names the culprit                        strict 3/6   watch 3/6   explain 3/6
-    ... with module path, tensor and line    strict 2/6   watch 2/6   explain 2/6
-    false alarms on legal code               strict 0/6   watch 0/6   explain 0/6
+    names the culprit                        strict 5/8   watch 5/8   explain 5/8
+    ... with module path, tensor and line    strict 4/8   watch 4/8   explain 4/8
+    false alarms on legal code               strict 0/8   watch 0/8   explain 0/8
 
 Missed: stft_window_in_extractor (the buffer named by its class, Spectrogram.window, not by extractor.spec),
 bilstm_zero_state_on_cpu and convlstm_init_hidden (the state is named, the torch.zeros that made it is not: in
@@ -30,6 +30,7 @@ import copy
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -500,6 +501,149 @@ def ema_copy_left_on_cpu(dev: torch.device, other: torch.device) -> Program:
     return stepped(model, lambda: ema_train_step(model, optimizer, ema, x), (x,), optimizer)
 
 
+class BertSelfAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.query, self.key, self.value = nn.Linear(W, W), nn.Linear(W, W), nn.Linear(W, W)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        attention_scores = self.query(hidden_states) @ self.key(hidden_states).transpose(-1, -2) / W ** 0.5
+        attention_scores = attention_scores + attention_mask  # case: bert_attention_mask_not_moved
+        return attention_scores.softmax(-1) @ self.value(hidden_states)
+
+
+class KBQABert(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embeddings = nn.Linear(W, W)
+        self.attention = BertSelfAttention()
+        self.classifier = nn.Linear(W, C)
+
+    def forward(self, input_embeds: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        extended_attention_mask = (1.0 - attention_mask[:, None, :]) * -10000.0
+        hidden = self.attention(self.embeddings(input_embeds), extended_attention_mask)
+        return self.classifier(hidden[:, 0])
+
+
+def kbqa_step(model: nn.Module, input_embeds: torch.Tensor, attention_mask: torch.Tensor,
+              dev: torch.device) -> torch.Tensor:
+    input_embeds = input_embeds.to(dev)
+    explain_here(model, input_embeds, attention_mask)
+    return model(input_embeds, attention_mask)
+
+
+# BERT's extended attention mask made from a batch mask that was never moved, added to GPU scores
+@R.mistake("lanyunshi/Multi-hopComplexKBQA#25", "attention_mask", "model.attention")
+def bert_attention_mask_not_moved(dev: torch.device, other: torch.device) -> Program:
+    model = KBQABert().to(dev)
+    input_embeds, attention_mask = torch.randn(2, 5, W), torch.ones(2, 5)
+    return stepped(model, lambda: kbqa_step(model, input_embeds, attention_mask, dev),
+                   (input_embeds.to(dev), attention_mask))
+
+
+class Critic(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(W + 2, 1)
+
+    def forward(self, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        return self.q(torch.cat([state, action], -1))
+
+
+def sample_batch(batch_size: int) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(0)
+    return (rng.random((batch_size, W), dtype=np.float32), rng.random((batch_size, 2), dtype=np.float32),
+            rng.random((batch_size, 1), dtype=np.float32), np.zeros((batch_size, 1), dtype=np.float32),
+            rng.random((batch_size, W), dtype=np.float32))
+
+
+def td3_priority(critic_target: nn.Module, device: torch.device, discount: float = 0.99) -> torch.Tensor:
+    state, action, reward, done, next_state = sample_batch(4)
+    next_state = torch.Tensor(next_state).to(device)
+    action = torch.Tensor(action).to(device)
+    done = torch.Tensor(done).to(device)
+    reward = torch.Tensor(reward)
+    explain_here(critic_target, next_state, action)
+    target_Q = critic_target(next_state, action)
+    target_Q = reward + discount * (1 - done) * target_Q  # case: td3_reward_not_moved
+    return target_Q.detach()
+
+
+# TD3: everything sampled from the replay buffer moved to the device except the rewards
+@R.mistake("reiniscimurs/DRL-robot-navigation#142", "reward")
+def td3_reward_not_moved(dev: torch.device, other: torch.device) -> Program:
+    critic_target = Critic().to(dev)
+    return stepped(critic_target, lambda: td3_priority(critic_target, dev),
+                   (randn(4, W, device=dev), randn(4, 2, device=dev)))
+
+
+class DQNAgent:
+    def __init__(self, Q: nn.Module) -> None:
+        self.Q = Q
+
+    def get_action(self, state: torch.Tensor) -> int:
+        qvals = self.Q(state)  # case: dqn_state_from_numpy
+        return int(qvals.argmax())
+
+
+def dqn_act(agent: DQNAgent, state: np.ndarray) -> int:
+    explain_here(agent.Q, torch.from_numpy(state))
+    return agent.get_action(torch.from_numpy(state))
+
+
+# the agent's Q network is on the GPU; the environment's state goes in as torch.from_numpy(state) (linear: GPU rule)
+@R.mistake("DeepRLChinese/DeepRL-Chinese#4", ("state", "torch.from_numpy"), "agent.Q", pairs=GPU)
+def dqn_state_from_numpy(dev: torch.device, other: torch.device) -> Program:
+    agent = DQNAgent(nn.Sequential(nn.Linear(W, W), nn.ReLU(), nn.Linear(W, 2)).to(dev))
+    state = np.zeros(W, dtype=np.float32)
+    return stepped(agent.Q, lambda: dqn_act(agent, state), (torch.from_numpy(state),))
+
+
+class IncrementalNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Linear(W, W)
+        self.old_fc = nn.Linear(W, C)
+
+    def forward(self, x: torch.Tensor, new_task_size: int = 2) -> torch.Tensor:
+        features = self.backbone(x)
+        new_rows = torch.zeros((new_task_size, W)).cuda()
+        fc_weight = torch.cat([self.old_fc.weight, new_rows], dim=0)  # case: zeros_cuda_lands_on_gpu0
+        return features @ fc_weight.T
+
+
+# class-incremental learning run on GPU 1: the new classes' rows made with .cuda(), which means the current GPU 0
+@R.mistake("LAMDA-CL/PyCIL#60", ("new_rows", ".cuda()"), "model", pairs=("cuda1-cuda0",))
+def zeros_cuda_lands_on_gpu0(dev: torch.device, other: torch.device) -> Program:
+    model = IncrementalNet().to(dev)
+    x = randn(4, W, device=dev)
+    return Program(model, lambda: model(x), (x,))
+
+
+class PromptModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, W)
+        self.head = nn.Linear(W, C)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(input_ids).mean(1))
+
+
+def prompt_eval_step(prompt_model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    inputs = inputs.cuda()
+    explain_here(prompt_model, inputs)
+    return prompt_model(inputs)  # case: inputs_cuda_while_model_on_gpu1
+
+
+# prompt_model.cuda(1) for the model, inputs.cuda() for the batch: the batch goes to the current GPU, 0
+@R.mistake("thunlp/OpenPrompt#160", "inputs", "prompt_model.embed", pairs=("cuda1-cuda0",))
+def inputs_cuda_while_model_on_gpu1(dev: torch.device, other: torch.device) -> Program:
+    prompt_model = PromptModel().cuda(dev.index)
+    inputs = torch.randint(0, 10, (2, 5))
+    return stepped(prompt_model, lambda: prompt_eval_step(prompt_model, inputs), (inputs.to(dev),))
+
+
 # --------------------------------------------------------------------------- legal patterns
 
 def clip_coords(x0: torch.Tensor, x1: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -674,3 +818,78 @@ def factories_under_device_context(dev: torch.device, other: torch.device) -> Pr
     model = DeviceScoped().to(dev)
     x = randn(4, W, device=dev)
     return stepped(model, lambda: forward_step(model, x), (x,))
+
+
+
+class AttentionDecoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weights = nn.Parameter(torch.randn(W))
+        self.out = nn.Linear(W, C)
+
+    def forward(self, encoded: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        alignments_scores = encoded @ self.weights
+        mask = torch.arange(encoded.shape[1])[None, :] < torch.tensor(lengths, device="cpu")[:, None]
+        alignments_scores[~mask] = float("-inf")  # a CPU boolean mask as the index: torch takes it
+        attn = alignments_scores.softmax(-1)
+        return self.out((attn[..., None] * encoded).sum(1))
+
+
+# deepparse built its attention mask on the CPU; its PR said assigning through it fails on the GPU (it could
+# not check there): torch takes CPU indices, boolean masks included, for a tensor on any device
+@R.legal("GRAAL-Research/deepparse#298")
+def cpu_bool_mask_assignment(dev: torch.device, other: torch.device) -> Program:
+    model = AttentionDecoder().to(dev)
+    encoded = randn(2, 5, W, device=dev)
+    return stepped(model, lambda: forward_step(model, encoded, [5, 3]), (encoded, [5, 3]))
+
+
+class SpeechCTC(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(W, C + 1)
+
+    def forward(self, feats: torch.Tensor) -> torch.Tensor:
+        return self.proj(feats).log_softmax(-1).transpose(0, 1)  # (time, batch, classes)
+
+
+def ctc_step(model: nn.Module, feats: torch.Tensor, targets: torch.Tensor, input_lengths: torch.Tensor,
+             target_lengths: torch.Tensor) -> torch.Tensor:
+    explain_here(model, feats)
+    return F.ctc_loss(model(feats), targets, input_lengths, target_lengths)
+
+
+# F.ctc_loss with its length tensors on the CPU (as the collate made them) and log-probs on the GPU
+@R.legal("https://pytorch.org/docs/stable/generated/torch.nn.functional.ctc_loss.html", pairs=GPU)
+def ctc_lengths_on_cpu(dev: torch.device, other: torch.device) -> Program:
+    model = SpeechCTC().to(dev)
+    feats = randn(2, 6, W, device=dev)
+    targets = torch.randint(1, C + 1, (2, 3), device=dev)
+    input_lengths, target_lengths = torch.tensor([6, 6]), torch.tensor([3, 2])
+    return stepped(model, lambda: ctc_step(model, feats, targets, input_lengths, target_lengths), (feats,))
+
+
+class CausalEncoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qk = nn.Linear(W, 2 * W)
+        self.head = nn.Linear(W, C)
+
+    def forward(self, src: torch.Tensor) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(src.shape[1])  # follows the default device
+        q, k = self.qk(src).chunk(2, -1)
+        return self.head(((q @ k.transpose(1, 2) + mask).softmax(-1) @ src)[:, -1])
+
+
+def default_device_step(model: nn.Module, src: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    with torch.device(dev):  # the script's torch.set_default_device(...)
+        explain_here(model, src)
+        return model(src)
+
+
+# nn.Transformer.generate_square_subsequent_mask under a default device: since the report it lands there
+@R.legal("pytorch/pytorch#137186")
+def square_subsequent_mask_follows_default_device(dev: torch.device, other: torch.device) -> Program:
+    model = CausalEncoder().to(dev)
+    src = randn(2, 5, W, device=dev)
+    return stepped(model, lambda: default_device_step(model, src, dev), (src,))

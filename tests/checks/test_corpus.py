@@ -65,9 +65,10 @@ def test_the_factory_that_made_a_culprit_is_named_with_its_line():
 
 def test_modules_in_plain_lists_suggest_module_list():
     out = diagnose.score(next(c for c in MISTAKES if c.name == "heads_in_list"), PAIR, "strict", corpus)
-    assert "inside module model.heads[0] (Linear)" in out.text and "make it nn.ModuleList(...)" in out.text
+    assert "inside module model.heads[0] (Linear)" in out.text
+    assert "Fix: make model.heads nn.ModuleList(...)" in out.text
     out = diagnose.score(next(c for c in MISTAKES if c.name == "branches_in_dict"), PAIR, "explain", corpus)
-    assert "model.branches is a plain Python dict" in out.text and "make it nn.ModuleDict(...)" in out.text
+    assert "Fix: make model.branches nn.ModuleDict(...)" in out.text
 
 
 def test_explain_given_the_step_names_the_line_in_the_class_that_uses_the_culprit():

@@ -1,7 +1,10 @@
-"""The public corpus (corpus_public.py: mistakes and legal patterns from other projects' reports, none in
-corpus.py) on cpu vs meta: strict(), watch() and explain() name every mistake with module path, tensor and user
-line; nothing cries wolf. corpus_heldout.py is not tested here: it is scored once, by hand, with
-`torchplace bench diagnose --corpus tests/checks/corpus_heldout.py`."""
+"""The public corpora on cpu vs meta: corpus_public.py (the diagnosis was developed against it) and
+corpus_outside.py (reports from other projects added in issue 31, the development part). strict(), watch() and
+explain() name every mistake with module path, tensor and user line; nothing cries wolf. Cases of
+corpus_outside.py that no tool names fully yet are xfail(strict=True) in OUTSIDE_XFAIL, with what is missing, so
+the suite stays green while the diagnosis catches up and turns red when one starts to pass.
+corpus_heldout.py and corpus_heldout2.py are not tested here: each is scored once, by hand, with
+`torchplace bench diagnose --corpus tests/checks/FILE`."""
 
 from __future__ import annotations
 
@@ -11,26 +14,60 @@ import pytest
 
 from torchplace.bench import diagnose
 
-corpus = diagnose.load_corpus(Path(__file__).with_name("corpus_public.py"))
+HERE = Path(__file__).parent
+CORPORA = {name: diagnose.load_corpus(HERE / f"{name}.py") for name in ("corpus_public", "corpus_outside")}
 PAIR = "cpu-meta"
 
+# (case, tool): what the report lacks today (2026-12-02, cpu vs meta); every tool when the tool is None
+OUTSIDE_XFAIL: dict[tuple[str, str | None], str] = {
+    ("convlstm_init_hidden", "strict"): "follows h_cur back to `h_cur, c_cur = cur_state`, not to the torch.zeros "
+                                        "of init_hidden() that made it (explain's dry run sees the factory)",
+    ("convlstm_init_hidden", "watch"): "follows h_cur back to `h_cur, c_cur = cur_state`, not to the torch.zeros "
+                                       "of init_hidden() that made it (explain's dry run sees the factory)",
+}
 
-def test_the_corpus_is_big_enough_and_cites_its_sources():
-    mistakes = [c for c in corpus.CASES if c.kind == "mistake"]
-    assert len(mistakes) >= 25 and len([c for c in corpus.CASES if c.kind == "legal"]) >= 10
-    assert all(("/" in c.source and "#" in c.source) or c.source.startswith("https://") for c in corpus.CASES)
-    assert all(c.line for c in mistakes) and len({c.name for c in corpus.CASES}) == len(corpus.CASES)
+
+def _xfail(file: str, case: str, tool: str) -> list:
+    if file != "corpus_outside":
+        return []
+    reason = OUTSIDE_XFAIL.get((case, tool)) or OUTSIDE_XFAIL.get((case, None))
+    return [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
 
 
-@pytest.mark.parametrize("tool", diagnose.TOOLS)
-@pytest.mark.parametrize("case", corpus.for_pair(PAIR, "mistake"), ids=lambda c: c.name)
-def test_every_tool_names_path_tensor_and_line(case, tool):
-    out = diagnose.score(case, PAIR, tool, corpus)
+def _params(kind: str) -> list:
+    return [pytest.param(name, case, tool, id=f"{name}-{case.name}-{tool}", marks=_xfail(name, case.name, tool))
+            for name, corpus in CORPORA.items() for case in corpus.for_pair(PAIR, kind) for tool in diagnose.TOOLS]
+
+
+@pytest.mark.parametrize("name, mistakes, legal", [("corpus_public", 25, 10), ("corpus_outside", 12, 6)])
+def test_the_corpus_is_big_enough_and_cites_its_sources(name, mistakes, legal):
+    cases = CORPORA[name].CASES
+    assert len([c for c in cases if c.kind == "mistake"]) >= mistakes
+    assert len([c for c in cases if c.kind == "legal"]) >= legal
+    assert all(("/" in c.source and "#" in c.source) or c.source.startswith("https://") for c in cases)
+    assert all(c.line for c in cases if c.kind == "mistake") and len({c.name for c in cases}) == len(cases)
+
+
+def test_the_outside_corpus_cites_reports_no_other_corpus_here_cites():
+    """Different reports from the ones the diagnosis was developed against (corpus_public.py and the corpus shipped
+    with torchplace; documentation pages may repeat)."""
+    public = {c.source for c in CORPORA["corpus_public"].CASES + diagnose.load_corpus().CASES}
+    outside = [c.source for c in CORPORA["corpus_outside"].CASES if not c.source.startswith("https://")]
+    assert not public & set(outside) and len(set(outside)) == len(outside)
+
+
+def test_every_xfail_names_a_case_of_the_outside_corpus():
+    names = {c.name for c in CORPORA["corpus_outside"].for_pair(PAIR, "mistake")}
+    assert {case for case, _ in OUTSIDE_XFAIL} <= names
+
+
+@pytest.mark.parametrize("name, case, tool", _params("mistake"))
+def test_every_tool_names_path_tensor_and_line(name, case, tool):
+    out = diagnose.score(case, PAIR, tool, CORPORA[name])
     assert out.full, f"missing {out.missing} in:\n{out.text}"
 
 
-@pytest.mark.parametrize("tool", diagnose.TOOLS)
-@pytest.mark.parametrize("case", corpus.for_pair(PAIR, "legal"), ids=lambda c: c.name)
-def test_legal_patterns_raise_no_alarm(case, tool):
-    out = diagnose.score(case, PAIR, tool, corpus)
+@pytest.mark.parametrize("name, case, tool", _params("legal"))
+def test_legal_patterns_raise_no_alarm(name, case, tool):
+    out = diagnose.score(case, PAIR, tool, CORPORA[name])
     assert not out.alarm, out.text

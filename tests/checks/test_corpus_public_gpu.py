@@ -1,4 +1,7 @@
-"""The public corpus (corpus_public.py) on real GPUs: cuda:0 vs cpu, and cuda:1 vs cuda:0 (multigpu)."""
+"""The public corpora (corpus_public.py, corpus_outside.py) on real GPUs: cuda:0 vs cpu, and cuda:1 vs cuda:0
+(multigpu). corpus_outside.py was written on a machine without GPUs: its cases that fail on cpu vs meta
+(test_corpus_public.OUTSIDE_XFAIL), and those only a GPU runs, are xfail(strict=False) here until a GPU run
+scores them."""
 
 from __future__ import annotations
 
@@ -6,11 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_corpus_public import OUTSIDE_XFAIL
 
 from torchplace.bench import diagnose
 
 pytestmark = pytest.mark.gpu
-corpus = diagnose.load_corpus(Path(__file__).with_name("corpus_public.py"))
+HERE = Path(__file__).parent
+CORPORA = {name: diagnose.load_corpus(HERE / f"{name}.py") for name in ("corpus_public", "corpus_outside")}
+UNSCORED = "corpus_outside.py was written without a GPU: not yet scored on one"
 
 
 @pytest.fixture(autouse=True)
@@ -20,23 +26,30 @@ def _device_zero():
     torch.cuda.set_device(0)
 
 
+def _marks(name: str, pair: str, case) -> list:
+    marks = [pytest.mark.multigpu] if pair == "cuda1-cuda0" else []
+    if name == "corpus_outside":
+        known = OUTSIDE_XFAIL.get((case.name, None))
+        if known or "cpu-meta" not in case.pairs:
+            marks.append(pytest.mark.xfail(strict=False, reason=known or UNSCORED))
+    return marks
+
+
 def _params(kind: str) -> list:
-    out = []
-    for pair in ("cuda-cpu", "cuda1-cuda0"):
-        marks = [pytest.mark.multigpu] if pair == "cuda1-cuda0" else []
-        out += [pytest.param(pair, c, id=f"{pair}-{c.name}", marks=marks) for c in corpus.for_pair(pair, kind)]
-    return out
+    return [pytest.param(name, pair, c, id=f"{name}-{pair}-{c.name}", marks=_marks(name, pair, c))
+            for name, corpus in CORPORA.items() for pair in ("cuda-cpu", "cuda1-cuda0")
+            for c in corpus.for_pair(pair, kind)]
 
 
 @pytest.mark.parametrize("tool", diagnose.TOOLS)
-@pytest.mark.parametrize("pair, case", _params("mistake"))
-def test_every_tool_names_path_tensor_and_line(pair, case, tool):
-    out = diagnose.score(case, pair, tool, corpus)
+@pytest.mark.parametrize("name, pair, case", _params("mistake"))
+def test_every_tool_names_path_tensor_and_line(name, pair, case, tool):
+    out = diagnose.score(case, pair, tool, CORPORA[name])
     assert out.full, f"missing {out.missing} in:\n{out.text}"
 
 
 @pytest.mark.parametrize("tool", diagnose.TOOLS)
-@pytest.mark.parametrize("pair, case", _params("legal"))
-def test_legal_patterns_raise_no_alarm(pair, case, tool):
-    out = diagnose.score(case, pair, tool, corpus)
+@pytest.mark.parametrize("name, pair, case", _params("legal"))
+def test_legal_patterns_raise_no_alarm(name, pair, case, tool):
+    out = diagnose.score(case, pair, tool, CORPORA[name])
     assert not out.alarm, out.text

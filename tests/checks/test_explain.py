@@ -90,7 +90,7 @@ def test_optimizer_built_before_a_move_that_replaced_the_parameters():
     model.to("meta")  # cpu -> meta makes new Parameter objects: the optimizer still holds the old ones
     result = tp.explain(model, optimizer=optimizer)
     problem = next(p for p in result["problems"] if p["kind"] == "optimizer-foreign-parameters")
-    assert "10 tensor(s) that are not parameters of this model (of 10)" in problem["message"]
+    assert "updates 10 of 10 tensor(s) that are not this model's" in problem["message"]
     assert result["optimizer"]["foreign_parameters"] == 10
 
 

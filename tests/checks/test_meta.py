@@ -45,7 +45,7 @@ def test_module_to_on_a_meta_model_names_its_weights_and_the_load_fix(face: str)
     assert 'in `model.to("cpu")` at ' in text and "test_meta.py:" in text, text
     assert "model.body.0.weight is on meta" in text, text
     assert "model (Net): 4 of 4 parameters and buffers on meta: model.body.0.weight, model.body.0.bias" in text
-    assert "built on the meta device" in text and "never loaded" in text
+    assert "built on meta (torch.device('meta')" in text and "never loaded" in text
     assert "Fix: load the weights into it: torchplace.load(path, model=model)" in text
     assert "model.to_empty(device='cpu')" in text and "load_checkpoint_and_dispatch" in text
     assert isinstance(err.value, NotImplementedError) and isinstance(err.value.__cause__, NotImplementedError)
@@ -81,7 +81,7 @@ def test_a_forward_mixing_meta_weights_and_a_cpu_batch_says_why_and_how_to_load(
     with pytest.raises(tp.DeviceMismatchError) as err, tp.strict(model=model):
         model(torch.randn(2, 4))
     text = str(err.value)
-    assert "Why: model.body.0.weight, model.body.0.bias are on meta: a meta tensor has a shape but no data" in text
+    assert "Why: model.body.0.weight, model.body.0.bias are on meta, which holds shapes but no data" in text
     assert "never loaded (4 of 4 parameters and buffers on meta" in text
     assert "Fix: load the weights into it: torchplace.load(path, model=model)" in text, text
 

@@ -112,7 +112,7 @@ def test_a_service_that_is_not_a_store_at_the_master_address_is_named(group, rep
            "MASTER_PORT": str(server.getsockname()[1])}
     try:
         with pytest.raises(DistributedError,
-                           match=r"is not a torch.distributed rendezvous store.*Fix: set MASTER_PORT"):
+                           match=r"(?s)is not a torch.distributed rendezvous store.*Fix: set MASTER_PORT"):
             tdist.init(env=env, join_timeout=1 if reply is None else 2)
     finally:
         stop.set()

@@ -37,7 +37,7 @@ from torchplace.errors import LeaseError
 try:
     picked = pick(1, snapshot=sys.argv[1], command="victim job")
 except LeaseError as exc:
-    print("REFUSED", exc, flush=True)
+    print("REFUSED", " ".join(str(exc).splitlines()), flush=True)
     sys.exit(0)
 print("HELD", picked.uuids[0], flush=True)
 sys.stdin.readline()

@@ -178,7 +178,7 @@ def test_prepared_loops_name_the_users_module_not_the_wrapper(which: str) -> Non
 @pytest.mark.parametrize("which", ["fabric", "accelerate"])
 def test_prepared_loops_name_the_loss_weight(which: str) -> None:
     pytest.importorskip("lightning" if which == "fabric" else "accelerate")
-    with pytest.raises(tp.DeviceMismatchError, match=r"weight on meta.*\n.*made by `weight = torch.ones"):
+    with pytest.raises(tp.DeviceMismatchError, match=r"weight on meta.*\nFix: .*\n.*made by `weight = torch.ones"):
         fabric_or_accelerate(which, "loss")
 
 

@@ -102,7 +102,7 @@ def test_a_tensor_made_inside_the_failing_expression_is_listed() -> None:
     text = str(err.value)
     assert "torch.tensor([1.0, 2.0]) on cpu, while the rest are on meta" in text, text
     assert "torch.tensor([1.0, 2.0]): cpu (made inside the expression)" in text
-    assert "is made on cpu inside the op: give it the other operands' device" in text
+    assert "Fix: make torch.tensor([1.0, 2.0]) on the other operands' device" in text
 
 
 def test_a_device_that_is_not_a_literal_is_not_evaluated() -> None:

@@ -76,3 +76,19 @@ def test_memory_report_names_the_model_output_entry():
         assert ours(memory_report("cpu", top=5)).held_by == f"{__name__}.KEPT_OUTPUT['logits']"
     finally:
         del globals()["KEPT_OUTPUT"]
+
+
+def test_a_graph_alive_before_the_baseline_is_not_named_as_growth():
+    """A graph that was alive before tracking began (a traceback's, an earlier loop's) is not this loop's growth: only
+    the running total summed inside the loop is named, not `earlier`, whose graph saves more than any one step."""
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.Tanh(), torch.nn.Linear(1024, 1))
+    earlier = model(torch.randn(8192, 1024)).sum()  # about 64 MiB saved by its graph, before the baseline
+    total = 0
+    with pytest.warns(MemoryLeakWarning):
+        with track_memory("cpu") as tracker:
+            for _ in range(20):
+                total += model(torch.randn(1024, 1024)).sum()
+                tracker.step()
+    names = [g.name for g in tracker.report.grew]
+    del earlier, total
+    assert names == ["autograd graph of tensor `total`"], names

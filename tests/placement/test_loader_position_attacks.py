@@ -62,3 +62,19 @@ def test_a_damaged_position_is_refused_by_name(tmp_path, change):
     with pytest.raises(CheckpointError, match="loader position is damaged"):
         tp.load(path, loader=dl)
         next(iter(dl))
+
+
+def test_a_position_past_an_iterable_loaders_end_is_refused_not_read_for_ever(tmp_path):
+    """An IterableDataset has no length to check a position against: the skip reads batches, and a count past the
+    data's end (an edited file: 10**12) stops there with a CheckpointError instead of calling next() 10**12 times."""
+    from torch.utils.data import IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(12).split(3))
+
+    path = tp.save(tmp_path / "edited.pt", loader=Edited(taken=10**12, length=None, sampler={}))
+    dl = tp.DeviceLoader(DataLoader(Stream(), batch_size=None), "cpu")
+    tp.load(path, loader=dl)
+    with pytest.raises(CheckpointError, match=r"batch 1000000000000 of an epoch.*ended after 4 batch"):
+        next(iter(dl))

@@ -14,13 +14,18 @@ HANG_BOUND_S = 240  # only a real hang reaches it (a run takes seconds)
 
 
 def run_program(name: str, *args: str, cwd: Path, nproc: int = 1, max_restarts: int = 0,
-                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+                env: dict[str, str] | None = None, cli: bool = False) -> subprocess.CompletedProcess[str]:
     """Run programs/NAME with ARGS in CWD: under torchrun with NPROC ranks (gloo) when NPROC > 1 or
-    MAX_RESTARTS, else as `python NAME`. Fails the test on a non-zero exit, with the output."""
+    MAX_RESTARTS (through `torchplace run --gpus none` when CLI), else as `python NAME`. Fails the test
+    on a non-zero exit, with the output."""
     from ports import free_port
 
     script = str(PROGRAMS / name)
-    if nproc > 1 or max_restarts:
+    if cli:
+        cmd = [sys.executable, "-m", "torchplace", "run", "--gpus", "none", "--nproc", str(nproc), "--max-restarts",
+               str(max_restarts), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--",
+               sys.executable, script, *args]
+    elif nproc > 1 or max_restarts:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                "--max-restarts", str(max_restarts), "--rdzv-backend", "c10d",
                "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--monitor-interval", "0.2", script, *args]

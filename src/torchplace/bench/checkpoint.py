@@ -4,18 +4,23 @@ instanttensor, every figure repeated in interleaved rounds, reported as median a
 Cases (default: 1 GiB and 10 GiB of bf16 tensors of 64 MiB, and two model-shaped states built from
 shapes, no download: a Llama-style 32-layer state of 291 tensors and GPT-2 124M's 148):
 
-- every case: loads to the device from the page cache (ours, safetensors load_file, torch.load(mmap)
-  + .to, fastsafetensors without GDS, instanttensor buffered; each peer that is missing or fails
-  here is left out with a note) and the save_async stall against a bare copy into pinned memory;
-- the first size (every size with --full; layouts too) also: cold loads (pages dropped first)
-  against a raw O_DIRECT read and instanttensor's direct reads; a plain write + fsync, torch.save +
-  fsync and torchplace.save; torch.load and torchplace.load; the stalls of torch.save and
-  dcp.async_save; a compute step while save_async writes. The default run fits in 3 minutes on an
-  H200 host (disk about 2 GB/s): the 10 GiB figures that take the time are the disk's, not ours.
+- every case: loads to the device from the page cache (ours, safetensors load_file, instanttensor
+  buffered; each peer that is missing or fails here is left out with a note) and the save_async
+  stall against a bare copy into pinned memory;
+- states up to SLOW_PEERS_MAX_BYTES (1 GiB, GPT-2; every case with --full) also load with
+  torch.load(mmap) + .to and fastsafetensors without GDS: peers of about 1-6 GB/s, whose standing
+  a small state shows as well as a large one, at a fraction of the time;
+- the first size (every size with --full) also: cold loads (pages dropped first) against a raw
+  O_DIRECT read and instanttensor's direct reads; a plain write + fsync, torch.save + fsync and
+  torchplace.save; torch.load and torchplace.load; the stalls of torch.save and dcp.async_save; a
+  compute step while save_async writes. The default run, 10 GiB included, is meant to fit in 3
+  minutes on an H200 host (disk about 2 GB/s): most of the time is the disk's, writing files.
 
-Each figure runs --repeats interleaved rounds (variants take turns, the order rotating), so drift
-hits all alike; a peer whose untimed first run takes over SLOW_S is timed once. Rows show the median
-and the quartiles; a target is met only if its worse quartile meets it. Files go to --dir (default:
+Each figure runs interleaved rounds (variants take turns, the order rotating), so drift hits all
+alike: --repeats, else as many as move about REPEAT_BYTES (3 for 1 GiB and more, 9 for GPT-2's
+237 MiB, whose millisecond figures are the noisiest); a peer whose untimed first run takes over
+SLOW_S is timed once. Rows show the median and the quartiles; a target is met only if its worse
+quartile meets it. Files go to --dir (default:
 a fresh temporary directory on local disk, not tmpfs) and are removed at the end; the largest case
 needs about four times its size free there and twice in host memory.
 """
@@ -37,6 +42,8 @@ from .common import BenchResult, Row, Target, gbs, judged, plain, ratios, row, s
 
 TENSOR_BYTES = 64 * 2**20
 SLOW_S = 3.0  # a peer whose first load takes longer is timed once, not every round (it would eat the run's time)
+SLOW_PEERS_MAX_BYTES = 2**30  # torch.save/torch.load and fastsafetensors (about 1 GB/s) only for states up to this
+REPEAT_BYTES = 3 * 2**30  # default rounds: as many as move about this much (at least 3, at most 9)
 DEFAULT_SIZES = "1GiB,10GiB"
 DEFAULT_LAYOUTS = "llama,gpt2"
 
@@ -50,9 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", default=None, help="directory to write into (default: a temporary one on local disk)")
     parser.add_argument("--device", default=None, help="where the tensors live and load to (default: auto)")
     parser.add_argument("--repeats", type=int, default=None,
-                        help="interleaved rounds per figure (default 3; --quick 2)")
+                        help="interleaved rounds per figure (default: 3 for states of 1 GiB and more, up to 9 "
+                             "for smaller ones; --quick 2)")
     parser.add_argument("--full", action="store_true",
-                        help="every figure for every case (default: saves, torch.load, dcp, steps: first size only)")
+                        help="every figure for every case (default: saves, torch.load, dcp, steps and cold loads "
+                             "for the first size only; the slow peers, torch.load(mmap) and fastsafetensors, for "
+                             "states up to 1 GiB)")
     parser.add_argument("--budget-s", type=float, default=None,
                         help="skip a case whose time, estimated from the largest case of its kind so far, would "
                              "end the run past this many seconds (default: no limit; says which were skipped)")
@@ -123,6 +133,7 @@ class Case:
     full: bool = False  # saves, torch.load, dcp and steps besides the loads and the save_async stall
     cold: bool = False  # cold loads against a raw O_DIRECT read
     what: str = ""
+    slow_peers: bool = True  # loads with torch.load(mmap)+.to and fastsafetensors too (about 1 GB/s: time)
 
     @property
     def nbytes(self) -> int:
@@ -167,7 +178,19 @@ def cases_for(args: argparse.Namespace) -> list[Case]:
                           what=f"{what}{' at tiny width' if args.quick else ''}"))
     if not cases:
         raise TorchplaceError("--sizes none --layouts none: nothing to measure; name a size or a layout.")
+    for case in cases:
+        case.slow_peers = case.full or args.full or case.nbytes <= SLOW_PEERS_MAX_BYTES
     return sorted(cases, key=lambda c: (not c.full, c.nbytes))  # the full set first, then the rest by size
+
+
+def repeats_for(nbytes: int, args: argparse.Namespace) -> int:
+    """Rounds per figure for a state of NBYTES: --repeats, else as many as move about REPEAT_BYTES (3 to 9):
+    small states are cheap to repeat, and their figures (milliseconds) are the noisiest."""
+    if args.repeats:
+        return int(args.repeats)
+    if args.quick:
+        return 2
+    return max(3, min(9, REPEAT_BYTES // max(nbytes, 1)))
 
 
 def _local_dir() -> str:
@@ -294,14 +317,14 @@ def run(args: argparse.Namespace) -> BenchResult:
 
     dev = resolve_device(args.device or "auto")
     cases = cases_for(args)
-    repeats = args.repeats or (2 if args.quick else 3)
     root = tempfile.mkdtemp(prefix="torchplace-bench-ckpt-", dir=args.dir or _local_dir())
     rows: list[Row] = []
     targets: list[Target] = []
     started = time.perf_counter()
-    notes = [f"ran: {'; '.join(f'{c.label} = {c.what} ({size_label(c.nbytes)})' for c in cases)}; {repeats} "
-             f"interleaved rounds per figure; the full set of figures for "
-             f"{', '.join(c.label for c in cases if c.full) or 'no case'}",
+    notes = [f"ran: {'; '.join(f'{c.label} = {c.what} ({size_label(c.nbytes)})' for c in cases)}; interleaved "
+             f"rounds per figure: {', '.join(f'{c.label} {repeats_for(c.nbytes, args)}' for c in cases)}; the full "
+             f"set of figures for {', '.join(c.label for c in cases if c.full) or 'no case'}; torch.load(mmap) and "
+             f"fastsafetensors loads for {', '.join(c.label for c in cases if c.slow_peers) or 'no case'}",
              "values: median [quartiles] of the rounds; a target is judged at its worse quartile",
              f"files in {root} (removed after); warm loads read files just written, from the page cache, "
              "for every tool",
@@ -322,9 +345,12 @@ def run(args: argparse.Namespace) -> BenchResult:
                     notes.append(f"{label}: skipped: about {estimate:.0f} s (scaled from {size_label(seen_bytes)}) "
                                  f"would end the run past --budget-s {args.budget_s:g}")
                     continue
+            repeats = repeats_for(size, args)
             state = _state(case.shapes, dev)
             extra = {"bytes": size, "tensors": len(state), "repeats": repeats}
-            stalls = background.measure_stalls(state, size, dev, root, repeats, full=case.full, label=label)
+            saved = os.path.join(root, f"saved-{label}")  # save_async's last file: the loads read it
+            stalls = background.measure_stalls(state, size, dev, root, repeats, full=case.full, label=label,
+                                               keep=saved)
             more_rows, more_targets = background.stall_rows(label, dev, stalls, extra, full=case.full)
             if case.full:
                 seconds = _measure(size, dev, root, repeats, state, label)
@@ -336,7 +362,7 @@ def run(args: argparse.Namespace) -> BenchResult:
                 more_rows += step_rows
                 more_targets += step_targets
             loads, load_notes = background.measure_loads(state, dev, root, repeats, cold=case.cold, slow_s=SLOW_S,
-                                                         label=label)
+                                                         label=label, slow_peers=case.slow_peers, saved=saved)
             del state
             for note in load_notes:
                 left_out.setdefault(note, []).append(label)
@@ -359,8 +385,9 @@ def run(args: argparse.Namespace) -> BenchResult:
         shutil.rmtree(root, ignore_errors=True)
     return BenchResult("checkpoint", rows, baseline=None, lower_is_better=False, targets=targets, notes=notes,
                        params={"cases": {c.label: {"bytes": c.nbytes, "tensors": len(c.shapes), "full": c.full,
-                                                   "cold": c.cold, "what": c.what} for c in cases},
-                               "repeats": repeats, "device": str(dev), "dir": root, "tensor_bytes": TENSOR_BYTES,
+                                                   "cold": c.cold, "what": c.what, "slow_peers": c.slow_peers,
+                                                   "repeats": repeats_for(c.nbytes, args)} for c in cases},
+                               "device": str(dev), "dir": root, "tensor_bytes": TENSOR_BYTES,
                                "slow_s": SLOW_S})
 
 

@@ -63,8 +63,9 @@ def _step_fn(dev: Any) -> Callable[[], None]:
 
 
 def measure_stalls(state: dict[str, Any], size: int, dev: Any, root: str, repeats: int, *, full: bool = True,
-                   label: str = "") -> dict[str, list[float]]:
-    """Seconds each way of checkpointing STATE stops the caller, per round (and save_async's, dcp's total)."""
+                   label: str = "", keep: str | None = None) -> dict[str, list[float]]:
+    """Seconds each way of checkpointing STATE stops the caller, per round (and save_async's, dcp's total).
+    KEEP: where to leave the file save_async wrote last (the loads read it: one write of the state fewer)."""
     import torch
     import torch.distributed.checkpoint as dcp
 
@@ -119,7 +120,10 @@ def measure_stalls(state: dict[str, Any], size: int, dev: Any, root: str, repeat
             out = timed_rounds(variants, repeats, f"{label}: stalls")
     finally:
         if os.path.exists(paths["tp"]):
-            os.unlink(paths["tp"])
+            if keep:
+                os.replace(paths["tp"], keep)
+            else:
+                os.unlink(paths["tp"])
         pinned = torch.empty(0)  # gives the pinned buffer back before the timings that follow
     return {**out, **{k: v for k, v in totals.items() if v}}
 
@@ -287,21 +291,28 @@ def _tried(name: str, load: Callable[[], None]) -> Callable[[], None] | str:
 
 
 def measure_loads(state: dict[str, Any], dev: Any, root: str, repeats: int, *, cold: bool = True,
-                  slow_s: float | None = None, label: str = "") -> tuple[dict[str, list[float]], list[str]]:
-    """Seconds per round to load STATE onto DEV from the page cache with safetensors, torch.load(mmap) + .to,
-    fastsafetensors and instanttensor (where they run) and ours; with COLD also cold (pages dropped first) with
-    ours, instanttensor's direct reads and a raw O_DIRECT read of the same file. Also the notes on peers left out."""
+                  slow_s: float | None = None, label: str = "", slow_peers: bool = True, saved: str | None = None
+                  ) -> tuple[dict[str, list[float]], list[str]]:
+    """Seconds per round to load STATE onto DEV from the page cache with safetensors, instanttensor (where it
+    runs) and ours, and with SLOW_PEERS torch.load(mmap) + .to and fastsafetensors (where it runs); with COLD
+    also cold (pages dropped first) with ours, instanttensor's direct reads and a raw O_DIRECT read of the same
+    file. SAVED: a torchplace file of STATE already written (moved here and read; else saved first). Also
+    the notes on peers left out."""
     import torch
     from safetensors.torch import load_file, save_file
 
     from ..checkpoint import load, save
 
     sync = _sync(dev)
-    paths = {k: os.path.join(root, f"load-{k}") for k in ("st", "torch", "tp")}
+    paths = {k: os.path.join(root, f"load-{k}") for k in ("st", "torch", "tp") if slow_peers or k != "torch"}
     notes: list[str] = []
     save_file(state, paths["st"])
-    torch.save(state, paths["torch"])
-    save(paths["tp"], model=state, rng_state=False)
+    if slow_peers:
+        torch.save(state, paths["torch"])
+    if saved and os.path.exists(saved):
+        os.replace(saved, paths["tp"])
+    else:
+        save(paths["tp"], model=state, rng_state=False)
 
     def st_load() -> None:
         load_file(paths["st"], device=str(dev))
@@ -320,10 +331,11 @@ def measure_loads(state: dict[str, Any], dev: Any, root: str, repeats: int, *, c
         return lambda: _drop_cache(path)
 
     try:
-        warm = {"st": plain(st_load), "mmap": plain(mmap_load), "tp": plain(tp_load)}
+        warm = {"st": plain(st_load), **({"mmap": plain(mmap_load)} if slow_peers else {}), "tp": plain(tp_load)}
         trials: dict[str, float] = {}
-        for key, peer in (("fst", _fastsafetensors_load(paths["st"], dev)),
-                          ("it", _instanttensor_load(paths["st"], dev, buffered=True))):
+        peers = ([("fst", _fastsafetensors_load(paths["st"], dev))] if slow_peers else []) + \
+            [("it", _instanttensor_load(paths["st"], dev, buffered=True))]
+        for key, peer in peers:
             if isinstance(peer, str):
                 notes.append(peer)
             else:

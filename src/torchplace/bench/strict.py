@@ -4,9 +4,14 @@ The two steps docs/reference-measurements.md measured run-time checks on: torchv
 bf16 autocast, SGD) and a GPT-2-sized transformers model built from its config, no download
 (8x512 tokens, bf16 autocast, AdamW). Each step runs bare, under `watch(model)` entered every
 step, under `strict()` around the loop and entered every step, under the environment switch
-(TORCHPLACE_STRICT=1), and with the switch unset; interleaved rounds (the order rotating), each
-round's median step, ratios to bare within each round; rows show the median and the quartiles of
-the rounds, and each target is judged at its worse quartile (a cost within noise is not a pass).
+(TORCHPLACE_STRICT=1), and with the switch unset (the control: the same code as bare, so its
+spread is the bench's noise). After a warm-up of WARMUP_S seconds of bare steps (clocks, allocator,
+autotuning), each round runs short blocks that alternate with bare ones, B v1 B v2 ... B v5 B (the
+variants' order rotating from round to round), STEPS steps a block, each step timed with device
+events; a variant block's ratio is its median step over the mean of the two bare blocks beside it,
+so drift slower than a block cancels. Rounds go on for SECONDS per model (at least MIN_ROUNDS);
+rows show the median and the quartiles, and each target is judged at its worse quartile (a cost
+within noise is not a pass).
 Before timing, each model trains a few steps from a DataLoader and runs inference under
 `strict()` with every report turned into a count: the false alarms (target 0).
 
@@ -26,19 +31,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..progress import advance, begin
-from .common import BenchResult, Row, Target, judged, median, ratios, row
+from .common import BenchResult, Row, Target, judged, median, row
 
 # issue 4: strict <= 3%, watch <= 1%; issue 34: off reads within 0.5% of bare
 _TARGETS = {"strict() around the loop": 1.03, "strict() entered every step": 1.03,
             "TORCHPLACE_STRICT=1 (whole program)": 1.03, "watch(model) every step": 1.01,
             "strict off (env unset)": 1.005}
-ROUNDS, STEPS = 20, 5  # about 60 s for both models on an H200; more short rounds beat fewer long ones on drift
+STEPS = 6  # steps a block: short blocks beside bare ones cancel drift; their median steadies each one
+SECONDS = 40.0  # of timed rounds per model: with building and the false-alarm pass, about 2 minutes for both
+MIN_ROUNDS = 8
+WARMUP_S = 3.0  # of bare steps before timing: clocks and power settle, cudnn autotunes, the allocator fills
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="where to train (default: cuda:0 if there is a GPU, else cpu)")
-    parser.add_argument("--rounds", type=int, default=None, help=f"interleaved rounds (default {ROUNDS})")
-    parser.add_argument("--steps", type=int, default=None, help=f"timed steps per variant and round (default {STEPS})")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help=f"interleaved rounds (default: as many as fit in {SECONDS:g} s per model, at least "
+                             f"{MIN_ROUNDS})")
+    parser.add_argument("--steps", type=int, default=None, help=f"timed steps per block (default {STEPS})")
     parser.add_argument("--models", default="resnet50,gpt2", help="which of resnet50,gpt2 to run (default both)")
     parser.add_argument("--quick", action="store_true", help="tiny built-in models, few steps (CPU, CI)")
 
@@ -63,7 +73,7 @@ def run(args: argparse.Namespace) -> BenchResult:
 
     dev = resolve_device(args.device or "auto")
     quick = args.quick
-    rounds, steps = args.rounds or (2 if quick else ROUNDS), args.steps or (3 if quick else STEPS)
+    rounds, steps = args.rounds or (2 if quick else None), args.steps or (3 if quick else STEPS)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)  # the process's device, chosen before strict mode looks
         torch.backends.cudnn.benchmark = True
@@ -76,9 +86,11 @@ def run(args: argparse.Namespace) -> BenchResult:
         raise TorchplaceError(f"--models {args.models!r}: unknown {unknown}; choose from {sorted(builders)}.")
     rows: list[Row] = []
     targets: list[Target] = []
-    notes = [f"ratio column: bare step time / variant step time (1.00 = no cost; 0.97 = 3% slower); "
-             f"targets compare variant / bare, round by round. {rounds} interleaved rounds x {steps} steps per "
-             "variant; values: median [quartiles] of the rounds' medians; targets judged at the worse quartile."]
+    notes = [f"ratio column: bare step time / variant step time (1.00 = no cost; 0.97 = 3% slower); targets: "
+             f"each variant block's median step / the mean of the bare blocks on either side of it, one per round; "
+             f"{rounds or f'as many rounds as fit in {SECONDS:g} s (at least {MIN_ROUNDS})'} x blocks of {steps} "
+             "steps, alternating with bare blocks; values: median [quartiles]; targets judged at the worse "
+             "quartile; 'strict off' runs the same code as bare: its spread is the noise."]
     for name in names:
         begin(f"{name}: building the model")
         case = builders[name](torch, dev, quick)
@@ -88,10 +100,10 @@ def run(args: argparse.Namespace) -> BenchResult:
         targets.append(Target(f"{case.label}: false alarms under strict() (DataLoader, autocast, optimizer, "
                               f"inference)", float(len(alarms)), 0.0))
         notes += [f"{case.label}: false alarm: {a}" for a in alarms[:3]]
-        timed = _time_variants(torch, case, dev, rounds, steps)
-        bare = timed["bare"]
+        timed, paired = _time_variants(torch, case, dev, rounds, steps, quick)
+        notes.append(f"{case.label}: {len(paired['strict off (env unset)'])} rounds")
         for variant, ms in timed.items():
-            per_round = ratios(ms, bare)
+            per_round = paired.get(variant, [1.0] * len(ms))
             rows.append(row(f"{case.label}: {variant}", ms, "ms/step", 1 / median(per_round),
                             {"step_time_ratio": median(per_round), "round_ratios": per_round}))
             if variant in _TARGETS:
@@ -110,8 +122,12 @@ def run(args: argparse.Namespace) -> BenchResult:
                                "models": names, **_versions()})
 
 
-def _time_variants(torch: Any, case: Case, dev: Any, rounds: int, steps: int) -> dict[str, list[float]]:
-    """Each variant's median ms per step in each of ROUNDS interleaved rounds."""
+def _time_variants(torch: Any, case: Case, dev: Any, rounds: int | None, steps: int, quick: bool
+                   ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """(each variant's median ms per step in each block, bare's every block; each variant's paired ratios:
+    its block over the mean of the bare blocks on either side), ROUNDS rounds or as many as fit in SECONDS."""
+    import time
+
     from ..checks.strict import strict
     from ..checks.watch import watch
     from .common import time_device
@@ -130,25 +146,41 @@ def _time_variants(torch: Any, case: Case, dev: Any, rounds: int, steps: int) ->
             case.step(batch)
 
     variants: dict[str, tuple[Callable[[], Any], Callable[[], None]]] = {
-        "bare": (contextlib.nullcontext, bare),
         "watch(model) every step": (contextlib.nullcontext, watched),
         "strict() around the loop": (lambda: strict(model=model), bare),
         "strict() entered every step": (contextlib.nullcontext, strict_each_step),
         "TORCHPLACE_STRICT=1 (whole program)": (lambda: _env_strict("1"), bare),
         "strict off (env unset)": (lambda: _env_strict(None), bare),
     }
-    for _ in range(2):  # warm up: cudnn autotuning, allocator, lazy optimizer state
+
+    def block(context: Callable[[], Any], fn: Callable[[], None]) -> float:
+        with context():
+            return median(time_device(fn, dev, warmup=0, iters=steps))
+
+    warm_until = time.perf_counter() + (0.0 if quick else WARMUP_S)
+    bare()
+    bare()  # at least two: cudnn autotuning, allocator, lazy optimizer state
+    while time.perf_counter() < warm_until:
         bare()
-    times: dict[str, list[float]] = {name: [] for name in variants}
+    times: dict[str, list[float]] = {"bare": [], **{name: [] for name in variants}}
+    paired: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
-    begin(f"{case.label}: timing", rounds * len(variants))
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:  # rotated: no variant always runs first
-            context, fn = variants[name]
-            with context():
-                times[name].append(median(time_device(fn, dev, warmup=1, iters=steps)))
-            advance()
-    return times
+    start = time.perf_counter()
+    begin(f"{case.label}: timing", rounds)
+    r = 0
+    while (r < rounds) if rounds else (r < MIN_ROUNDS or time.perf_counter() - start < SECONDS):
+        before = block(contextlib.nullcontext, bare)
+        times["bare"].append(before)
+        for name in names[r % len(names):] + names[:r % len(names)]:  # rotated: no variant always comes first
+            ms = block(*variants[name])
+            after = block(contextlib.nullcontext, bare)
+            times[name].append(ms)
+            times["bare"].append(after)
+            paired[name].append(ms / ((before + after) / 2))
+            before = after
+        r += 1
+        advance()
+    return times, paired
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,7 @@ def write(target: Path, tree: dict[str, Any], meta: dict[str, Any]) -> Path:
         raise CheckpointError(f"save({str(target)!r}) got named state {MARK!r}, the key of torchplace's metadata "
                               "in a torch.save file. Fix: use another name.")
     payload = {**named, **({"rng": _plain_rng(tree["rng"])} if "rng" in tree else {}),
-               MARK: {"format": FORMAT, "metadata": meta}}
+               MARK: {"format": FORMAT, "metadata": {**meta, "created_unix": time.time()}}}
 
     def fill(sink: FileSink) -> None:
         try:
@@ -106,10 +107,21 @@ def write(target: Path, tree: dict[str, Any], meta: dict[str, Any]) -> Path:
             raise CheckpointError(
                 f"save({str(target)!r}): the state holds values torch.load(weights_only=True) refuses "
                 f"({', '.join(unsafe[:5])}), so readers would have to run code from the file; nothing was "
-                "written. Fix: save plain data (numbers, strings, lists, dicts, tensors): e.g. a dataclass "
-                "config as dataclasses.asdict(config), a numpy value as .tolist().")
+                "written. Fix: save plain data (numbers, strings, lists, dicts, tensors): e.g. parsed arguments "
+                "as vars(args), a dataclass config as dataclasses.asdict(config), a numpy value as .tolist().")
 
     return atomic_write(target, fill)
+
+
+def read_meta(path: Path) -> dict[str, Any] | None:
+    """The metadata of a file `write` made at PATH, else None (another tool's file, or no torch.save file).
+    Read as a folder's newest checkpoint is chosen: torch.load with weights_only, its tensors mapped, not read."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # torch.load's errors for what is not a zip torch.save file of plain data are many
+        return None
+    ours = from_torch_save(obj)
+    return ours[1] if ours is not None else None
 
 
 def from_torch_save(obj: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:

@@ -7,9 +7,11 @@
 
 At the call, the state is collected and encoded as `save` does, and every tensor's bytes are copied
 into a host staging buffer laid out exactly like the file's data region (from a GPU: one copy
-into pinned memory, on a side stream that first waits for the work queued on the current one;
-the call returns once that copy is complete, so training may change the model at once). A writer
-thread then does what `save` does from there: checksums, temporary file, fsync, rename, rotation.
+into pinned memory, on a side stream that first waits for the work queued on the current one; the
+small tensors, which the layout keeps together, are joined on the device and cross in one copy; the
+call returns once the copy is complete, so training may change the model at once). A writer thread,
+started while the copy runs and held until it is done, then does what `save` does from there:
+checksums, temporary file, fsync, rename, rotation.
 
 Sharded models (FSDP, DTensor parameters) go through torch.distributed.checkpoint as with `save`:
 every rank calls save_async, copies its own shards to host memory at the call (torch's stager, the
@@ -155,6 +157,27 @@ class SaveFuture:
         return f"SaveFuture({str(self.path)!r}, {state})"
 
 
+class Gate:
+    """Holds a save's writer thread until the call's copies are complete: `open` lets it write; `cancel`
+    (the call failed after starting it) lets it end without writing."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._go = False
+
+    def open(self) -> None:
+        self._go = True
+        self._event.set()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    def wait(self) -> bool:
+        """Wait for open() (True) or cancel() (False)."""
+        self._event.wait()
+        return self._go
+
+
 class BackgroundSaver:
     """Background saves of one process: staging buffers kept for reuse, saves written one after another."""
 
@@ -190,15 +213,22 @@ class BackgroundSaver:
             failed._collected = True
             return failed
 
-    def submit(self, fut: SaveFuture, staging: HostStaging, write: Callable[[], None]) -> None:
-        """Run WRITE on a writer thread of lowered priority, after the saves submitted before it."""
+    def submit(self, fut: SaveFuture, staging: HostStaging, write: Callable[[], None], gate: Gate | None = None
+               ) -> None:
+        """Run WRITE on a writer thread of lowered priority, after the saves submitted before it (and,
+        with GATE, once it opens: the thread starts while the call's copies are still running)."""
         with self._cond:
             before, self._tail = self._tail, threading.Event()
             tail = self._tail
             self._pending.append(fut)
 
         def run() -> None:
-            error = written(fut, before, write, WRITER_NICE)
+            if gate is None or gate.wait():
+                error = written(fut, before, write, WRITER_NICE)
+            else:  # the call failed after starting this thread, and raised: nothing to write or report
+                error, fut._collected = None, True
+                if before is not None:  # the saves after this one still wait for the ones before it
+                    before.wait()
             with self._cond:
                 self._pending.remove(fut)
                 if error is not None:
@@ -356,19 +386,32 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
                                   (scheduler, scaler, extra, more_state, rng_tree, info), keep_last=keep_last,
                                   rotate_after=rotate_after, allow_pickle=allow_pickle,
                                   max_in_flight=max_in_flight, threads=_writer_threads(workers))
+            copied: Callable[[], None] = _copied  # the shards' copies are complete already
         else:
             tree, meta = collect_state(model, optimizer, scheduler, scaler, extra, more_state, rng_tree, info)
             planned = plan_file(tree, allow_pickle=allow_pickle)
             del tree
-            write = _stage_file(fut, staging, planned, meta, keep_last=keep_last, rotate_after=rotate_after,
-                                max_in_flight=max_in_flight, threads=_writer_threads(workers))
-        fut.copy_s = time.perf_counter() - start
+            write, copied = _stage_file(fut, staging, planned, meta, keep_last=keep_last,
+                                        rotate_after=rotate_after, max_in_flight=max_in_flight,
+                                        threads=_writer_threads(workers))
     except BaseException:
         if staging is not None:
             saver.give_back(staging)
         raise
-    saver.submit(fut, staging, write)
+    gate = Gate()
+    saver.submit(fut, staging, write, gate)  # the writer thread starts while the copies run; it owns STAGING now
+    try:
+        copied()
+    except BaseException:
+        gate.cancel()
+        raise
+    fut.copy_s = time.perf_counter() - start
+    gate.open()
     return fut
+
+
+def _copied() -> None:
+    pass
 
 
 def _raise_earlier_failure(saver: BackgroundSaver, target: Path, world_size: int) -> None:
@@ -389,8 +432,9 @@ def _raise_earlier_failure(saver: BackgroundSaver, target: Path, world_size: int
 
 def _stage_file(fut: SaveFuture, staging: HostStaging, planned: Planned, meta: dict[str, Any], *,
                 keep_last: int | None, rotate_after: bool, max_in_flight: int,
-                threads: Callable[[int], int]) -> Callable[[], None]:
-    """Copy PLANNED's tensors into STAGING (the file's data region); return the write of the file."""
+                threads: Callable[[int], int]) -> tuple[Callable[[], None], Callable[[], None]]:
+    """Start copying PLANNED's tensors into STAGING (the file's data region); return (the write of the
+    file, the wait for the copies: the caller's tensors may change once it returns)."""
     target = fut.path
     # cuda-only: pinned staging serves the CUDA streams above
     pinned = any(t.device.type == "cuda" for t in planned.tensors.values())
@@ -398,8 +442,8 @@ def _stage_file(fut: SaveFuture, staging: HostStaging, planned: Planned, meta: d
     check_memory(f"save_async({str(target)!r})", need, max_in_flight)
     staging.ensure(planned.data_bytes, pinned)
     fut.allocated_bytes, fut.pinned = need, staging.pinned
-    staging.copy_in(planned)
-    planned.tensors = {}  # the copy is taken: keep none of the caller's tensors alive
+    copied = staging.start_copy(planned)  # holds what the copies read until they are done
+    planned.tensors = {}  # keep none of the caller's tensors alive past that
     n = threads(planned.data_bytes)
 
     def write() -> None:
@@ -408,7 +452,7 @@ def _stage_file(fut: SaveFuture, staging: HostStaging, planned: Planned, meta: d
             if rotate_after:
                 rotate(target, keep_last)
 
-    return write
+    return write, copied
 
 
 # -- the writer thread's part: wait for the saves before it, write at a lowered CPU priority, and hand back

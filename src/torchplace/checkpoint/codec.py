@@ -87,15 +87,16 @@ class _Encoder:
 
     def tensor(self, t: torch.Tensor, path: tuple[Any, ...]) -> str:
         t = t.detach()
-        if t.device.type not in ("cpu", "meta") and not _visible_storage(t):
+        device = t.device
+        if device.type not in ("cpu", "meta") and not _visible_storage(t):
             # a back end that keeps no storage torch can see (XLA, a PrivateUse1 back end written in
             # Python): its data is read through the host, as torch.save does for such tensors
-            t = t.cpu()
+            t, device = t.cpu(), torch.device("cpu")
         if t.layout != torch.strided or t.is_quantized or t.is_nested \
                 or type(t) is not torch.Tensor:  # subclasses (DTensor, ...) and exotic layouts
             raise TypeError("not a plain dense tensor")
         ident = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(),
-                 t.dtype, t.device) if t.numel() else None
+                 t.dtype, device) if t.numel() else None
         if ident is not None and ident in self._seen:
             return self._seen[ident]
         key = self._key(path)
@@ -109,6 +110,15 @@ class _Encoder:
             raise CheckpointError(f"{_path_str(path[:8])}/... nests containers more than {MAX_NESTING} levels deep, "
                                   "deeper than a checkpoint may (readers refuse deeper JSON). Fix: store it "
                                   "flatter, e.g. as a dict keyed by path strings.")
+        if isinstance(value, torch.Tensor):  # first: most of a state's leaves
+            if value.device.type == "meta":
+                raise CheckpointError(f"{_path_str(path)} is on the meta device and has no data to save. Fix: "
+                                      "materialize it first (module.to_empty(device=...) and initialize, or load "
+                                      "weights).")
+            try:
+                return {"t": "tensor", "k": self.tensor(value, path)}
+            except TypeError:
+                return self._pickle(value, path, f"a {value.layout} {type(value).__name__} on {value.device}")
         if value is None or isinstance(value, (bool, str)):
             return value
         if isinstance(value, int) and not isinstance(value, bool):
@@ -117,14 +127,6 @@ class _Encoder:
             return value if math.isfinite(value) else {"t": "float", "v": repr(value)}
         if isinstance(value, TensorRef):  # a tensor kept elsewhere (DCP shards)
             return {"t": "ref", "k": value.key}
-        if isinstance(value, torch.Tensor) and value.device.type == "meta":
-            raise CheckpointError(f"{_path_str(path)} is on the meta device and has no data to save. Fix: "
-                                  "materialize it first (module.to_empty(device=...) and initialize, or load weights).")
-        if isinstance(value, torch.Tensor):
-            try:
-                return {"t": "tensor", "k": self.tensor(value, path)}
-            except TypeError:
-                return self._pickle(value, path, f"a {value.layout} {type(value).__name__} on {value.device}")
         if isinstance(value, np.ndarray):
             try:
                 as_tensor = torch.from_numpy(np.ascontiguousarray(value))

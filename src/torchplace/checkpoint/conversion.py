@@ -12,7 +12,8 @@ matching the model's keys.
   fast, verified and safely from then on.
 - `convert(src, dst, weights_only=True)` writes the model's state dict alone as a plain safetensors
   file (`{"format": "pt"}` metadata, tied weights stored once each), which
-  `model.load_state_dict(safetensors.torch.load_file(dst))` accepts, as do HF, timm and vLLM.
+  `model.load_state_dict(safetensors.torch.load_file(dst))` accepts, as do HF, timm and vLLM; under a
+  .pt/.pth/.tar/.ckpt name, as torch.save writes `model.state_dict()`, for `model.load_state_dict(torch.load(dst))`.
 """
 
 from __future__ import annotations
@@ -84,11 +85,8 @@ def _convert(src: Path, dst: Path, opts: ReadOptions, *, weights_only: bool) -> 
         if lead:
             notes.append(lead)
     begin(f"writing {dst.name}")
-    if weights_only and torchfile.is_torch_name(dst):
-        raise torchfile.refuse(dst, "--weights-only writes a plain safetensors file (what HF, accelerate and timm "
-                                    "read)")
     if weights_only:
-        return _write_weights(src, dst, tool, state, prefix, notes)
+        return write_weights(src, dst, tool, state, prefix, notes, versions)
     info = {"world_size": meta.get("world_size", 1), "objects": meta.get("objects", {}),
             "primary_device": "cpu", "converted_from": {"path": str(src), "tool": tool}}
     if versions:
@@ -101,15 +99,21 @@ def _convert(src: Path, dst: Path, opts: ReadOptions, *, weights_only: bool) -> 
     return Converted(dst, tool, prefix, count, notes)
 
 
-def _write_weights(src: Path, dst: Path, tool: str, state: dict[str, Any], prefix: str,
-                   notes: list[str]) -> Converted:
-    from safetensors.torch import save as to_bytes
-
+def write_weights(src: Path, dst: Path, tool: str, state: dict[str, Any], prefix: str,
+                  notes: list[str], versions: Mapping[str, Any] | None) -> Converted:
+    """STATE's model alone at DST: a bare torch.save state dict under a torch name, else plain safetensors."""
     model = state.get("model")
     if not isinstance(model, Mapping) or not model:
         held = ", ".join(sorted(state)) or "nothing"
         raise CheckpointError(f"{src} ({tool}) holds no model weights to export (it holds: {held}). Fix: convert "
                               "without --weights-only, or point at the checkpoint that has the model.")
+    left = sorted(k for k in state if k != "model")
+    if left:
+        notes.append(f"weights only: left out {', '.join(left)}")
+    if torchfile.is_torch_name(dst):  # the bare state dict `model.load_state_dict(torch.load(dst))` takes
+        return _write_torch_weights(dst, tool, model, prefix, notes, versions)
+    from safetensors.torch import save as to_bytes
+
     tensors: dict[str, torch.Tensor] = {}
     storages: set[int] = set()
     skipped = [k for k, v in model.items() if not isinstance(v, torch.Tensor)]
@@ -129,10 +133,25 @@ def _write_weights(src: Path, dst: Path, tool: str, state: dict[str, Any], prefi
                      "load_state_dict(strict=False) skips them")
     if shared:
         notes.append(f"{shared} tensors shared memory with another (tied weights); each key holds its own copy")
-    left = sorted(k for k in state if k != "model")
-    if left:
-        notes.append(f"weights only: left out {', '.join(left)}")
     notes.append("module versions (_metadata) cannot be stored in a plain safetensors file: load_state_dict "
                  "passes none to the modules (a quantization observer then resets its eps)")
     write_bytes(dst, to_bytes(tensors, metadata={"format": "pt"}))
     return Converted(dst, tool, prefix, len(tensors), notes, weights_only=True)
+
+
+def _write_torch_weights(dst: Path, tool: str, model: Mapping[str, Any], prefix: str, notes: list[str],
+                         versions: Mapping[str, Any] | None) -> Converted:
+    """The model's state dict alone, as torch.save writes `model.state_dict()`: tensors on the CPU, tied weights
+    kept tied, module versions kept (`_metadata`), so `torch.load(dst, weights_only=True)` gives it back."""
+    import collections
+    import io
+
+    out: collections.OrderedDict[str, Any] = collections.OrderedDict(
+        (k, v.detach().to("cpu") if isinstance(v, torch.Tensor) else v) for k, v in model.items())
+    if versions:
+        out._metadata = collections.OrderedDict(versions)  # type: ignore[attr-defined]
+    buffer = io.BytesIO()
+    torch.save(out, buffer)
+    write_bytes(dst, buffer.getvalue())
+    return Converted(dst, tool, prefix, sum(isinstance(v, torch.Tensor) for v in out.values()), notes,
+                     weights_only=True)

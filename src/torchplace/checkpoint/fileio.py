@@ -149,11 +149,16 @@ class FileState:
         return self.header.meta or {}
 
 
-def read_file(path: Path, device_for: DeviceFor, opts: ReadOptions = PLAIN) -> FileState:
-    """Read PATH; DEVICE_FOR(path_in_tree) picks each tensor's device; every checksum is checked."""
+def read_file(path: Path, device_for: DeviceFor | None, opts: ReadOptions = PLAIN, *,
+              placing: Callable[[Header], DeviceFor] | None = None) -> FileState:
+    """Read PATH; DEVICE_FOR(path_in_tree) picks each tensor's device, or PLACING(header) gives that
+    function where the choice depends on what the file holds (its header is read once); every checksum
+    is checked."""
     fd = open_for_read(path)
     try:
         header = read_header(path, fd)
+        device_for = placing(header) if placing is not None else device_for
+        assert device_for is not None, "read_file needs device_for or placing"
         if header.meta is None:  # a safetensors file from another tool: its tensors are the model
             targets = {e.key: device_for(("model", e.key)) for e in header.entries}
             out = allocate(header, targets)

@@ -58,10 +58,12 @@ def tied(path: Path, notes: list[str], sd: Any, target: nn.Module, name: str = "
         kept = "Nothing was loaded" if name == "model" else f"The {name} was left as it was"
         raise CheckpointError(
             f"{path}: {'; '.join(differ)} are one tensor in {type(target).__name__} (tied weights), but the file "
-            "holds different values for them: it was saved from a model where they are separate, and loading would "
-            f"keep whichever torch copies last. {kept}. "
-            "Fix: build the model untied, as it was saved (for transformers: tie_word_embeddings=False in its config), "
-            f"or take the state (tp.load(path)[{name!r}]), delete the key you do not want and load the rest.")
+            f"holds different values for them. {kept}.\n"
+            "Fix: build the model untied, as it was saved (for transformers: tie_word_embeddings=False in its "
+            "config).\n"
+            f"Or: take the state (tp.load(path)[{name!r}]), delete the key you do not want and load the rest.\n"
+            "Why: it was saved from a model where they are separate; loading would keep whichever torch copies "
+            "last.")
     return sd
 
 
@@ -75,11 +77,12 @@ def meta_to_fill(path: Path, notes: list[str], sd: Mapping[str, Any], target: nn
     if left:
         more = f" and {len(left) - 5} more" if len(left) > 5 else ""
         raise CheckpointError(
-            f"{path}: {type(target).__name__} has {len(empty)} tensor(s) on the meta device (made without memory, "
-            f"as under torch.device('meta') or init_empty_weights), and the file does not hold {len(left)} of them: "
-            f"{', '.join(left[:5])}{more} (keys the file lacks, or non-persistent buffers, which are never saved). "
-            "They would stay on meta. Nothing was loaded. Fix: make those on a real device (model.to_empty(device="
-            "...), then initialize them), or build the model on a real device, then load.")
+            f"{path}: {len(left)} of the {len(empty)} tensor(s) {type(target).__name__} has on the meta device are "
+            f"not in the file, so they would stay on meta; nothing was loaded: {', '.join(left[:5])}{more}.\n"
+            "Fix: build the model on a real device, then load.\n"
+            "Or: model.to_empty(device=...), initialize those tensors, then load.\n"
+            "Why: they are keys the file lacks, or non-persistent buffers, which are never saved; a meta tensor "
+            "(torch.device('meta'), init_empty_weights) has no memory.")
     notes.append(f"{len(empty)} tensor(s) of the model were on the meta device: they are now the file's tensors")
     return True
 

@@ -50,6 +50,7 @@ MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
 SMALL_HEADER_BYTES = 8 * 2**20
 MAX_DIM = 2**62  # a tensor dimension (and element count) beyond this is no real tensor
 CHUNK_BYTES = 16 * 2**20
+SMALL_TENSOR_BYTES = 2**20  # tensors under this are laid out together (plan_layout) and copied in one piece
 ZERO_CRC = "00000000"
 SIDE_FILE = "torchplace.safetensors"  # in a sharded checkpoint's DCP folder: everything but the shards
 # the rest of __metadata__: "format": "pt" tells tools such as transformers that these are torch tensors
@@ -125,14 +126,20 @@ class Header:
 
 
 def plan_layout(tensors: dict[str, torch.Tensor]) -> list[TensorEntry]:
-    """Lay tensors out back to back, widest element first, so every offset stays aligned."""
-    order = sorted(tensors, key=lambda k: -tensors[k].element_size())  # stable: keeps key order
+    """Lay tensors out back to back, widest element first, so every offset stays aligned. Within a width,
+    tensors under SMALL_TENSOR_BYTES come after the larger ones, together (by device): a copy of the state
+    (save_async's) takes each such run in one piece instead of one call per bias or norm."""
+    runs: dict[tuple[int, bool, torch.device | None], list[tuple[str, torch.Tensor, int]]] = {}
+    for key, t in tensors.items():
+        width = t.element_size()
+        nbytes = t.numel() * width
+        small = nbytes < SMALL_TENSOR_BYTES
+        runs.setdefault((width, small, t.device if small else None), []).append((key, t, nbytes))
     entries, offset = [], 0
-    for key in order:
-        t = tensors[key]
-        nbytes = t.numel() * t.element_size()
-        entries.append(TensorEntry(key, t.dtype, tuple(t.shape), offset, offset + nbytes))
-        offset += nbytes
+    for run in sorted(runs, key=lambda r: (-r[0], r[1])):  # stable: key order within a run, devices as first seen
+        for key, t, nbytes in runs[run]:
+            entries.append(TensorEntry(key, t.dtype, tuple(t.shape), offset, offset + nbytes))
+            offset += nbytes
     return entries
 
 

@@ -154,6 +154,10 @@ def _under_prefix(ck: Checkpoint, sd: Mapping[str, Any], prefix: str) -> Mapping
 def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], strict_keys: bool,
            foreign_file: bool, prefix: str | None = None) -> None:
     state, path = ck.state, ck.path
+    if foreign_file and isinstance(ck.source, Mapping):  # another tool's dict: its own keys name the objects too
+        for name, obj in objects.items():            # (torchvision's 'lr_scheduler', 'model_ema')
+            if obj is not None and name not in state and isinstance(ck.source.get(name), Mapping):
+                state[name] = ck.source[name]
     fitting.check_objects(path, state, model=model, objects=objects)  # refused here: nothing has changed
     if model is not None:
         sd = state.get("model")

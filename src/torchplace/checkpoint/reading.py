@@ -25,7 +25,7 @@ from . import codec, foreign
 from ._torchfile import from_torch_save
 from .dcp_reader import is_dcp_dir
 from .fileio import FileState, read_file
-from .format import SIDE_FILE, read_header
+from .format import SIDE_FILE, Header
 from .keymap import match
 from .options import ReadOptions
 from .rotation import complete_checkpoints, is_pointer
@@ -87,9 +87,8 @@ def _device_for(model: nn.Module | None, optimizer: Any, default: torch.device,
     return device_for
 
 
-def _skeleton(path: Path) -> dict[str, Any]:
-    """The saved tree with placeholders for tensors (reads only the header)."""
-    header = read_header(path)
+def _skeleton(header: Header) -> dict[str, Any]:
+    """The saved tree with placeholders for tensors (from the header alone)."""
     if header.meta is None:
         return {"model": {e.key: None for e in header.entries}}
     return codec.decode(header.meta["state"], codec.TensorRef)
@@ -106,11 +105,12 @@ def read_any(path: Path, kind: str, opts: ReadOptions, *, model: nn.Module | Non
         return read_file(p, lambda _: opts.map_location, opts).tree["model"]
 
     if kind == "safetensors":
-        skeleton = _skeleton(path)
-        saved_model = skeleton.get("model") or {}
-        device_for = _device_for(unwrap(model) if model is not None else None, optimizer, opts.map_location,
-                                 list(saved_model), skeleton.get("optimizer"))
-        fs: FileState = read_file(path, device_for, opts)
+        def placing(header: Header) -> Callable[[tuple[Any, ...]], torch.device]:
+            skeleton = _skeleton(header)
+            return _device_for(unwrap(model) if model is not None else None, optimizer, opts.map_location,
+                               list(skeleton.get("model") or {}), skeleton.get("optimizer"))
+
+        fs: FileState = read_file(path, None, opts, placing=placing)
         tool = "torchplace" if fs.header.meta is not None else "safetensors"
         return tool, fs.tree, fs.meta, [], None
     if kind in ("torch-zip", "torch-pickle"):

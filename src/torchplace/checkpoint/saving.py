@@ -84,11 +84,12 @@ def check_request(path: str | os.PathLike[str], keep_last: int | None, more_stat
     check_name(target)  # the pointer's name: a checkpoint saved there would be overwritten by it
     if HF_WEIGHT_NAMES.fullmatch(target.name):
         raise CheckpointError(
-            f"save({str(target)!r}): transformers' from_pretrained and accelerate's load_state and "
-            f"load_checkpoint_in_model read a file named {target.name} as the model's plain weights, but a "
-            "torchplace checkpoint names its tensors 'model/...' beside the optimizer's and RNG states, so they "
-            "would load none of them; nothing was written. Fix: save under another name (step-000100.safetensors) "
-            f"and write the weights they read with `torchplace ckpt convert --weights-only CHECKPOINT {target.name}`.")
+            f"save({str(target)!r}): {target.name} is the name transformers and accelerate read as a model's "
+            "plain weights; nothing was written.\n"
+            "Fix: save under another name (step-000100.safetensors), and write the weights they read with "
+            f"`torchplace ckpt convert --weights-only CHECKPOINT {target.name}`.\n"
+            "Why: from_pretrained, load_state and load_checkpoint_in_model would load none of a torchplace "
+            "checkpoint's tensors, which are named 'model/...' beside the optimizer's and RNG states.")
     if not torch_names and torchfile.is_torch_name(target):
         raise torchfile.refuse(target, "save_async writes torchplace's own format (torchplace.save writes the "
                                        "torch.save file)")
@@ -138,7 +139,8 @@ def series_info(target: Path, rotate_after: bool) -> dict[str, Any]:
 def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] | None = None,
          optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
          extra: Mapping[str, Any] | None = None, keep_last: int | None = None, latest: bool = False,
-         rng_state: bool = True, allow_pickle: bool = False, all_ranks: bool = False, **more_state: Any) -> Path:
+         rng_state: bool = True, allow_pickle: bool = False, all_ranks: bool = False, weights_only: bool = False,
+         **more_state: Any) -> Path:
     """Save what is needed to resume training to PATH, atomically; return PATH.
 
     The file is written next to PATH and renamed into place once complete, so a crash leaves the
@@ -161,6 +163,9 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
         allow_pickle: store values that only pickle can (loading them needs `trust_pickle=True`).
         all_ranks: in a process group, every rank calls save: each rank's RNG states are gathered
             into the file, and every rank returns once it is complete (or raises rank 0's failure).
+        weights_only: write the model's state dict alone, as its own readers take it: under a .pt/.pth name
+            what `model.load_state_dict(torch.load(path))` takes, under any other name a plain safetensors file
+            (`model.safetensors` for HF's `from_pretrained`); nothing else may be given. No RNG, no resume.
         **more_state: more named objects with `state_dict()` (an EMA model, a sampler) or plain
             values; `load` gives them back by name.
 
@@ -190,6 +195,11 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
         tp.save("runs/step-000100.safetensors", model=model, optimizer=opt, extra={"step": 100}, keep_last=3)
         ```
     """
+    if weights_only:
+        others = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, "extra": extra,
+                  "keep_last": keep_last, "latest": latest or None, "allow_pickle": allow_pickle or None,
+                  "all_ranks": all_ranks or None, **more_state}
+        return _save_weights(path, model, sorted(k for k, v in others.items() if v is not None))
     target = check_request(path, keep_last, more_state, torch_names=True)
     rank, world_size = tpsharded.world()
     rotate_after = keep_last is not None or latest
@@ -198,10 +208,11 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
     if torch_file and target.suffix.lower() == ".ckpt" and torchfile.is_lightning_module(model):
         raise CheckpointError(
             f"save({str(target)!r}): a LightningModule in a .ckpt file promises Lightning's checkpoint, which "
-            "load_from_checkpoint and Trainer.fit(ckpt_path=) read (its version, loops and callbacks), and "
-            "torchplace does not write Lightning's format; nothing was written. Fix: trainer.save_checkpoint(path) "
-            "for Lightning's readers (torchplace.load reads that file too), or name this file .pt (torch.load and "
-            "Fabric.load read it) or .safetensors.")
+            "torchplace does not write; nothing was written.\n"
+            "Fix: trainer.save_checkpoint(path) for Lightning's readers (torchplace.load reads that file too).\n"
+            "Or: name this file .pt (torch.load and Fabric.load read it) or .safetensors.\n"
+            "Why: load_from_checkpoint and Trainer.fit(ckpt_path=) read Lightning's version, loops and callbacks "
+            "from a .ckpt.")
     if torch_file and (rotate_after or allow_pickle or sharded):
         raise torchfile.refuse(target, "keep_last= and latest= order a series by torchplace's header, which it "
                                        "has not" if rotate_after else "allow_pickle=True stores values torch.load "
@@ -242,6 +253,29 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
         tpsharded.on_rank0(write, target)
         return target
     return write()
+
+
+def _save_weights(path: str | os.PathLike[str], model: Any, others: list[str]) -> Path:
+    """save(weights_only=True): the model's state dict alone, written by rank 0 (see `conversion.write_weights`)."""
+    target = Path(path)
+    check_name(target)
+    if model is None or others:
+        raise CheckpointError(f"save({str(target)!r}, weights_only=True) writes the model's weights alone, "
+                              + (f"and {', '.join(others)} was given too" if others else "and no model= was given")
+                              + "; nothing was written. Fix: save(path, model=model, weights_only=True) for the "
+                              "weights, and a separate save(...) without weights_only for the state to resume from.")
+    if isinstance(model, nn.Module) and tpsharded.is_sharded(model):
+        raise CheckpointError(f"save({str(target)!r}, weights_only=True): a sharded model (FSDP, DTensor) has no "
+                              "whole state dict on one rank; nothing was written. Fix: save it without weights_only "
+                              "(a folder), then `torchplace ckpt convert --weights-only` that folder.")
+    rank, world_size = tpsharded.world()
+    if world_size > 1 and rank != 0:
+        return target
+    from .conversion import write_weights
+
+    state = clean_state(state_of(model, "model"))
+    write_weights(target, target, "torchplace", {"model": state}, "", [], versions_of(state) or None)
+    return target
 
 
 def _versions_info(tree: dict[str, Any]) -> dict[str, Any]:

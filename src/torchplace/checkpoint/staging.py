@@ -11,6 +11,7 @@ the slot: it keeps each shard's host copy for the next save of the same tensors 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,13 @@ from ..errors import CheckpointError
 from ..shared.staging import SideStreams, accelerators, host_buffer
 from ..units import format_bytes
 from .fileio import Planned, write_planned
+from .format import SMALL_TENSOR_BYTES, TensorEntry
 from .stream import byte_view, write_region
 
 SLAB_BYTES = 256 * 2**20  # a multiple of format.CHUNK_BYTES, and a power of two (pinned memory is cached in those)
 SMALL_ROUND = 2**20
 HEADROOM_BYTES = 512 * 2**20  # host memory left free after allocating staging buffers
+JOIN_BYTES = 16 * 2**20  # at most so many bytes of small tensors joined into one copy (device memory, briefly)
 
 
 class HostStaging:
@@ -108,28 +111,75 @@ class HostStaging:
 
     def copy_in(self, planned: Planned) -> None:
         """Copy every tensor of PLANNED to its place in the data region; return once all copies are done."""
-        size = self.slabs[0].numel() if self.slabs else 1
-        used: dict[torch.device, Any] = {}
-        for e in planned.entries:
-            if not e.nbytes:
-                continue
-            t = planned.tensors[e.key]
-            cuda = t.device.type == "cuda"
-            if cuda and t.device not in used:  # the side stream sees everything queued before this call
-                used[t.device] = self._side(t.device)
+        self.start_copy(planned)()
+
+    def start_copy(self, planned: Planned) -> Callable[[], None]:
+        """Queue the copy of every tensor of PLANNED to its place in the data region; return the wait for it.
+
+        On a CUDA device the copies go on that device's side stream, which first waits for the work queued
+        on the current one (so they copy the state as it is at the call); each run of small tensors
+        (plan_layout puts them together) is joined on the device (torch.cat) and crosses the link in one
+        copy. Until the wait returns, the copies still read the tensors (kept referenced until then)."""
+        streams: list[Any] = []
+        keep: list[torch.Tensor] = []  # what the queued copies read: alive until they are done
+        for device, groups in _groups(planned).items():
+            cuda = device.type == "cuda"
+            if cuda:  # the side stream sees everything queued before this call
+                streams.append(self._side(device))
                 # cuda-only: the background save overlaps its device-to-host copy on CUDA streams (measured on
                 # H200); other back ends copy synchronously
-                used[t.device].wait_stream(torch.cuda.current_stream(t.device))  # cuda-only: CUDA side streams
-            with torch.cuda.stream(used[t.device]) if cuda else nullcontext():  # cuda-only: CUDA side streams
-                src = byte_view(t)
-                pos = e.start
-                while pos < e.end:
-                    k, at = divmod(pos, size)
-                    n = min(e.end - pos, size - at)
-                    self.slabs[k][at:at + n].copy_(src[pos - e.start:pos - e.start + n], non_blocking=cuda)
-                    pos += n
-        for s in used.values():
-            s.synchronize()
+                streams[-1].wait_stream(torch.cuda.current_stream(device))  # cuda-only: CUDA side streams
+            with torch.cuda.stream(streams[-1]) if cuda else nullcontext():  # cuda-only: CUDA side streams
+                for group in groups:
+                    views = [byte_view(planned.tensors[e.key]) for e in group]
+                    keep += views
+                    pieces = [(e.start, v) for e, v in zip(group, views)]
+                    if len(views) > 1:
+                        try:
+                            pieces = [(group[0].start, torch.cat(views))]
+                        except torch.OutOfMemoryError:  # no device memory for the joined run: one copy each
+                            pass
+                        keep.append(pieces[0][1])
+                    for start, src in pieces:
+                        self._put(src, start, cuda)
+
+        def wait() -> None:
+            for s in streams:
+                s.synchronize()
+            keep.clear()
+
+        return wait
+
+    def _put(self, src: torch.Tensor, start: int, non_blocking: bool) -> None:
+        """Copy the flat bytes SRC to the data region at START (across slabs where it spans them)."""
+        size = self.slabs[0].numel()
+        pos, end = start, start + src.numel()
+        while pos < end:
+            k, at = divmod(pos, size)
+            n = min(end - pos, size - at)
+            self.slabs[k][at:at + n].copy_(src[pos - start:pos - start + n], non_blocking=non_blocking)
+            pos += n
+
+
+def _groups(planned: Planned) -> dict[torch.device, list[list[TensorEntry]]]:
+    """PLANNED's tensors with bytes by device, each device's in data-region order as the pieces copied
+    at once: a tensor of SMALL_TENSOR_BYTES or more alone, neighbours smaller than that together (up to
+    JOIN_BYTES a piece)."""
+    out: dict[torch.device, list[list[TensorEntry]]] = {}
+    last: list[TensorEntry] = []  # the piece of small tensors being filled, if the previous entry was one
+    joined = 0
+    for e in planned.entries:
+        if not e.nbytes:
+            continue
+        device = planned.tensors[e.key].device
+        small = e.nbytes < SMALL_TENSOR_BYTES
+        if small and last and planned.tensors[last[-1].key].device == device and joined + e.nbytes <= JOIN_BYTES:
+            last.append(e)
+            joined += e.nbytes
+            continue
+        out.setdefault(device, []).append([e])
+        last, joined = (out[device][-1], e.nbytes) if small else ([], 0)
+    return out
 
 
 def memory_problem(need: int, available: int, *, headroom: int = HEADROOM_BYTES) -> str | None:
@@ -151,7 +201,7 @@ def local_bytes(tensors: dict[str, Any]) -> int:
 
 def check_memory(what: str, need: int, max_in_flight: int) -> None:
     """Refuse (CheckpointError naming WHAT) when NEED more bytes of host memory cannot be taken now."""
-    problem = memory_problem(need, available_memory())
+    problem = memory_problem(need, available_memory()) if need > 0 else None  # reused buffers: nothing to ask
     if problem:
         raise CheckpointError(f"{what} {problem}; nothing was saved. Fix: free host memory, lower max_in_flight "
                               f"(now {max_in_flight}), or use torchplace.save, which needs no host copy.")

@@ -39,8 +39,11 @@ from .format import CHUNK_BYTES, DAMAGED_FIX, Header, TensorEntry
 # package, a dependency) about 6x faster than the system zlib (28 vs 4.3 GB/s a core, measured 2026-12-01),
 # which decides how fast a verified load can go; zlib's where `isal` is missing (a platform without its wheel).
 crc32: Callable[..., int] = zlib.crc32  # crc32(data, value): the CRC-32 of DATA (any buffer), from VALUE (0)
+# crc32_combine(crc1, crc2, len2): the CRC-32 of two pieces back to back from theirs (ISA-L's alone:
+# Python's zlib has none), so that one chunk can be read and checksummed by several threads
+crc32_combine: Callable[[int, int, int], int] | None = None
 try:
-    from isal.isal_zlib import crc32
+    from isal.isal_zlib import crc32, crc32_combine
 except ImportError:  # pragma: no cover - isal is a dependency; kept for platforms without its wheel
     pass
 
@@ -268,7 +271,7 @@ def read_data(fd: int, header: Header, out: dict[str, torch.Tensor], *, workers:
     dropped (the callers do: nothing of a damaged file is returned).
 
     CUDA targets go through `read_chunks_to_cuda` (reader threads fill pinned windows, the calling thread
-    queues the copies); other accelerators copy synchronously from a pinned staging chunk; CPU
+    checks each chunk and queues the copies); other accelerators copy synchronously from a pinned staging chunk; CPU
     targets are read straight into their memory."""
     crcs, chunk = _checksums(header)
     flat = {e.key: byte_view(out[e.key]) for e in header.entries if e.nbytes}
@@ -291,14 +294,16 @@ def read_data(fd: int, header: Header, out: dict[str, torch.Tensor], *, workers:
         for s in _copy_pieces(pieces, flat, buf, staging, into_buffer=False):
             s.synchronize()
 
-    def read_chunk(c: Chunk, view: Any) -> None:
-        k, c0, c1, pieces = c
-        _check(path, crcs, k, c0, c1, _pread_into(fd, view, base + c0, path), pieces)
+    def read_piece(at: int, view: Any) -> int:
+        return _pread_into(fd, view, base + at, path)
+
+    def check(c: Chunk, crc: int) -> None:
+        _check(path, crcs, c[0], c[1], c[2], crc, c[3])
 
     chunks = list(_chunks(header.entries, header.data_bytes, chunk))
     n = workers or load_workers(header.data_bytes)
     if devices and all(d.type == "cuda" for d in devices):
-        read_chunks_to_cuda(flat, header.entries, chunks, chunk, n, read_chunk)
+        read_chunks_to_cuda(flat, header.entries, chunks, chunk, n, read_piece, check)
     else:
         _run([partial(task, *c) for c in chunks], n)
 
@@ -308,57 +313,87 @@ def read_data(fd: int, header: Header, out: dict[str, torch.Tensor], *, workers:
 # threads read the page cache at 74 GB/s with CRC-32). What does not scale is Python handing out
 # work: with a copy and an event per 8 MiB piece queued by one thread while 8-16 readers ran, that
 # thread waited for the GIL 150-300 us per piece, and a 10 GiB load ran at 21-33 GB/s (measured
-# 2026-12-01, docs/results/experiments). So the data region is read in windows of WINDOW_BYTES, a
-# ring of BUFFERS of them: threads fill the next windows (one task per checksum chunk) while the
-# calling thread queues the copies of the window read first, one per tensor overlapping it, on one
-# stream per device. Two buffers: rings of 3-8 windows of 32-256 MiB with 8-16 threads loaded
-# 10 GiB at 17-31 GB/s, no faster, and pin more memory (H200 host, 2026-12-01, docs/results/experiments).
+# 2026-12-01, docs/results/experiments). So the data region is read in windows, a ring of them in
+# RING_BYTES of pinned memory: threads fill the next windows (one task per piece of at most
+# TASK_BYTES; a chunk's CRC-32 is put together from its pieces') while the calling thread checks the
+# chunks of the window read first and queues its copies, one per tensor overlapping it, on one stream
+# per device. A load smaller than the ring is cut in at least MIN_WINDOWS windows, so that its first
+# read and last copy are short and every reader has work. Against the earlier ring (two 128 MiB
+# windows, one task per 16 MiB chunk), in the same run on an H200 host (2026-12-02,
+# docs/results/experiments/load-engine-h200x1-2026-12-02-s7.txt), this one read 10 GiB onto the GPU at
+# 34.0 GB/s against 25.4, the Llama-style layout (3.3 GiB) at 27.9 against 22.7, 1 GiB at 25.6 against
+# 21.7 (medians); 4 MiB tasks were no faster than 8, 16 MiB ones slower, 128 MiB windows, 512 MiB rings
+# and 16 threads slower.
+# Registering the file's own page-cache pages for DMA instead (cudaHostRegister, read-only: no CPU
+# copy) was measured and left out: registration ran at 26-43 GB/s alone whatever the threads, and at 17
+# GB/s beside a running DMA, so a load through registered pages (CRC beside it) ran at 14-18 GB/s.
 
-WINDOW_BYTES = 128 * 2**20  # one pinned buffer; BUFFERS of them: windows being copied and being read
-BUFFERS = 2
+WINDOW_BYTES = 64 * 2**20  # the largest window
+RING_BYTES = 256 * 2**20  # the ring's pinned memory (at least two windows are made)
+MIN_WINDOWS = 8  # a load smaller than the ring is cut in at least this many windows (of whole chunks)
+TASK_BYTES = 8 * 2**20  # one reader task: read and checksum this much (within one chunk)
+
+
+def _ring(data_bytes: int, chunk_bytes: int) -> tuple[int, int]:
+    """(chunks a window, windows in the ring) for a load of DATA_BYTES in chunks of CHUNK_BYTES."""
+    window = min(WINDOW_BYTES, -(-data_bytes // MIN_WINDOWS))
+    per_window = max(1, window // chunk_bytes)
+    return per_window, max(2, RING_BYTES // (per_window * chunk_bytes))
+
+
+def task_bytes(chunk_bytes: int) -> int:
+    """The bytes one reader task reads: a whole chunk where the CRC-32 of pieces cannot be combined
+    (zlib's crc32 without ISA-L's crc32_combine), else at most TASK_BYTES."""
+    return chunk_bytes if crc32_combine is None else max(1, min(chunk_bytes, TASK_BYTES))
 
 
 def read_chunks_to_cuda(flat: dict[str, torch.Tensor], entries: Sequence[TensorEntry], chunks: Sequence[Chunk],
-                        chunk_bytes: int, workers: int,
-                        read_chunk: Callable[[Chunk, Any], None]) -> None:
+                        chunk_bytes: int, workers: int, read_piece: Callable[[int, Any], int],
+                        check: Callable[[Chunk, int], None]) -> None:
     """Fill FLAT's tensors (byte views of CUDA or CPU tensors, keyed like ENTRIES) from the data region
-    cut into CHUNKS. READ_CHUNK(chunk, view) reads one chunk's bytes into VIEW and checks its CRC.
-    Returns once every copy has completed (the last window's copies are waited for: about 2 ms); on the
-    first failed read it cancels the reads not yet started and raises that error."""
-    per_window = max(1, WINDOW_BYTES // chunk_bytes)
+    cut into CHUNKS. READ_PIECE(at, view) reads the bytes at data offset AT into VIEW and returns their
+    CRC-32; CHECK(chunk, crc) raises when a chunk's CRC-32 is not the recorded one. Every chunk is
+    checked before its bytes are copied. Returns once every copy has completed (the last window's
+    copies are waited for: about 2 ms); on the first failure it cancels the reads not yet started and
+    raises that error."""
+    per_window, nbuf = _ring(chunks[-1][2] if chunks else 0, chunk_bytes)
     windows = [chunks[i:i + per_window] for i in range(0, len(chunks), per_window)]
     size = max(w[-1][2] - w[0][1] for w in windows)
     pin = any(t.device.type == "cuda" for t in flat.values())  # (tests run the windows with CPU tensors)
-    nbuf = min(BUFFERS, len(windows))
-    bufs = [host_buffer(size, pin) for _ in range(nbuf)]
+    nbuf = min(nbuf, len(windows))
+    arena = host_buffer(size * nbuf, pin)  # one block: the pinned-memory cache keeps one size
+    bufs = [arena[i * size:(i + 1) * size] for i in range(nbuf)]
     done: list[list[Any]] = [[] for _ in bufs]  # events marking each buffer's copies done
     streams = SideStreams()  # the caller synchronized the devices, so new streams need no ordering
     order = sorted((e for e in entries if e.nbytes), key=lambda e: e.start)
     ends = [e.end for e in order]  # sorted too: entries do not overlap
+    step = task_bytes(chunk_bytes)
 
-    def fill(w: int, pool: ThreadPoolExecutor) -> list[Future[None]]:
+    def fill(w: int, pool: ThreadPoolExecutor) -> list[list[Future[int]]]:
+        """Queue the reads of window W into its buffer: for each chunk, the futures of its pieces' CRCs."""
         buf, w0 = bufs[w % nbuf], windows[w][0][1]
         for event in done[w % nbuf]:  # the buffer's previous copies must be done before it is overwritten
             event.synchronize()
         done[w % nbuf] = []
-        return [pool.submit(read_chunk, c, buf[c[1] - w0:c[2] - w0].numpy()) for c in windows[w]]
+        return [[pool.submit(read_piece, at, buf[at - w0:min(at + step, c1) - w0].numpy())
+                 for at in range(c0, c1, step)] for _, c0, c1, _ in windows[w]]
 
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="torchplace-load") as pool:
         # windows being read but not yet copied, in order: up to NBUF - 1 ahead of the one copied
-        queued: list[list[Future[None]]] = [fill(w, pool) for w in range(nbuf - 1)]
+        queued: list[list[list[Future[int]]]] = [fill(w, pool) for w in range(nbuf - 1)]
         failed = False
         try:
             for w in range(len(windows)):
                 if w + nbuf - 1 < len(windows):  # queued before waiting, so that the readers never run dry
                     queued.append(fill(w + nbuf - 1, pool))  # (into the buffer copied last round, once copied)
-                for f in queued.pop(0):
-                    f.result()
+                for c, pieces in zip(windows[w], queued.pop(0)):
+                    check(c, _combined([f.result() for f in pieces], c[2] - c[1], step))
                 done[w % nbuf] = _copy_window(bufs[w % nbuf], windows[w][0][1], windows[w][-1][2], order, ends,
                                               flat, streams)
                 advance(len(windows[w]), total=len(chunks))
         except BaseException:
             failed = True
-            for f in (f for futures in queued for f in futures):  # reads not started yet are not started
+            for f in (f for window in queued for chunk in window for f in chunk):  # reads not started: not started
                 f.cancel()
             raise
         finally:
@@ -368,6 +403,15 @@ def read_chunks_to_cuda(flat: dict[str, torch.Tensor], entries: Sequence[TensorE
                 except Exception:
                     if not failed:  # while another error propagates, it is the one to report
                         raise
+
+
+def _combined(crcs: list[int], nbytes: int, step: int) -> int:
+    """The CRC-32 of NBYTES read in pieces of STEP bytes (the last one shorter) whose CRCs are CRCS."""
+    crc = crcs[0]
+    for i, piece in enumerate(crcs[1:], 1):
+        assert crc32_combine is not None  # pieces shorter than a chunk only where CRCs combine (task_bytes)
+        crc = crc32_combine(crc, piece, min(step, nbytes - i * step))
+    return crc
 
 
 def _copy_window(buf: torch.Tensor, w0: int, w1: int, order: Sequence[TensorEntry], ends: list[int],

@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import DeviceMismatchError
 from . import frames as fr
+from ._fixes import failed
 from .culprits import BIRTHS, note_birth
 from .implicit_device import FACTORIES
 
@@ -328,9 +329,8 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
         report = getattr(exc, "report", None)
         names = [(t.origin or t.label).split(" at ")[0].split(" in ")[0] for t in getattr(report, "culprits", [])]
         where = getattr(report, "module", None) or ", ".join(dict.fromkeys(names)) or "step"
-        what = "forward" if kind == "mismatch" else "step"
-        reading.problems.append({"kind": kind, "where": where, "severity": "error",
-                                 "message": f"the {what} fails (run on fake tensors, as torch checks devices): {exc}"})
+        what = "the forward fails" if kind == "mismatch" else "the step fails (run on fake tensors)"
+        reading.problems.append({"kind": kind, "where": where, "severity": "error", "message": failed(what, exc)})
     except Exception as exc:  # an op fake tensors cannot run, or the step's own error: said, not guessed past
         if must_call_model and not calls[0] and not is_device_mismatch(exc) and not isinstance(exc, _NO_FAKE):
             return None  # it failed before reaching the model: not the step (a function around explain())

@@ -1,11 +1,16 @@
-"""Rich tables for explain()'s dict: placement by module, inputs, optimizer state, problems."""
+"""Rich tables for explain()'s dict: placement by module, inputs, optimizer state, problems.
+
+A problem's cell holds the first line of its message (what, and the fix); the lines after it (a whole
+watch() report, where the model is called) follow the table, so no cell runs long at 120 columns."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from rich.console import Group
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from ..units import format_bytes
 
@@ -37,10 +42,17 @@ def render(data: dict[str, Any]) -> Group:
         table = Table(title="problems")
         for column in ("severity", "kind", "where", "what and how to fix"):
             table.add_column(column, overflow="fold")
+        details = []
         for p in data["problems"]:
             colour = "red" if p["severity"] == "error" else "yellow"
-            table.add_row(f"[{colour}]{p['severity']}[/]", p["kind"], p["where"], p["message"])
+            first, _, rest = p["message"].partition("\n")
+            table.add_row(f"[{colour}]{p['severity']}[/]", p["kind"], Text(p["where"]),
+                          Text(first))
+            if rest:
+                details += [Text(f"{p['kind']} at {p['where']}, in full:", style="bold"),
+                            Padding(Text(rest), (0, 0, 0, 2))]
         parts.append(table)
+        parts += details
     else:
         parts.append("[green]no placement problems found[/]")
     return Group(*parts)

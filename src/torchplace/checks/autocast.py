@@ -76,10 +76,10 @@ class _Check:
         where = f" at {site}" if site else ""
         code = f"`{site.line}`" if site and site.line else f"torch.autocast({self.device_type!r})"
         message = (f"{code}{where} turns on {self.device_type} autocast ({self.dtype}), but the tensors it wraps are "
-                   f"on {', '.join(devices)} (first module called: {type(module).__name__}), so autocast changes "
-                   f"nothing and those ops run in their own dtype, usually float32. Fix: autocast for the device the "
-                   f"model runs on: torch.autocast(device_type=x.device.type, ...), or move the model and batch "
-                   f"to {self.device_type}.")
+                   f"on {', '.join(devices)} (first module called: {type(module).__name__}).\nFix: autocast for the "
+                   "device the model runs on: torch.autocast(device_type=x.device.type, ...).\nOr: move the model "
+                   f"and batch to {self.device_type}.\nWhy: autocast changes nothing there; those ops run in their own "
+                   "dtype, usually float32.")
         frame, lineno = (self.where[0], self.where[1]) if self.where else (None, None)
         warn_or_raise(self.action, message, DeviceMismatchError, frame, lineno)
 

@@ -206,10 +206,10 @@ def _report(change: Change, what: str) -> None:
     if change.kind == DEFAULT:
         before = change.before if change.before is not None else "cpu"
         message = (f"{what} changed the default device from {before} to {change.after} with "
-                   f"torch.set_default_device() and did not restore it; the change was made at {change.site}. "
-                   f"Every later factory call without a device (torch.zeros(3)) in this thread would land on "
-                   f"{change.after}. torchplace restored {before}. Fix: scope it with `with torch.device(...)`, "
-                   f"or pass device= explicitly.")
+                   f"torch.set_default_device() and did not restore it; the change was made at {change.site}.\n"
+                   "Fix: scope it with `with torch.device(...)`, or pass device= explicitly.\n"
+                   f"Why: every later factory call without a device (torch.zeros(3)) in this thread would land on "
+                   f"{change.after}. torchplace restored {before}.")
     else:
         message = leak_message(what, change.before, change.after, [change.site] if change.frame else [],
                                change.kind)

@@ -21,6 +21,7 @@ import torch
 from ..shared.tree import tensors_with_paths
 from ..shared.wrappers import unwrap
 from . import _dry_run as dry_run
+from ._fixes import failed
 from .culprits import misplaced_state
 from .layout import model_devices, module_groups, own_tensors, plain_attributes
 from .meta import annotate as annotate_meta
@@ -145,7 +146,7 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
         result["optimizer"] = _check_optimizer(model, optimizer, problems)
     for p in problems:  # the user's line where the optimizer steps
         if p["kind"] == "optimizer-state-device" and id(optimizer) in steps:
-            p["message"] += f" The optimizer steps at {steps[id(optimizer)]}."
+            p["message"] += f"\nThe optimizer steps at {steps[id(optimizer)]}."
     runs = [r for r in (reading, forward) if r is not None]
     _judge(problems, runs)
     problems += [p for r in runs for p in r.problems]
@@ -194,7 +195,8 @@ def _run_forward(model: torch.nn.Module, args: tuple[Any, ...], fake: Any) -> An
         report = getattr(exc, "report", None)
         no_data = isinstance(exc, MetaTensorError)
         real.problems = [{"kind": "meta-tensor" if no_data else "mismatch", "severity": "error",
-                          "where": getattr(report, "module", None) or "model", "message": f"the forward fails: {exc}"}]
+                          "where": getattr(report, "module", None) or "model",
+                          "message": failed("the forward fails", exc)}]
         real.ran = "meta tensor used for its data" if no_data else "device mismatch"
     except Exception as exc:  # inputs the forward does not take (a whole batch): the static findings stand
         real.ran = f"not run: model(*inputs) raised {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
@@ -213,7 +215,9 @@ def describe(tensor: torch.Tensor) -> dict[str, Any]:
 
 
 def _problem(problems: list[dict[str, str]], kind: str, where: str, severity: str, message: str) -> None:
+    """MESSAGE: what and the fix on its first line (a table cell), the details on the lines after it."""
     problems.append({"kind": kind, "where": where, "severity": severity, "message": message})
+
 
 
 def _check_modules(model: torch.nn.Module, groups: list[Any], devices: list[str],
@@ -225,14 +229,14 @@ def _check_modules(model: torch.nn.Module, groups: list[Any], devices: list[str]
             continue
         where = ", ".join(f"{key} on {t.device}" for _, key, t in own_tensors(module))
         _problem(problems, "split-module", path, "error",
-                 f"{path} ({type(module).__name__}) has its own tensors on different devices ({where}); its "
-                 f"forward will fail with a device mismatch. Fix: move the whole module: {path}.to(device).")
+                 f"{path} ({type(module).__name__}) has its own tensors on different devices: its forward will fail. "
+                 f"Fix: move the whole module: {path}.to(device).\nIts tensors: {where}.")
     if len(devices) > 1:
         parts = "; ".join(f"{g.module} on {g.device}" for g in groups[:8])
         _problem(problems, "model-split", "model", "warning",
-                 f"the model spans {', '.join(devices)} ({parts}). Fine if deliberate (pipeline or "
-                 f"torchplace.place); otherwise a submodule missed model.to(device), e.g. one added or "
-                 f"replaced after the move.")
+                 f"the model spans {', '.join(devices)} (fine if deliberate: a pipeline, torchplace.place). Fix: "
+                 f"call model.to(device) once it is built.\nWhere: {parts}. A submodule added or replaced after "
+                 "the move stays behind.")
 
 
 def _check_attributes(model: torch.nn.Module, devices: list[str],
@@ -243,10 +247,10 @@ def _check_attributes(model: torch.nn.Module, devices: list[str],
         out.append(entry)
         elsewhere = bool(devices) and str(tensor.device) not in devices
         _problem(problems, "plain-attribute", path, "error" if elsewhere else "warning",
-                 f"{path} is a tensor kept as a plain attribute on {tensor.device}"
-                 + (f", while the model is on {', '.join(devices)}" if elsewhere else "")
-                 + "; model.to() does not move it. Fix: self.register_buffer(name, tensor, persistent=False) "
-                 "in __init__ (persistent=True if it belongs in the state_dict).")
+                 f"{path} is a plain tensor attribute on {tensor.device}"
+                 + (f" (the model on {', '.join(devices)})" if elsewhere else "")
+                 + ": model.to() skips it. Fix: self.register_buffer(name, tensor, persistent=False).\nRegister it in "
+                 "__init__; persistent=True puts it in the state_dict too.")
     return out
 
 
@@ -274,14 +278,14 @@ def _check_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     if wrong:
         shown = "; ".join(wrong[:4]) + (f"; and {len(wrong) - 4} more" if len(wrong) > 4 else "")
         _problem(problems, "optimizer-state-device", "optimizer", "error",
-                 f"{len(wrong)} optimizer state tensor(s) are on another device than their parameter: {shown}. "
-                 f"This happens when the optimizer stepped (or loaded a state_dict) before model.to(device): "
-                 f"Module.to moves parameters in place, not the optimizer's state. Fix: move the model before "
-                 f"the first step, or load the optimizer's state_dict after the move (it follows each parameter).")
+                 f"{len(wrong)} optimizer state tensor(s) are on another device than their parameter. Fix: move the "
+                 f"model before the first step.\nFirst: {shown}. The optimizer stepped (or loaded a state_dict) "
+                 "before model.to(device), which moves parameters, not the optimizer's state. Or load the "
+                 "optimizer's state_dict after the move (it follows each parameter).")
     if foreign:
         _problem(problems, "optimizer-foreign-parameters", "optimizer", "warning",
-                 f"the optimizer updates {len(foreign)} tensor(s) that are not parameters of this model (of "
-                 f"{len(params)}); a model rebuilt or replaced after the optimizer was made is not trained. "
-                 f"Fix: build the optimizer from model.parameters() after the model is final.")
+                 f"the optimizer updates {len(foreign)} of {len(params)} tensor(s) that are not this model's. Fix: "
+                 "build the optimizer from model.parameters() once the model is final.\nA model rebuilt or "
+                 "replaced after the optimizer was made is not trained.")
     return {"type": type(optimizer).__name__, "parameters": len(params), "foreign_parameters": len(foreign),
             "state_devices": dict(sorted(by_device.items())), "misplaced_state": wrong}

@@ -33,6 +33,7 @@ from ..errors import DeviceError
 from ..hardware.accelerator import current_index
 from ..shared.strict_switch import active
 from . import frames as fr
+from ._fixes import DOCS
 from .warn_or_raise import warn_or_raise
 
 INDEX_FREE = frozenset({"cpu", "meta", "mps"})  # one device of the type: no index to get wrong
@@ -97,9 +98,9 @@ def report_implicit(action: str, device: torch.device, call: str) -> None:
     index = current_index(device.type)
     now = f" ({device.type}:{index} at the moment)" if index is not None else ""
     message = (f"{code}{f' at {site}' if site else ''} puts it on whatever {device.type} device is current "
-               f"in this thread{now}, and any torch.{device.type}.set_device() elsewhere changes that silently. "
-               f"torchplace.strict() asks for named devices. Fix: name the device, e.g. "
-               f"dev = torchplace.device('{device.type}:0') once, then .to(dev) or device=dev.")
+               f"in this thread{now}.\nFix: name the device: dev = torchplace.device('{device.type}:0') once, then "
+               f".to(dev) or device=dev.\nWhy: any torch.{device.type}.set_device() elsewhere changes the current "
+               "device silently; torchplace.strict() asks for named devices.")
     warn_or_raise(action, message, DeviceError, frame)
 
 
@@ -159,6 +160,7 @@ def _report_omitted(action: str, name: str) -> None:
     site = fr.site_of(frame) if frame is not None else None
     code = f"`{site.expression}`" if site and site.expression else f"`torch.{name}(...)`"
     message = (f"{code}{f' at {site}' if site else ''} omits the device, so the tensor is made on the CPU "
-               f"(the default device) whatever the model uses; a `with torch.cuda.device(n)` block does not "
-               f"change that. Fix: pass device= explicitly, e.g. device=x.device or a torchplace.device(...).")
+               "(the default device), whatever the model uses.\nFix: pass device= explicitly, e.g. device=x.device "
+               "or a torchplace.device(...).\nWhy: a `with torch.cuda.device(n)` block does not change that.\n"
+               f"More: {DOCS}#made-without-a-device")
     warn_or_raise(action, message, DeviceError, frame)

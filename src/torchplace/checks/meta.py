@@ -24,6 +24,7 @@ import torch
 from ..errors import MetaTensorError, TorchplaceError
 from ..shared.wrappers import meta_names, unwrap
 from . import frames as fr
+from ._fixes import Fix, fix_lines, more_line
 from .culprits import Operand, reported
 from .layout import own_tensors
 
@@ -55,21 +56,29 @@ class MetaReport:
     offloaded: list[str] = field(default_factory=list)  # modules whose accelerate hook offloads their weights
 
     def message(self) -> str:
+        """What and where, then the fix (its alternatives after it), then the tensors and why they are on meta."""
         what = (self.site.expression if self.site else None) or "an operation"
         where = f" at {self.site}" if self.site else ""
         if self.library_site:
             where += f", inside {self.library_site}"
         named = ", ".join(t.label for t in self.tensors[:_SHOWN]) or "a tensor"
         verb = "is" if len(self.tensors) < 2 else "are"
-        lines = [f"Meta tensor used for its data in `{what}`{where}: {named} {verb} on meta, and a meta tensor "
-                 "has a shape and a dtype but no data."]
+        lines = [f"Meta tensor used for its data in `{what}`{where}: {named} {verb} on meta (a shape and a dtype, "
+                 "no data)."]
+        fix = self._fix()
+        lines += fix_lines([fix])
         lines += [f"  {t.describe()}" for t in self.tensors[:_SHOWN]]
         if self.owner and self.summary:
             lines.append(f"  {self.owner}: {self.summary}")
         lines.append("Why: " + self._why())
         lines.append(f"PyTorch said: {self.torch_message.strip().splitlines()[0] if self.torch_message else '?'}")
-        lines.append("Fix: " + self._fix())
+        lines += more_line([fix])
         return "\n".join(lines)
+
+    def brief(self) -> str:
+        """One line for a table cell: what is on meta and the fix."""
+        named = ", ".join(t.label for t in self.tensors[:_SHOWN]) or "a tensor"
+        return f"{named} on meta (no data). Fix: {self._fix().fix}."
 
     @property
     def _weights(self) -> list[Operand]:
@@ -87,34 +96,34 @@ class MetaReport:
         if self._weights:
             return built_on_meta(None) + "."  # how many and which: the line above
         if self.summary:
-            return (f"it was computed from meta tensors: what {self._model} computes is on meta too, and "
-                    + built_on_meta(None) + ".")
+            return f"it was computed from meta tensors: {self._model}'s weights are on meta; {built_on_meta(None)}."
         return ("it was made on the meta device (device='meta', or under `with torch.device('meta')` or "
                 "torch.set_default_device('meta')), or computed from meta tensors.")
 
-    def _fix(self) -> str:
+    def _fix(self) -> Fix:
         if self.offloaded:
-            return ("use the weights through the module's forward (its hook loads them for the call), or load the "
-                    "model without offloading (a device_map that fits, or none) to read them directly.")
+            return Fix("use the weights through the module's forward (its hook loads them for the call)",
+                       "load the model without offloading (a device_map that fits, or none) to read them directly",
+                       "weights-on-meta")
         if self._weights or self.summary:
-            return load_fix(self._model) + "."
-
-        return ("make it on a real device (device=x.device), or, for shape inference, read only .shape and .dtype: "
-                ".item(), .tolist(), .cpu() and .to() need data.")
+            return load_fix(self._model)
+        return Fix("make it on a real device (device=x.device)",
+                   "for shape inference, read only .shape and .dtype: .item(), .tolist(), .cpu() and .to() need data",
+                   "weights-on-meta")
 
 
 def built_on_meta(summary: str | None, subject: str = "the model") -> str:
     """Why a model's weights are on meta: built there, never loaded (SUMMARY: how many, which)."""
-    return (f"{subject} was built on the meta device (under torch.device('meta') or accelerate's "
-            "init_empty_weights, or a transformers model made from its config on meta) and these weights were never "
-            "loaded" + (f" ({summary})" if summary else ""))
+    return (f"{subject} was built on meta (torch.device('meta'), accelerate's init_empty_weights, or a transformers "
+            "model made from its config on meta) and never loaded" + (f" ({summary})" if summary else ""))
 
 
-def load_fix(model: str) -> str:
-    """The way to give a meta model's tensors data first, then the alternatives (one short line each)."""
-    return (f"load the weights into it: torchplace.load(path, model={model}). Without a checkpoint: "
-            f"{model}.to_empty(device='cpu'), then reset_parameters(); with accelerate: "
-            f"load_checkpoint_and_dispatch. ({model}.to() cannot move a meta tensor: it has no data)")
+def load_fix(model: str) -> Fix:
+    """Give a meta model's tensors data: load them; the ways without a checkpoint after it."""
+    return Fix(f"load the weights into it: torchplace.load(path, model={model})",
+               f"without a checkpoint, {model}.to_empty(device='cpu'), then reset_parameters(); with accelerate, "
+               f"load_checkpoint_and_dispatch ({model}.to() cannot move a meta tensor: it has no data)",
+               "weights-on-meta")
 
 
 def diagnose(exc: BaseException, model: torch.nn.Module | None = None, outer: FrameType | None = None) -> MetaReport:
@@ -174,7 +183,7 @@ def meta_summary(module: torch.nn.Module, label: str) -> str | None:
     return f"{len(names)} of {total} parameters and buffers on meta: {shown}"
 
 
-def mismatch_note(tensors: list[Operand], root: torch.nn.Module | None, label: str) -> tuple[str, str] | None:
+def mismatch_note(tensors: list[Operand], root: torch.nn.Module | None, label: str) -> tuple[str, Fix | None] | None:
     """For a device mismatch between meta and real tensors: (why, fix), or None when no meta tensor takes part.
     Weights on meta are a model built on meta and never loaded; a value on meta was made there."""
     on_meta = [t for t in tensors if t.device == "meta"]
@@ -184,24 +193,22 @@ def mismatch_note(tensors: list[Operand], root: torch.nn.Module | None, label: s
     names += " is" if len(on_meta) == 1 else " are"
     summary = meta_summary(root, label) if root is not None else None
     if any(t.kind in ("parameter", "buffer") for t in on_meta):
-        return (f"{names} on meta: a meta tensor has a shape but no data; {built_on_meta(summary)}. "
-                "If meta stands in for a device on purpose (shape inference), every input must be on meta too.",
-                load_fix(label))
-    return (f"{names} on meta: a meta tensor has a shape but no data; it was made on the meta device "
-            "(device='meta', or under `with torch.device('meta')`), and ops mixing it with real tensors fail.",
-            "")  # the mismatch report's own fix (move it to the other operands' device) stands
+        return (f"{names} on meta, which holds shapes but no data: {built_on_meta(summary)}. For shape inference, "
+                "every input must be on meta too.", load_fix(label))
+    return (f"{names} on meta (no data: made with device='meta' or under `with torch.device('meta')`), and ops mixing "
+            "meta and real tensors fail.", None)  # the mismatch report's own fix (move it to the others' device) stands
 
 
 def annotate(model: torch.nn.Module, problems: list[dict[str, str]]) -> None:
     """explain(): to a problem that involves the model's meta tensors (inputs elsewhere, a model split between
-    meta and a real device), add that they have no data and how to load them."""
+    meta and a real device), add a line: they have no data, and how to load them."""
     summary = meta_summary(model, "model")
     if summary is None:
         return
     for p in problems:
         if p["kind"] in ("input-device", "model-split", "split-module"):
-            p["message"] += (f" Note: {summary}; a meta tensor has a shape but no data, so a forward there computes "
-                             f"only shapes. If {built_on_meta(None, 'it')}, {load_fix('model')}.")
+            p["message"] += (f"\nNote: {summary}; a meta tensor has no data, so a forward there computes only "
+                             f"shapes. If it was never loaded: {load_fix('model').fix}.")
 
 
 def _receiver(expression: str | None) -> tuple[str | None, str | None, str | None]:

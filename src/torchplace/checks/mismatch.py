@@ -22,6 +22,7 @@ import torch
 from ..errors import DeviceMismatchError
 from . import compiled, meta
 from . import frames as fr
+from ._fixes import Fix, fix_lines, more_line
 from .culprits import (
     ModuleNames,
     Operand,
@@ -125,13 +126,14 @@ class MismatchReport:
     calls: list[fr.Site] = field(default_factory=list)  # the user's frames, outermost first
     unregistered: str | None = None  # "model.heads" when the module was found in a plain list or dict
     optimizer_state: list[str] = field(default_factory=list)  # "model.fc.weight['exp_avg'] on cpu (parameter on ...)"
-    meta: tuple[str, str] | None = None  # (why, fix) when meta tensors (no data) meet real ones
+    meta: tuple[str, Fix | None] | None = None  # (why, fix) when meta tensors (no data) meet real ones
 
     @property
     def culprits(self) -> list[Operand]:
         return [t for t in self.tensors if not t.scalar and t.device != self.expected_device]
 
     def message(self) -> str:
+        """What and where on the first line, the fix on the next (alternatives after it), then the details."""
         expression = self.site.expression if self.site else None
         what = expression or self.op or "an operation"
         if expression and self.op and self.op not in expression:
@@ -140,6 +142,8 @@ class MismatchReport:
                  + (f", inside module {self.module} ({self.module_type})" if self.module else "")
                  + (f", reached from {self.user_site}" if self.user_site and self.user_site != self.site else "")
                  + f": {self._summary()}."]
+        fixes = self.fixes()
+        lines += fix_lines(fixes)
         lines += [f"  {t.describe()}" for t in self.tensors]
         if self.optimizer_state:
             lines.append("  optimizer state on another device than its parameter: "
@@ -150,13 +154,25 @@ class MismatchReport:
         if chain:
             lines.append("Called from: " + " > ".join(str(c) for c in chain[-4:]))
         if self.model_split and not (self.meta and self.meta[1]):  # meta weights: loaded, not moved
-            lines.append(f"Note: the model itself spans devices ({'; '.join(self.model_split)}); unless that split "
-                         "is deliberate, it is the bug: call model.to(device) once the whole model is built.")
+            lines.append(f"Note: the model itself spans devices ({'; '.join(self.model_split)}), a bug unless the "
+                         "split is deliberate.")
         if self.meta:
             lines.append(f"Why: {self.meta[0]}")
         lines.append(f"PyTorch said: {self.torch_message.strip().splitlines()[0] if self.torch_message else '?'}")
-        lines.append("Fix: " + self._fix())
+        lines += more_line(fixes)
         return "\n".join(lines)
+
+    def brief(self) -> str:
+        """One line for a table cell: the culprits and the first fix."""
+        bad = self.culprits
+        if not bad or not self.expected_device or (self.optimizer_state and not bad):
+            return f"{self._summary()}. Fix: {self.fixes()[0].fix}."
+        by_device: dict[str, list[str]] = {}
+        for t in bad:
+            by_device.setdefault(t.device, []).append(t.label)
+        names = "; ".join(f"{', '.join(labels)} on {device}" for device, labels in by_device.items())
+        return f"{names} (the rest on {self.expected_device}). Fix: {self.fixes()[0].fix}." if len(names) < 40 else \
+            f"{names}. Fix: {self.fixes()[0].fix}."
 
     def _summary(self) -> str:
         if self.optimizer_state and not self.culprits:
@@ -168,54 +184,85 @@ class MismatchReport:
         names = ", ".join(f"{t.label} on {t.device}" for t in bad)
         return f"{names}, while the rest are on {self.expected_device}"
 
-    def _fix(self) -> str:
-        bad = self.culprits
+    def fixes(self) -> list[Fix]:
+        """One fix per cause, the likeliest first; the tensor lines above say why each is needed."""
         target = self.expected_device or "one device"
-        tips: list[str] = [self.meta[1]] if self.meta and self.meta[1] else []
+        out: list[Fix] = [self.meta[1]] if self.meta and self.meta[1] else []
         if self.optimizer_state:
-            tips.append("the optimizer was built or stepped before model.to(), and Module.to moves parameters, not "
-                        "the optimizer's state: move the model first and build the optimizer after it, or load the "
-                        "optimizer's state_dict after the move (it follows each parameter's device)")
+            out.append(Fix("move the model first, then build the optimizer (Module.to does not move optimizer "
+                           "state)", "or load the optimizer's state_dict after the move: it follows each parameter",
+                           "optimizer-state"))
         if self.unregistered:
             kind = "dict" if self.unregistered.endswith("]") and "['" in self.unregistered else "list"
             container = self.unregistered.rsplit("[", 1)[0]
-            tips.append(f"{container} is a plain Python {kind}, so model.to() and model.parameters() do not see the "
-                        f"modules in it: make it nn.{'ModuleDict' if kind == 'dict' else 'ModuleList'}(...)")
-        for t in bad:
-            if t.kind == "generator":
-                tips.append(f"{t.label} is a generator on {t.device}: make it on the tensors' device, "
-                            f"torch.Generator(device={target!r})")
-            elif t.factory and t.made:
-                tips.append(f"{t.made} makes it without a device: pass device= (e.g. device=x.device, the input's)")
-            elif t.refused_scalar:
-                tips.append(f"make {t.origin or t.label} on {target} (torch.stack and torch.cat do not move 0-dim CPU "
-                            "tensors): e.g. torch.tensor(0.0, device=other.device) or other.new_zeros(())")
-            elif t.kind == "attribute":
-                tips.append(f"{t.origin} is a plain tensor attribute, which model.to() does not move: "
-                            "register it with self.register_buffer(name, tensor, persistent=False)")
-            elif t.kind in ("parameter", "buffer") and (self.unregistered or (self.meta and t.device == "meta")):
-                continue  # said above: a meta weight cannot be moved, only loaded
-            elif t.kind in ("parameter", "buffer") and t.origin and not t.origin.startswith("model"):
-                owner = t.origin.rpartition(".")[0]
-                tips.append(f"{owner} is not part of the model, so model.to() does not move its {t.kind}s: call "
-                            f"{owner}.to({target!r}) too (or make it a submodule of the model)")
-            elif t.kind in ("parameter", "buffer"):
-                owner = (t.origin or "").rpartition(".")[0] or "the model"
-                tips.append(f"{owner}'s parameters/buffers are on {t.device}: call model.to({target!r}) after the "
-                            "whole model is built (a submodule added or replaced after .to() stays behind)")
-            elif t.kind == "inline":
-                tips.append(f"{t.label} is made on {t.device} inside the op: give it the other operands' device "
-                            f"(device=x.device, here {target}), or make it once as a registered buffer")
-            elif t.kind == "local" and t.origin and ".forward" in t.origin:
-                tips.append(f"{t.label} is made inside forward() on {t.device}: create it on the input's device "
-                            "(torch.tensor(..., device=x.device)) or register it as a buffer")
-            else:
-                tips.append(f"move {t.origin or t.label} to {target} before the call "
-                            f"(torchplace.to_device(batch, {target!r}))")
-        if not tips:
-            tips.append("put every tensor this op uses on one device; torchplace.explain(model, *inputs) shows "
-                        "where each parameter, buffer and input lives")
-        return "; ".join(dict.fromkeys(tips)) + "."
+            out.append(Fix(f"make {container} nn.{'ModuleDict' if kind == 'dict' else 'ModuleList'}(...): a plain "
+                           f"Python {kind} hides its modules from model.to()"))
+        groups: dict[tuple[str, str], list[Operand]] = {}
+        for t in self.culprits:
+            key = _cause(t, bool(self.unregistered), bool(self.meta))
+            if key is not None:
+                groups.setdefault(key, []).append(t)
+        out += [_fix_for(kind, owner, ts, target) for (kind, owner), ts in groups.items()]
+        if not out:
+            out.append(Fix("put every tensor this op uses on one device",
+                           "torchplace.explain(model, *inputs) shows where each parameter, buffer and input lives"))
+        return list({f.fix: f for f in out}.values())
+
+
+def _cause(t: Operand, unregistered: bool, meta: bool) -> tuple[str, str] | None:
+    """Why this culprit is where it is, as (kind of fix, whose): culprits with one cause share one fix."""
+    if t.kind == "generator":
+        return ("generator", "")
+    if t.factory and t.made:
+        return ("factory", t.factory.split(" ")[0])
+    if t.refused_scalar:
+        return ("scalar", "")
+    if t.kind == "attribute":
+        return ("attribute", "")
+    if t.kind in ("parameter", "buffer") and (unregistered or (meta and t.device == "meta")):
+        return None  # said above: a module in a plain container, or a meta weight (loaded, not moved)
+    if t.kind in ("parameter", "buffer") and t.origin and not t.origin.startswith("model"):
+        return ("outside", t.origin.rpartition(".")[0])
+    if t.kind in ("parameter", "buffer"):
+        return ("behind", "")
+    if t.kind == "inline":
+        return ("inline", "")
+    if t.kind == "local" and t.origin and ".forward" in t.origin:
+        return ("forward", "")
+    return ("move", "")
+
+
+def _fix_for(kind: str, owner: str, tensors: list[Operand], target: str) -> Fix:
+    names = ", ".join(t.origin or t.label for t in tensors) if kind != "factory" else ""
+    labels = ", ".join(t.label for t in tensors)
+    if kind == "generator":
+        return Fix(f"make {labels} on the tensors' device: torch.Generator(device={target!r})")
+    if kind == "factory":
+        made = [t.made.rpartition(" at ") for t in tensors if t.made]
+        sites = ", ".join(f"{code.strip('`').split('=')[0].strip() if '=' in code else t.label} at {site}"
+                          for (code, _, site), t in zip(made, tensors))
+        return Fix(f"pass device= to the {owner} that makes {sites} (e.g. device=x.device)",
+                   anchor="made-without-a-device")
+    if kind == "scalar":
+        return Fix(f"make {names} on {target}: torch.stack and torch.cat do not move 0-dim CPU tensors",
+                   "e.g. torch.tensor(0.0, device=other.device) or other.new_zeros(())", "made-without-a-device")
+    if kind == "attribute":
+        return Fix(f"register {names} as buffer(s): self.register_buffer(name, tensor, persistent=False)",
+                   anchor="plain-tensor-attributes")
+    if kind == "outside":
+        return Fix(f"call {owner}.to({target!r}) too: {owner} is not part of the model, so model.to() does not "
+                   f"move its {tensors[0].kind}s", f"make {owner} a submodule of the model", "outside-the-model")
+    if kind == "behind":
+        owners = ", ".join(dict.fromkeys((t.origin or "").rpartition(".")[0] or "the model" for t in tensors))
+        return Fix(f"call model.to({target!r}) after the whole model is built: {owners} was added or replaced after "
+                   "the move", anchor="left-behind")
+    if kind == "inline":
+        return Fix(f"make {labels} on the other operands' device (device=x.device, here {target})",
+                   "make it once, as a registered buffer", "made-without-a-device")
+    if kind == "forward":
+        return Fix(f"make {labels} on the input's device: torch.tensor(..., device=x.device)",
+                   "register it as a buffer", "made-without-a-device")
+    return Fix(f"move {names} to {target} before the call: torchplace.to_device(batch, {target!r})")
 
 
 def diagnose(exc: BaseException, model: torch.nn.Module | None = None,

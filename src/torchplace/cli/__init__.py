@@ -24,7 +24,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from .args import UsageError
@@ -105,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if sys.stdout is None:  # started with descriptor 1 closed (`>&-`): Python leaves sys.stdout None
         sys.stdout = _ClosedStdout()
+    interrupted, restore = _note_interrupts()
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _warn  # a library's warning: one line, not two with source
@@ -129,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:
+        if interrupted:  # Ctrl-C inside a library's C++ (torch's zip writer) comes out as its own error
+            return 130
         if _debug():
             import traceback
 
@@ -137,6 +140,31 @@ def main(argv: Sequence[str] | None = None) -> int:
              + ("The traceback is above; please report it."
                 if _debug() else "Rerun with TORCHPLACE_DEBUG=1 to see the traceback, and please report it."))
         return EXIT_BUG
+    finally:
+        restore()
+
+
+def _note_interrupts() -> tuple[list[int], Callable[[], None]]:
+    """(a list that gets an entry at each Ctrl-C, the call that puts Python's own handler back); SIGINT still
+    raises KeyboardInterrupt as usual."""
+    import signal
+
+    seen: list[int] = []
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        seen.append(signum)
+        signal.default_int_handler(signum, frame)
+
+    def restore() -> None:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    try:
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, on_sigint)
+            return seen, restore
+    except ValueError:  # not the main thread: interrupts are not ours to note
+        pass
+    return seen, lambda: None
 
 
 class _StdoutClosed(Exception):

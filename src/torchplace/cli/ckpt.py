@@ -36,8 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trust-pickle", action="store_true",
                    help="open files that need pickle (runs code from the file: only for files you trust)")
     p.add_argument("--weights-only", action="store_true",
-                   help="write only the model's state dict, as a plain safetensors file that "
-                        "model.load_state_dict(safetensors.torch.load_file(OUT)) accepts (HF, timm, vLLM)")
+                   help="write only the model's state dict: a plain safetensors file that "
+                        "model.load_state_dict(safetensors.torch.load_file(OUT)) accepts (HF, timm, vLLM); "
+                        "under a .pt/.pth name, what model.load_state_dict(torch.load(OUT)) takes")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists (default: refuse)")
     p.set_defaults(func=_convert)
     parser.set_defaults(func=lambda args: _no_command(parser))

@@ -78,8 +78,9 @@ def info() -> DistInfo:
         raise DistributedError(
             f"The process group torchplace recorded (rank {STATE.info.rank} of {STATE.info.world_size}, {how}) "
             "was destroyed outside torchplace (torch.distributed.destroy_process_group, e.g. by Lightning's or "
-            "accelerate's teardown), so its record no longer describes this process. Fix: call "
-            "torchplace.dist.init() again to make or adopt a group, or leave teardown to torchplace.dist.teardown().")
+            "accelerate's teardown).\n"
+            "Fix: call torchplace.dist.init() again to make or adopt a group.\n"
+            "Or: leave teardown to torchplace.dist.teardown().")
     return STATE.info
 
 
@@ -193,9 +194,9 @@ def _connect_store(launch: LaunchEnv, rank: int, world: int, join_s: float) -> A
         raise DistributedError(
             f"rank {rank} (RANK={launch.rank}, WORLD_SIZE={world}) connected to MASTER_ADDR={launch.master_addr!r} "
             f"MASTER_PORT={launch.master_port}, but nothing answered there within {join_s + 2.0:.0f} s: what "
-            "listens on that port is not a torch.distributed rendezvous store, or it is stuck. Fix: set "
-            "MASTER_PORT to a port only this job uses, or launch with `torchplace run` / `torchrun --standalone`, "
-            "which choose a free port.")
+            "listens on that port is not a torch.distributed rendezvous store, or it is stuck.\n"
+            "Fix: set MASTER_PORT to a port only this job uses.\n"
+            "Or: launch with `torchplace run` / `torchrun --standalone`, which choose a free port.")
     if "error" in box:
         raise box["error"]
     return box["store"]

@@ -179,11 +179,11 @@ def _check_folder(path: Path, st: os.stat_result) -> None:
     if st.st_uid not in (0, os.getuid()):
         raise LeaseError(
             f"The lease directory {path} is owned by {user_name(st.st_uid)} (mode {mode:o}), "
-            f"neither root nor you ({user_name(os.getuid())}). The owner of a shared folder may "
-            "unlink other users' lease files, and then two jobs are handed the same GPU, so "
-            "torchplace trusts a shared lease folder only if root made it. Fix: an admin removes "
-            f"it and runs `{_ADMIN_FIX} {path}`, or set {LEASE_DIR_ENV} to a directory of "
-            "your own (then only your jobs see your leases).")
+            f"neither root nor you ({user_name(os.getuid())}).\n"
+            f"Fix: an admin removes it and runs `{_ADMIN_FIX} {path}`.\n"
+            f"Or: set {LEASE_DIR_ENV} to a directory of your own (then only your jobs see your leases).\n"
+            "Why: the owner of a shared folder may unlink other users' lease files, and then two jobs are handed "
+            "the same GPU, so torchplace trusts a shared lease folder only if root made it.")
 
 
 def _check_parents(path: Path) -> Path:

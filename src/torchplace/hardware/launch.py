@@ -222,11 +222,13 @@ def settle(chosen: LaunchEnv, e: Mapping[str, str]) -> LaunchEnv:
             inner = {"mpi": "MPI's", "lightning": "Lightning's"}.get(chosen.launcher or "", "RANK/WORLD_SIZE")
             raise DistributedError(
                 f"{who} started {tasks} processes, but this one's {inner} variables say the job has "
-                f"{chosen.world_size} (RANK={e.get('RANK')}, WORLD_SIZE={e.get('WORLD_SIZE')}), so several "
-                f"processes would take the same rank and each train alone. Read: {chosen.describe()}. Fix: "
-                "unset RANK/WORLD_SIZE/LOCAL_RANK left over in the job script (torchplace reads the launcher's "
-                f"own variables then), or let the outer launcher start one process per node that starts the "
-                "ranks (srun --ntasks-per-node=1 torchplace run ..., or torchrun with --nnodes).")
+                f"{chosen.world_size} (RANK={e.get('RANK')}, WORLD_SIZE={e.get('WORLD_SIZE')}): several "
+                "processes would take the same rank and each train alone.\n"
+                "Fix: unset RANK/WORLD_SIZE/LOCAL_RANK left over in the job script (torchplace then reads the "
+                "launcher's own variables).\n"
+                "Or: let the outer launcher start one process per node that starts the ranks "
+                "(srun --ntasks-per-node=1 torchplace run ..., or torchrun with --nnodes).\n"
+                f"Read: {chosen.describe()}.")
     return chosen
 
 

@@ -296,7 +296,7 @@ def _path(obj: Any, frames: list[types.FrameType], ignore: set[int], depth: int)
                 key = next((k for k, v in ref.items() if v is obj), None)
                 if key is not None:
                     return f"{ref['__name__']}.{key}", key, None
-            elif type(ref) is dict:
+            elif isinstance(ref, dict):  # a plain dict, or a module's hook dict (an OrderedDict)
                 owner = next((o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref), None)
                 key = next((k for k, v in ref.items() if v is obj), None)
                 if owner is not None and key is not None:
@@ -306,6 +306,15 @@ def _path(obj: Any, frames: list[types.FrameType], ignore: set[int], depth: int)
                     outer, _, origin = _path(ref, frames, ignore | {id(ref)}, depth - 1)
                     if outer:
                         return f"{outer}[{_key_text(key)}]", None, origin
+            elif type(ref) is types.MethodType and ref.__self__ is obj:  # a hook or callback bound to OBJ
+                outer, _, origin = _path(ref, frames, ignore, depth - 1)
+                if outer:
+                    return f"{outer}.__self__", None, origin
+            elif type(ref) in (tuple, list):  # an entry of a sequence the user keeps: `hidden[0]` of (h, c)
+                index = next((i for i, v in enumerate(ref) if v is obj), None)
+                outer, _, origin = _path(ref, frames, ignore, depth - 1) if index is not None else (None, None, None)
+                if outer:
+                    return f"{outer}[{index}]", None, origin
             elif not issubclass(type(ref), _CONTAINERS):
                 attr = next((k for k, v in _attributes(ref).items() if v is obj), None)
                 if attr is not None:

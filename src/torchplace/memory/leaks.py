@@ -73,6 +73,7 @@ class MemoryTracker:
         self.steps = 0
         self.report: LeakReport | None = None
         self._baseline_holders: set[int] = set()
+        self._baseline_graphs: set[tuple[int, int]] = set()
         self._holdings: dict[int, Holding] = {}
         self._frame: Any = None  # the frame of the `with` block: its variables name the holders
 
@@ -112,6 +113,9 @@ class MemoryTracker:
         self.samples = [self._reading()]
         tensors = live_tensors(self._on_device)
         self._baseline_holders = {id(t) for t in graph_holders(tensors)}
+        # graphs alive before the baseline (a traceback's, an earlier loop's) are not this loop's growth; an
+        # in-place update (`total += loss`) gives the same tensor a new grad_fn, so the pair marks one graph
+        self._baseline_graphs = {(id(t), id(t.grad_fn)) for t in tensors if t.grad_fn is not None}
         tensors.clear()
         self._holdings = holdings(self._on_device, own={id(self._holdings)})
 
@@ -169,7 +173,9 @@ class MemoryTracker:
                     name, where = name_holder(objects[key], frames, {id(objects), id(now), id(frames)})
                     out.append(Growth(name, where, str(self.device), growth, added, now[key].tensors, now[key].nbytes))
                 if not out:  # held by no Python object: saved in the autograd graph of a tensor the user keeps
-                    roots = graph_roots(self._on_device, min_bytes, own={id(objects)}, top=top)
+                    roots = [(t, saved) for t, saved in graph_roots(self._on_device, min_bytes, own={id(objects)},
+                                                                    top=top + len(self._baseline_graphs))
+                             if (id(t), id(t.grad_fn)) not in self._baseline_graphs][:top]
                     for t, saved in roots:  # the graph was not measured at the start: all it saves now is growth
                         name, where = name_root(t, frames, {id(objects), id(now), id(frames), id(roots)})
                         size = sum(saved.values())

@@ -127,8 +127,13 @@ class Position:
         index = _index_attr(self.loader)
         if index is None:  # an iterable without a sampler (an IterableDataset, a list): the batches are read
             it = iter(self.loader)
-            for _ in range(skip):
-                next(it, None)
+            for read in range(skip):  # bounded by the data: an edited count stops where the loader ends
+                if next(it, _END) is _END:
+                    raise CheckpointError(
+                        f"The saved loader position is batch {skip} of an epoch, but this "
+                        f"{type(self.loader).__name__} ended after {read} batch(es): the position belongs to other "
+                        "data, or the file was edited. Fix: resume with the data it was saved with, or leave loader= "
+                        "out of tp.load to start the epoch from its beginning.")
             self.note = (self.note + "; " if self.note else "") + (
                 f"{type(self.loader).__name__} has no sampler to skip in, so the {skip} batch(es) before were read "
                 "and dropped (torchdata's StatefulDataLoader with a stateful dataset skips without reading)")
@@ -155,6 +160,9 @@ class Position:
         self.taken += 1
         if self.snapshots:
             self.stateful_now = self.snapshots.popleft()
+
+
+_END = object()  # what next() returns once a loader is exhausted
 
 
 def _checked(state: dict[str, Any]) -> dict[str, Any]:
@@ -186,9 +194,11 @@ def _same_length(state: dict[str, Any], loader: Any) -> None:
     if state.get("taken") and saved is not None and now is not None and saved != now and replicas[0] == replicas[1]:
         raise CheckpointError(
             f"The checkpoint's loader position is batch {state['taken']} of an epoch of {saved} batches, but the "
-            f"loader given has {now} batches per epoch (another dataset, batch size or drop_last), so that position "
-            "is another sample's. Fix: resume with the dataset and batch size the checkpoint was saved with, or "
-            "leave loader= out (and do not call rt.loader before rt.resume) to start the epoch from its beginning.")
+            f"loader given has {now} batches per epoch (another dataset, batch size or drop_last): that position "
+            "is another sample's.\n"
+            "Fix: resume with the dataset and batch size the checkpoint was saved with.\n"
+            "Or: leave loader= out (and do not call rt.loader before rt.resume) to start the epoch from its "
+            "beginning.")
 
 
 def _length(loader: Any) -> int | None:

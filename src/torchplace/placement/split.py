@@ -175,13 +175,13 @@ def _check_accelerate(module: nn.Module, owners: Mapping[str, nn.Module]) -> Non
     device_map = getattr(module, "hf_device_map", None)
     mapped = f" Its hf_device_map: {dict(device_map)}." if isinstance(device_map, Mapping) else ""
     raise DeviceError(
-        f"place(): {type(module).__name__} is already dispatched by accelerate: {len(hooked)} module(s) carry "
-        f"accelerate device hooks (AlignDevicesHook/CpuOffload) that move inputs and weights to their own execution "
-        f"devices on every forward: {'; '.join(listed)}{more}.{mapped} place() would move the weights and the "
-        "hooks would move the inputs back. Nothing was moved. Fix: keep accelerate's placement (its device_map "
-        "already splits the model; drop the place() call), or take its hooks off first with "
-        "accelerate.hooks.remove_hook_from_submodules(model) (offloaded weights come back to where they were "
-        "loaded) and then call place().")
+        f"place(): {type(module).__name__} is already dispatched by accelerate; nothing was moved.\n"
+        "Fix: keep accelerate's placement (its device_map already splits the model): drop the place() call.\n"
+        "Or: accelerate.hooks.remove_hook_from_submodules(model) first (offloaded weights come back to where they "
+        "were loaded), then place().\n"
+        f"Why: {len(hooked)} module(s) carry accelerate device hooks (AlignDevicesHook/CpuOffload) that move inputs "
+        f"and weights to their own devices on every forward: {'; '.join(listed)}{more}.{mapped} place() would move "
+        "the weights and the hooks would move the inputs back.")
 
 
 def _device_hooks(hook: Any) -> list[Any]:

@@ -95,5 +95,5 @@ def leak_message(what: str, before: int | None, after: int, sites: list[str], de
     start = f"{device_type}:{before if before is not None else 0}"
     where = f"; the change was made at {sites[-1]}" if sites else ""
     return (f"{what} changed the current device from {start} to {device_type}:{after} and did not restore it"
-            f"{where}. torchplace restored {start}. Fix: scope the change with `with torchplace.on(...)` or "
+            f"{where}; torchplace restored {start}.\nFix: scope the change with `with torchplace.on(...)` or "
             f"`with torch.{device_type}.device(...)`, or pass the device explicitly instead of setting it.")
