@@ -81,7 +81,7 @@ def test_srun_pmi2_local_rank_comes_from_slurm_when_mpi_has_none() -> None:
 def test_a_stale_rank_under_a_larger_launch_is_refused(outer: dict[str, str]) -> None:
     """RANK=0 WORLD_SIZE=1 left exported in a job script, then srun -n 4 / mpirun -np 4: every task used to
     read rank 0 of 1 and train alone. Refused, naming both launchers' numbers."""
-    with pytest.raises(DistributedError, match=r"started 4 processes.*say the job has 1 .*RANK=0.*unset RANK"):
+    with pytest.raises(DistributedError, match=r"(?s)started 4 processes.*say the job has 1 .*RANK=0.*unset RANK"):
         read_launch_env({**outer, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"})
 
 

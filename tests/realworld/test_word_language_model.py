@@ -54,10 +54,6 @@ def test_a_run_killed_mid_epoch_resumes_to_the_same_bits(original: list[str], tm
     assert "continuing from" in run.stderr and "step-00021.safetensors" in run.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="explain() runs the model's forward in train mode without forking the "
-                                       "RNG: dropout draws from the generator the training uses (checks/explain.py "
-                                       "_run_forward, on 77ac0e0); s7-diag (5b19570) passes it: drop this marker "
-                                       "when that branch is merged")
 def test_explain_at_the_top_of_the_step_changes_no_result(original: list[str], tmp_path: Path) -> None:
     (tmp_path / "ckpt").mkdir()
     run = run_program(PROGRAM, "ported", str(tmp_path), "3", "-", "1", cwd=tmp_path)
