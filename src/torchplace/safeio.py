@@ -135,19 +135,15 @@ def read_limited(path: str | os.PathLike[str], limit: int, error: type[Torchplac
 
 
 def json_depth(value: Any) -> int:
-    """How deeply VALUE's lists and dicts nest (0 for a scalar), without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            children: Any = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
-        deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return deepest
+    """How deeply VALUE's lists and dicts nest (0 for a scalar), without recursion: one level at a time,
+    each a single comprehension over the containers of the level above (a few times faster than a
+    walk node by node: a model's header is thousands of nodes, and every load checks it)."""
+    depth, level = 0, [value] if isinstance(value, (dict, list)) else []
+    while level:
+        depth += 1
+        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)
+                 if isinstance(child, (dict, list))]
+    return depth
 
 
 def loads(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:

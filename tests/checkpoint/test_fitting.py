@@ -143,3 +143,34 @@ def test_a_module_holding_a_quantized_buffer_is_not_rehearsed_and_loads() -> Non
     assert fitting.rehearse(model, state, strict_keys=True) is None
     model.load_state_dict(state)
     assert torch.equal(model.q.dequantize(), torch.full((3,), 2.0))
+
+
+class _Shared(nn.Module):
+    """One block under two names, and a head tied to the embedding: torch loads each name of each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(5, 3)
+        self.block = nn.Linear(3, 3)
+        self.again = self.block
+        self.head = nn.Linear(3, 5, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("scale", torch.ones(3))
+        self.register_buffer("cache", torch.zeros(2), persistent=False)
+
+
+def test_the_verdict_from_keys_and_shapes_agrees_with_torch_without_a_twin() -> None:
+    model = _Shared()
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    assert fitting._plainly_fits(model, sd) and fitting.rehearse(model, sd, strict_keys=True) is None
+    misshapen = {**sd, "block.weight": torch.ones(2, 3)}
+    assert not fitting._plainly_fits(model, misshapen)
+    assert isinstance(fitting.rehearse(model, misshapen, strict_keys=False), RuntimeError)
+    lacking = {k: v for k, v in sd.items() if k != "again.bias"}  # the shared block's second name is loaded too
+    assert not fitting._plainly_fits(model, lacking)
+    assert isinstance(fitting.rehearse(model, lacking, strict_keys=True), RuntimeError)
+    assert fitting.rehearse(model, lacking, strict_keys=False) is None
+    extra = {**sd, "cache": torch.zeros(2)}  # a non-persistent buffer is not loaded: unexpected
+    assert not fitting._plainly_fits(model, extra)
+    assert isinstance(fitting.rehearse(model, extra, strict_keys=True), RuntimeError)
+    assert not fitting._plainly_fits(nn.BatchNorm1d(3), nn.BatchNorm1d(3).state_dict())  # loads its own way

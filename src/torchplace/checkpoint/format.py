@@ -119,6 +119,7 @@ class Header:
     foreign_metadata: dict[str, str]
     data_offset: int
     data_bytes: int
+    skeleton: Any = None  # torchplace's saved tree with a TensorRef for each tensor, as validated (None: foreign)
 
     @property
     def by_key(self) -> dict[str, TensorEntry]:
@@ -280,26 +281,32 @@ def parse_header(path: Path, raw: bytes, file_size: int) -> Header:
         raise _damaged(path, f"the file has {file_size - expected} unexpected bytes after the last tensor "
                              f"(expected {expected} bytes in all)")
     foreign = {k: v for k, v in metadata.items() if k != META_KEY}
-    if meta is not None:
-        _check_meta(path, entries, meta_text, meta, foreign, offset)
-    return Header(path, entries, meta, foreign, data_offset, offset)
+    tree = _check_meta(path, entries, meta_text, meta, foreign, offset) if meta is not None else None
+    return Header(path, entries, meta, foreign, data_offset, offset, tree)
 
 
 def _shape_numel(shape: Any) -> int | None:
     """The element count of SHAPE, or None unless it is a list of non-negative ints (not bools) whose
     non-zero dimensions multiply to less than MAX_DIM (torch refuses larger shapes, even empty ones)."""
-    if not isinstance(shape, list) or not all(type(d) is int and 0 <= d < MAX_DIM for d in shape):
+    if not isinstance(shape, list):
         return None
     numel = nonzero = 1
-    for d in shape:
-        numel, nonzero = numel * d, nonzero * (d or 1)
-        if nonzero >= MAX_DIM:
+    for d in shape:  # one pass (every header entry goes through here on every load)
+        if type(d) is not int or not 0 <= d < MAX_DIM:
             return None
+        numel *= d
+        if d:
+            nonzero *= d
+            if nonzero >= MAX_DIM:
+                return None
     return numel
 
 
+_ENTRY_FIELDS = frozenset(("dtype", "shape", "data_offsets"))
+
+
 def _entry(path: Path, key: str, info: Any, raw_dtypes: dict[str, list[Any]]) -> TensorEntry:
-    if not isinstance(info, dict) or set(info) - {"dtype", "shape", "data_offsets"}:
+    if not isinstance(info, dict) or not info.keys() <= _ENTRY_FIELDS:
         raise _damaged(path, f"the entry for tensor {key!r} is malformed")
     code, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
     if not isinstance(code, str) or code not in _CODES:
@@ -307,7 +314,7 @@ def _entry(path: Path, key: str, info: Any, raw_dtypes: dict[str, list[Any]]) ->
                              f"(known: {', '.join(_CODES)})")
     numel = _shape_numel(shape)
     if (numel is None or not isinstance(offsets, list) or len(offsets) != 2
-            or not all(type(o) is int and o >= 0 for o in offsets) or offsets[0] > offsets[1]):
+            or type(offsets[0]) is not int or type(offsets[1]) is not int or not 0 <= offsets[0] <= offsets[1]):
         raise _damaged(path, f"tensor {key!r} has an invalid shape or data_offsets (shape {shape!r:.80}, "
                              f"data_offsets {offsets!r:.80}; each must be a list of non-negative integers)")
     dtype = _CODES[code]
@@ -332,7 +339,8 @@ def _is_crc(value: Any) -> bool:
 
 
 def _check_meta(path: Path, entries: list[TensorEntry], meta_text: str, meta: dict[str, Any],
-                other: dict[str, str], data_bytes: int) -> None:
+                other: dict[str, str], data_bytes: int) -> Any:
+    """Raise for torchplace metadata that is altered or malformed; return its state's skeleton (`codec.skeleton`)."""
     found = meta.get("header_crc32")
     if not isinstance(found, str) or not meta_text.endswith(f'{_CRC_TAIL}{found}"}}') or len(found) != 8:
         raise _damaged(path, "the metadata has no header checksum where torchplace writes it")
@@ -353,35 +361,37 @@ def _check_meta(path: Path, entries: list[TensorEntry], meta_text: str, meta: di
             or len(crcs) != -(-data_bytes // chunk) or not all(_is_crc(c) for c in crcs):
         raise _damaged(path, "the data size, the chunk size or the checksum list does not match the tensor index "
                              f"(chunks are 1 byte to {MAX_CHUNK_BYTES} bytes, one 8-digit hex CRC-32 each)")
-    problem = _meta_problem(meta, {e.key for e in entries})
+    problem, tree = _meta_problem(meta, {e.key for e in entries})
     if problem:
         raise _damaged(path, f"the metadata is malformed: {problem}")
+    return tree
 
 
 def _is_str_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
-def _meta_problem(meta: dict[str, Any], keys: set[str]) -> str | None:
-    """What is wrong with the metadata fields readers use (None when nothing): their JSON types, and
-    the state tree (see `codec.check`). The checksum says a file is intact, not that it is well-formed."""
+def _meta_problem(meta: dict[str, Any], keys: set[str]) -> tuple[str | None, Any]:
+    """(what is wrong with the metadata fields readers use, None when nothing: their JSON types, and the
+    state tree (see `codec.skeleton`); the state's skeleton once it decodes). The checksum says a file is
+    intact, not that it is well-formed."""
     devices = meta.get("devices", {})
     if not isinstance(devices, dict) or not isinstance(devices.get("default"), (str, type(None))) \
             or not isinstance(devices.get("except", {}), dict) \
             or not all(_is_str_list(v) for v in devices.get("except", {}).values()):
-        return "'devices' is not {'default': device, 'except': {device: [keys]}}"
+        return "'devices' is not {'default': device, 'except': {device: [keys]}}", None
     if not _is_str_list(meta.get("pickled", [])):
-        return "'pickled' is not a list of strings"
+        return "'pickled' is not a list of strings", None
     versions = meta.get("module_versions", {})
     if not isinstance(versions, dict) or not all(isinstance(v, dict) for v in versions.values()):
-        return "'module_versions' is not a map of maps"
+        return "'module_versions' is not a map of maps", None
     for name, kind in (("world_size", int), ("primary_device", str), ("objects", dict)):
         if name in meta and meta[name] is not None and not isinstance(meta[name], kind):
-            return f"{name!r} is a {type(meta[name]).__name__}, not a {kind.__name__}"
+            return f"{name!r} is a {type(meta[name]).__name__}, not a {kind.__name__}", None
     if "state" not in meta:
-        return "there is no 'state' (the saved tree)"
+        return "there is no 'state' (the saved tree)", None
     try:
         tree = skeleton(meta["state"], keys)
     except ValueError as exc:
-        return f"the saved state does not decode ({exc})"
-    return layout_problem(tree)
+        return f"the saved state does not decode ({exc})", None
+    return layout_problem(tree), tree

@@ -91,7 +91,7 @@ def _skeleton(header: Header) -> dict[str, Any]:
     """The saved tree with placeholders for tensors (from the header alone)."""
     if header.meta is None:
         return {"model": {e.key: None for e in header.entries}}
-    return codec.decode(header.meta["state"], codec.TensorRef)
+    return header.skeleton if header.skeleton is not None else codec.decode(header.meta["state"], codec.TensorRef)
 
 
 def read_any(path: Path, kind: str, opts: ReadOptions, *, model: nn.Module | None, optimizer: Any) -> Read:

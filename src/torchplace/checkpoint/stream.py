@@ -20,7 +20,7 @@ import sys
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -32,7 +32,7 @@ from ..errors import CheckpointError
 from ..hardware.accelerator import device_module
 from ..progress import advance
 from ..shared.staging import SideStreams, ThreadStaging, accelerators, done_events, host_buffer
-from ..shared.threads import helper_threads
+from ..shared.threads import helper_threads, kept_pool
 from .format import CHUNK_BYTES, DAMAGED_FIX, Header, TensorEntry
 
 # CRC-32 of the chunks: zlib's value (what every torchplace file records), computed by ISA-L (the `isal`
@@ -120,8 +120,10 @@ def byte_view(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def _run(tasks: Sequence[Callable[[], Any]], workers: int) -> list[Any]:
-    """Run TASKS on a thread pool; on the first failure, skip the rest and re-raise it.
+def _run(tasks: Sequence[Callable[[], Any]], workers: int, *, keep: bool = False) -> list[Any]:
+    """Run TASKS on a thread pool (KEEP: the process's kept pool, as loads do; saves start their own, whose
+    threads inherit the saving thread's lowered priority); on the first failure, skip the rest and re-raise
+    it once every task has returned.
 
     Each finished task is reported to the progress callback current on this thread, if any."""
     if workers <= 1 or len(tasks) <= 1:
@@ -141,10 +143,12 @@ def _run(tasks: Sequence[Callable[[], Any]], workers: int) -> list[Any]:
             failed.set()
             raise
 
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="torchplace-ckpt") as pool:
+    pool: Executor = kept_pool(workers, "torchplace-load") if keep else \
+        ThreadPoolExecutor(max_workers=workers, thread_name_prefix="torchplace-ckpt")
+    with pool:  # (a kept pool is not shut down)
         futures = [pool.submit(guarded, t) for t in tasks]
         errors = []
-        for f in futures:
+        for f in futures:  # waits for every task, so that nothing runs on once this returns
             errors.append(f.exception())
             advance(total=len(tasks))
     first = next((e for e in errors if e is not None), None)
@@ -305,7 +309,7 @@ def read_data(fd: int, header: Header, out: dict[str, torch.Tensor], *, workers:
     if devices and all(d.type == "cuda" for d in devices):
         read_chunks_to_cuda(flat, header.entries, chunks, chunk, n, read_piece, check)
     else:
-        _run([partial(task, *c) for c in chunks], n)
+        _run([partial(task, *c) for c in chunks], n, keep=True)
 
 
 # -- loads onto CUDA devices at memory speed: reader threads fill pinned windows, one thread copies --
@@ -354,8 +358,8 @@ def read_chunks_to_cuda(flat: dict[str, torch.Tensor], entries: Sequence[TensorE
     cut into CHUNKS. READ_PIECE(at, view) reads the bytes at data offset AT into VIEW and returns their
     CRC-32; CHECK(chunk, crc) raises when a chunk's CRC-32 is not the recorded one. Every chunk is
     checked before its bytes are copied. Returns once every copy has completed (the last window's
-    copies are waited for: about 2 ms); on the first failure it cancels the reads not yet started and
-    raises that error."""
+    copies are waited for: about 2 ms); on the first failure it cancels the reads not yet started, waits
+    for those running (their buffers are not given back under them) and raises that error."""
     per_window, nbuf = _ring(chunks[-1][2] if chunks else 0, chunk_bytes)
     windows = [chunks[i:i + per_window] for i in range(0, len(chunks), per_window)]
     size = max(w[-1][2] - w[0][1] for w in windows)
@@ -369,40 +373,46 @@ def read_chunks_to_cuda(flat: dict[str, torch.Tensor], entries: Sequence[TensorE
     ends = [e.end for e in order]  # sorted too: entries do not overlap
     step = task_bytes(chunk_bytes)
 
-    def fill(w: int, pool: ThreadPoolExecutor) -> list[list[Future[int]]]:
+    submitted: list[Future[int]] = []  # every read queued: on a failure, none may run on once this returns
+
+    def fill(w: int) -> list[list[Future[int]]]:
         """Queue the reads of window W into its buffer: for each chunk, the futures of its pieces' CRCs."""
         buf, w0 = bufs[w % nbuf], windows[w][0][1]
         for event in done[w % nbuf]:  # the buffer's previous copies must be done before it is overwritten
             event.synchronize()
         done[w % nbuf] = []
-        return [[pool.submit(read_piece, at, buf[at - w0:min(at + step, c1) - w0].numpy())
-                 for at in range(c0, c1, step)] for _, c0, c1, _ in windows[w]]
+        reads = []
+        for _, c0, c1, _ in windows[w]:
+            reads.append([pool.submit(read_piece, at, buf[at - w0:min(at + step, c1) - w0].numpy())
+                          for at in range(c0, c1, step)])
+            submitted.extend(reads[-1])
+        return reads
 
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="torchplace-load") as pool:
+    pool = kept_pool(workers, "torchplace-load")  # threads kept between loads (starting 12 costs ~1.3 ms)
+    failed = False
+    try:
         # windows being read but not yet copied, in order: up to NBUF - 1 ahead of the one copied
-        queued: list[list[list[Future[int]]]] = [fill(w, pool) for w in range(nbuf - 1)]
-        failed = False
-        try:
-            for w in range(len(windows)):
-                if w + nbuf - 1 < len(windows):  # queued before waiting, so that the readers never run dry
-                    queued.append(fill(w + nbuf - 1, pool))  # (into the buffer copied last round, once copied)
-                for c, pieces in zip(windows[w], queued.pop(0)):
-                    check(c, _combined([f.result() for f in pieces], c[2] - c[1], step))
-                done[w % nbuf] = _copy_window(bufs[w % nbuf], windows[w][0][1], windows[w][-1][2], order, ends,
-                                              flat, streams)
-                advance(len(windows[w]), total=len(chunks))
-        except BaseException:
-            failed = True
-            for f in (f for window in queued for chunk in window for f in chunk):  # reads not started: not started
-                f.cancel()
-            raise
-        finally:
-            for e in (e for events in done for e in events):  # the copies complete before the buffers go back
-                try:
-                    e.synchronize()
-                except Exception:
-                    if not failed:  # while another error propagates, it is the one to report
-                        raise
+        queued: list[list[list[Future[int]]]] = [fill(w) for w in range(nbuf - 1)]
+        for w in range(len(windows)):
+            if w + nbuf - 1 < len(windows):  # queued before waiting, so that the readers never run dry
+                queued.append(fill(w + nbuf - 1))  # (into the buffer copied last round, once copied)
+            for c, pieces in zip(windows[w], queued.pop(0)):
+                check(c, _combined([f.result() for f in pieces], c[2] - c[1], step))
+            done[w % nbuf] = _copy_window(bufs[w % nbuf], windows[w][0][1], windows[w][-1][2], order, ends,
+                                          flat, streams)
+            advance(len(windows[w]), total=len(chunks))
+    except BaseException:
+        failed = True
+        # reads not started are cancelled; those running finish before their buffers go back
+        wait([f for f in submitted if not f.cancel()])
+        raise
+    finally:
+        for e in (e for events in done for e in events):  # the copies complete before the buffers go back
+            try:
+                e.synchronize()
+            except Exception:
+                if not failed:  # while another error propagates, it is the one to report
+                    raise
 
 
 def _combined(crcs: list[int], nbytes: int, step: int) -> int:
@@ -450,5 +460,5 @@ def verify_data(fd: int, header: Header, *, workers: int | None = None) -> None:
         _check(header.path, crcs, k, c0, c1, crc, pieces)
 
     _run([partial(task, k, c0, c1, p) for k, c0, c1, p in _chunks(header.entries, header.data_bytes, chunk)],
-         workers or load_workers(header.data_bytes))
+         workers or load_workers(header.data_bytes), keep=True)
 
