@@ -135,6 +135,13 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
         if forward.ran.startswith(("stopped", "not run")) and target is None and not dry_run.relocating():
             # an op fake tensors cannot run, or a wrapper they do not run (torch.compile): the real forward
             forward = _run_forward(model, args, forward)
+    if (args and target is None and not dry_run.relocating() and any(p["severity"] != "note" for p in problems)
+            and not any(r.ran == "device mismatch" for r in (reading, forward) if r is not None)):
+        # fake tensors accepted what placement calls odd (they let a CPU index into a CUDA index_add): the real
+        # forward asks torch itself, and only a failure there counts
+        real = _run_forward(model, args, dry_run.StepRun())
+        if real.ran == "device mismatch":
+            forward = real
     result["forward"] = forward.ran if forward else "not run: " + ("the step ran it" if reading.model_ran else
                                                                    "the step was given" if step else "no inputs given")
     params = {id(p) for p in model.parameters()}
@@ -185,8 +192,10 @@ def _run_forward(model: torch.nn.Module, args: tuple[Any, ...], fake: Any) -> An
 
     saved = [(b, b.detach().clone()) for b in model.buffers()]
     real = dry_run.StepRun(problems=fake.problems)
+    cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
     try:
-        with torch.no_grad(), watch(model):
+        # its dropout draws from generators of its own: the training's random streams stay as they were
+        with torch.no_grad(), torch.random.fork_rng(devices=cuda), watch(model):
             model(*args)
         real.ran, real.model_ran = "ran", True
         for p in real.problems:
