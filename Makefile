@@ -20,8 +20,12 @@ run: $(BIN)/.installed
 	-$(BIN)/torchplace doctor
 	$(BIN)/python examples/train.py --quick
 
+# pytest-xdist: one worker a core (PYTEST_WORKERS=0 runs in this process); --dist loadgroup keeps the tests
+# that share a module-wide fixture in one worker (tests/conftest.py), so it is built once
+PYTEST_WORKERS ?= auto
+
 test: $(BIN)/.installed
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 	$(MAKE) --no-print-directory lint
 
 # static checks (part of `make test`): ruff on the code, mypy on the library (settings in pyproject.toml)

@@ -93,8 +93,31 @@ def _no_thread_or_process_leaks():
         pytest.fail("test left running: " + "; ".join(left + [_describe(c) for c in children]))
 
 
+def _share_wide_fixtures_in_one_worker(config, items) -> None:
+    """Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`), tests that use one module- or
+    session-scoped fixture (a reference job, a crafted corpus, a block server) go to one worker, so the
+    fixture is built once rather than once in each worker; the other tests spread over all workers."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        shared = sorted(f"{defs[-1].baseid}::{name}" for name, defs in info.name2fixturedefs.items()
+                        if defs and defs[-1].baseid and defs[-1].scope in ("module", "package", "session")
+                        and not _autouse(defs[-1]))  # baseid "": pytest's own (tmp_path_factory), cheap
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
+
+
+def _autouse(fixturedef) -> bool:
+    """Whether a fixture applies to every test below it (cheap set-ups, not worth grouping by)."""
+    return bool(getattr(fixturedef, "_autouse", getattr(fixturedef, "autouse", False)))
+
+
 def pytest_collection_modifyitems(config, items):
-    """Skip gpu-marked tests cleanly when run on a machine without CUDA."""
+    """Group tests that share a wide fixture (for xdist); skip gpu-marked tests cleanly on a machine without CUDA."""
+    _share_wide_fixtures_in_one_worker(config, items)
     if not any("gpu" in item.keywords for item in items):
         return
     try:

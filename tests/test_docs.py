@@ -284,7 +284,9 @@ class Runner:
 
 
 def base_env(workdir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHPLACE_") and k != "PYTEST_CURRENT_TEST"}
+    # LINES: set in pytest-xdist's workers; with COLUMNS it would give rich a fixed size, not the 80 columns below
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TORCHPLACE_") and k not in ("PYTEST_CURRENT_TEST", "LINES")}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["TORCHPLACE_LEASE_DIR"] = str(workdir / ".leases")
     env.update(COLUMNS=str(COLUMNS), TTY_COMPATIBLE="1", NO_COLOR="1", TERM="dumb")

@@ -10,11 +10,21 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON="${1:-python3}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"  # the Makefile's pin: a local CPU wheel where one is provided
 WORK="$(mktemp -d)"
-if [ -n "${KEEP_WORK:-}" ]; then trap 'echo "check_wheel: kept $WORK (venv: $WORK/venv)"' EXIT; else trap 'rm -rf "$WORK"' EXIT; fi
+VENV_PID=""
+cleanup() {  # the background venv install (below) is stopped first, when the script ends before it
+  if [ -n "$VENV_PID" ]; then kill "$VENV_PID" 2>/dev/null || true; wait "$VENV_PID" 2>/dev/null || true; fi
+  if [ -n "${KEEP_WORK:-}" ]; then echo "check_wheel: kept $WORK (venv: $WORK/venv)"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
 pip_() {  # quiet, less the warnings about index folders this machine lacks
   "$WORK/venv/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }
   return "${PIPESTATUS[0]}"
 }
+
+# the user's venv with torch installs in the background while the wheel builds (unpacking torch is most of the time)
+echo "check_wheel: a fresh venv with $TORCH_SPEC, made while the wheel builds"
+( "$PYTHON" -m venv "$WORK/venv" && pip_ "$TORCH_SPEC" ) > "$WORK/venv.log" 2>&1 &
+VENV_PID=$!
 
 echo "check_wheel: building the wheel and the sdist in $WORK/dist"
 "$PYTHON" -m venv "$WORK/build-env"
@@ -43,9 +53,10 @@ if problems:
 print(f"check_wheel: {len(wheel)} files in the wheel, {len(sdist)} in the sdist, metadata fit for an index")
 PY
 
-echo "check_wheel: a fresh venv with $TORCH_SPEC, then the wheel with --no-deps and its runtime dependencies"
-"$PYTHON" -m venv "$WORK/venv"
-pip_ "$TORCH_SPEC"
+wait "$VENV_PID" || { VENV_PID=""; cat "$WORK/venv.log"; echo "check_wheel: the venv with $TORCH_SPEC did not install"; exit 1; }
+VENV_PID=""
+cat "$WORK/venv.log"
+echo "check_wheel: the wheel with --no-deps into that venv, then its runtime dependencies"
 pip_ --no-deps "$WHEEL"
 mapfile -t DEPS < <("$WORK/venv/bin/python" -c "
 from importlib.metadata import requires
