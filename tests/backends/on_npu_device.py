@@ -41,7 +41,7 @@ def test_auto_follows_local_rank(monkeypatch):
 
 def test_errors_list_what_exists():
     with pytest.raises(DeviceError,
-                       match=r"npu:2 requested, but 2 npu device\(s\) exist\. Available: cpu.*npu:0\.\.npu:1"):
+                       match=r"(?s)npu:2 requested, but 2 npu device\(s\) exist\. Available: cpu.*npu:0\.\.npu:1"):
         tp.device("npu:2")
     if not torch.cuda.is_available():
         with pytest.raises(DeviceError, match=r"cuda:0 requested.*"):
@@ -79,7 +79,7 @@ def test_guard_catches_a_helper_that_leaks_the_npu_device():
     def helper():
         torch.npu.set_device(1)
 
-    with pytest.warns(DeviceLeakWarning, match=r"from npu:0 to npu:1.*torch\.npu\.device"):
+    with pytest.warns(DeviceLeakWarning, match=r"(?s)from npu:0 to npu:1.*torch\.npu\.device"):
         with tp.guard():
             helper()
     assert torch.npu.current_device() == 0

@@ -58,7 +58,7 @@ def test_device_loader_says_once_that_npu_has_no_streams():
     from torchplace.hardware import accelerator
 
     accelerator._said.discard(("npu", "streams"))
-    with pytest.warns(tp.TorchplaceWarning, match=r"npu has no streams.*when the loop asks") as record:
+    with pytest.warns(tp.TorchplaceWarning, match=r"(?s)npu has no streams.*when the loop asks") as record:
         list(tp.DeviceLoader(_loader_batches(), "npu:0"))
         list(tp.DeviceLoader(_loader_batches(), "npu:1"))
     assert len([w for w in record if "npu" in str(w.message)]) == 1

@@ -131,8 +131,9 @@ def test_losses_logged_in_a_dict_of_tensors_are_named_by_the_entry():
                 for key in loss:
                     epoch_loss[key] += loss[key]  # the leak: loss[key].item()
                 tracker.step()
-    names = [g.name for g in tracker.report.grew]
-    assert names[:1] == ["autograd graph of tensor `epoch_loss['total']`"], names
+    names = [g.name for g in tracker.report.grew]  # both entries grow by about as much: either may come first
+    assert {"autograd graph of tensor `epoch_loss['total']`",
+            "autograd graph of tensor `epoch_loss['semantic']`"} <= set(names), names
 
 
 def test_lstm_state_tuple_carried_across_steps_is_named_by_its_entries():
