@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Run torchplace's GPU checks on a lent GPU machine; everything lands in one tarball under $OUT.
-#   bash tools/gpu_suite.sh tests|final-tests|bench-a|bench-ddp|bench-b|final [pytest args...]
-#   bash tools/gpu_suite.sh final-bench PAGE...   (benches, then docs/PAGE.md's runnable blocks on this machine)
-#   bash tools/gpu_suite.sh verify-1gpu|verify-2gpu   (what the 2026-12-01 session left to check on GPUs)
-#   bash tools/gpu_suite.sh close   (the whole GPU suite, then every diagnosis corpus on this GPU)
+#   bash tools/gpu_suite.sh tests|twice [pytest args...]   (the whole GPU suite; twice: two runs, one after the other)
+#   bash tools/gpu_suite.sh close   (a session's last call: the whole GPU suite, then every diagnosis corpus on this GPU)
 #   bash tools/gpu_suite.sh bench34   (issue 34: bench checkpoint at default sizes, then bench strict; <= 360 s)
+#   bash tools/gpu_suite.sh bench-ddp | final-bench PAGE...   (bench ddp; benches, then docs/PAGE.md's runnable blocks)
 # The GPU machine has no network and lacks isal (fast CRC-32) and fastsafetensors: fetch their wheels
 # here first with `bash tools/fetch_gpu_wheels.sh` (into .whl/, git-ignored) and carry .whl along.
 set -u
@@ -22,7 +21,7 @@ case $part in
     tp doctor --json > "$R/snapshot-h200-$tag.json"
     tp doctor --check-driver > "$R/doctor-$tag.txt" 2>&1
     for v in "" "1,0" "1" "0,0" "0,5" "GPU-"; do echo "== CUDA_VISIBLE_DEVICES='$v'"; CUDA_VISIBLE_DEVICES="$v" tp map --check-driver; done > "$R/map-$tag.txt" 2>&1
-    timeout 560 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --timeout 240 "$@" 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -40
+    timeout 560 python3 -m pytest -m gpu -q -rsxX -p no:cacheprovider --timeout 240 "$@" 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -40
     ;;
   twice)  # the whole GPU suite, default order, no filters, two runs one after the other (issue 28)
     tp doctor --json > "$R/snapshot-h200-$tag.json"
@@ -35,7 +34,7 @@ case $part in
   close)  # a session's last GPU call: the whole GPU suite in default order, then every diagnosis corpus on this GPU
     tp doctor --json > "$R/snapshot-h200-$tag.json"
     tp doctor --check-driver > "$R/doctor-$tag.txt" 2>&1
-    timeout 330 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --timeout 240 "$@" 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -25
+    timeout 330 python3 -m pytest -m gpu -q -rsxX -p no:cacheprovider --timeout 240 "$@" 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -25
     timeout 120 python3 -m torchplace bench diagnose --out "$R/shipped" 2>&1 | tee "$R/bench-diagnose-shipped-$tag.txt" | tail -12
     for f in tests/checks/corpus_*.py; do
       c=$(basename "$f" .py); [ "$c" = corpus_kit ] && continue
@@ -43,27 +42,18 @@ case $part in
         | tee "$R/bench-diagnose-$c-$tag.txt" | tail -12
     done
     ;;
-  exits)  # abort-at-exit counts on the GPU host's Python (issue 28), then the outside corpora on this GPU
-    timeout 330 python3 tools/exit_loop.py --runs 30 2>&1 | tee "$R/exit-loop-$tag.txt" | tail -4
-    for c in public heldout; do
-      timeout 120 python3 -m torchplace bench diagnose --corpus tests/checks/corpus_$c.py --out "$R/$c" 2>&1 \
-        | tee "$R/bench-diagnose-$c-$tag.txt" | tail -14
-    done
+  bench34)  # issue 34: checkpoint (1GiB, 10GiB, llama, gpt2; peers from .whl) then strict, each with its JSON
+    rm -rf "$R"; mkdir -p "$R"
+    for m in instanttensor fastsafetensors isal; do python3 -c "import $m; print('$m', getattr($m, '__version__', 'ok'))" 2>&1 | tail -1; done | tee "$R/peers-$tag.txt"
+    df -h /tmp /var/tmp > "$R/disk-$tag.txt" 2>&1; free -g >> "$R/disk-$tag.txt"
+    timeout 225 python3 -m torchplace bench checkpoint --budget-s 190 --out "$R" "$@" 2>&1 | tee "$R/bench-checkpoint-$tag.txt" | tail -60
+    echo "bench checkpoint exit: ${PIPESTATUS[0]}"
+    timeout 130 python3 -m torchplace bench strict --out "$R" 2>&1 | tee "$R/bench-strict-$tag.txt" | tail -32
+    echo "bench strict exit: ${PIPESTATUS[0]}"
     ;;
-  final)
-    tp doctor --json > "$R/snapshot-h200-$tag.json"
-    tp doctor --check-driver > "$R/doctor-$tag.txt" 2>&1
-    timeout 400 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --timeout 200 "$@" 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -30
-    for b in transfer loader; do
-      timeout 90 python3 -m torchplace bench $b --out "$R" 2>&1 | tee "$R/bench-$b-$tag.txt" | tail -22
-    done
-    ;;
-  final-tests)
-    tp doctor --json > "$R/snapshot-h200-$tag.json"
-    timeout 420 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --timeout 200 "$@" 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -12
-    for i in 1 2 3 4 5; do /usr/bin/time -f "torchplace pick: %e s wall" python3 -m torchplace pick; done \
-      > "$R/pick-time-$tag.txt" 2>&1
-    tail -8 "$R/pick-time-$tag.txt"
+  bench-ddp)
+    ( time python3 -m torchplace pick ) > "$R/pick-time-$tag.txt" 2>&1
+    timeout 400 python3 -m torchplace bench ddp --out "$R" 2>&1 | tee "$R/bench-ddp-$tag.txt" | tail -25
     ;;
   final-bench)
     rm -rf "$R"; mkdir -p "$R"  # a machine may keep /tmp from an earlier loan
@@ -80,42 +70,6 @@ case $part in
       timeout 150 python3 tests/test_docs.py "docs/$page.md" > "$R/docs-$page-$tag.txt" 2>&1
       echo "docs/$page.md: $(tail -1 "$R/docs-$page-$tag.txt")"
     done
-    ;;
-  bench-a)
-    for b in transfer loader strict; do
-      extra=""; [ $b = transfer ] || [ $b = loader ] && extra="--plot $R/bench-$b.png"
-      timeout 200 python3 -m torchplace bench $b --out "$R" $extra 2>&1 | tee "$R/bench-$b-$tag.txt" | tail -25
-    done
-    ;;
-  bench-ddp)
-    ( time python3 -m torchplace pick ) > "$R/pick-time-$tag.txt" 2>&1
-    timeout 400 python3 -m torchplace bench ddp --out "$R" 2>&1 | tee "$R/bench-ddp-$tag.txt" | tail -25
-    ;;
-  bench-b)
-    for b in checkpoint cpu; do
-      timeout 240 python3 -m torchplace bench $b --out "$R" "$@" 2>&1 | tee "$R/bench-$b-$tag.txt" | tail -25
-    done
-    ;;
-  verify-1gpu)
-    timeout 240 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --timeout 120 tests/checkpoint/test_background_gpu.py \
-      tests/placement 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -12
-    for b in strict loader; do
-      timeout 200 python3 -m torchplace bench $b --out "$R" 2>&1 | tee "$R/bench-$b-$tag.txt" | tail -25
-    done
-    ;;
-  bench34)  # issue 34: checkpoint (1GiB, 10GiB, llama, gpt2; peers from .whl) then strict, each with its JSON
-    rm -rf "$R"; mkdir -p "$R"
-    for m in instanttensor fastsafetensors isal; do python3 -c "import $m; print('$m', getattr($m, '__version__', 'ok'))" 2>&1 | tail -1; done | tee "$R/peers-$tag.txt"
-    df -h /tmp /var/tmp > "$R/disk-$tag.txt" 2>&1; free -g >> "$R/disk-$tag.txt"
-    timeout 225 python3 -m torchplace bench checkpoint --budget-s 190 --out "$R" "$@" 2>&1 | tee "$R/bench-checkpoint-$tag.txt" | tail -60
-    echo "bench checkpoint exit: ${PIPESTATUS[0]}"
-    timeout 130 python3 -m torchplace bench strict --out "$R" 2>&1 | tee "$R/bench-strict-$tag.txt" | tail -32
-    echo "bench strict exit: ${PIPESTATUS[0]}"
-    ;;
-  verify-2gpu)
-    timeout 150 python3 -m torchplace bench diagnose --out "$R" 2>&1 | tee "$R/bench-diagnose-$tag.txt" | tail -25
-    timeout 300 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --timeout 240 tests/test_example_gpu.py \
-      tests/distributed/test_hang_gpu.py 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -12
     ;;
 esac
 tar czf "${OUT:-/tmp/out}/results-$part-$tag.tgz" -C "$R" .
