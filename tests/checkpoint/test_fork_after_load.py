@@ -15,7 +15,8 @@ import torchplace as tp
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
 
-STATE = {f"w{i}": torch.arange(256 * 1024, dtype=torch.float32).reshape(256, 1024) + i for i in range(24)}
+# 64 MiB: the load runs on several readers (a small file is read inline, without the kept pool)
+STATE = {f"w{i}": torch.arange(256 * 1024, dtype=torch.float32).reshape(256, 1024) + i for i in range(64)}
 
 
 class Loads(Dataset):
