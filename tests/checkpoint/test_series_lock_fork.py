@@ -1,7 +1,8 @@
 """A fork while a rotation save waits for its directory's series lock (a DataLoader worker starting
 next to `save_async`) must not give the child the lock: flock belongs to the open file description
 that fork shares, so a child holding a copy that is not counted keeps the folder locked after the
-parent's save, its own rotation save waits on itself, and the parent's next save waits for it."""
+parent's save, its own rotation save waits on itself, and the parent's next save waits for it.
+Every step waits for the state it needs (the writer waiting, the child running), never for time."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 SCRIPT = textwrap.dedent("""
     import fcntl, os, signal, sys, threading, time
     from pathlib import Path
-    from torchplace.checkpoint import series_lock
+    from torchplace.checkpoint import rotation, series_lock
     folder = Path(sys.argv[1])
     done = threading.Event()
     def save():  # as save_async's writer thread holds the series while it writes
@@ -24,11 +25,17 @@ SCRIPT = textwrap.dedent("""
         done.set()
     writer = threading.Thread(target=save)
     writer.start()
-    time.sleep(0.5)  # the writer now waits for the lock the test holds
+    deadline = time.monotonic() + 120
+    while not rotation._held:  # the writer has opened the folder: it waits for the lock the test holds
+        assert time.monotonic() < deadline, "the writer never asked for the lock"
+        time.sleep(0.01)
+    ready_r, ready_w = os.pipe()
     child = os.fork()  # a DataLoader worker starting
-    if child == 0:
-        time.sleep(60)
+    if child == 0:  # fork's after-child hooks have run once the child's own code runs
+        os.write(ready_w, b"x")
+        signal.pause()  # holds whatever it kept until the test kills it
         os._exit(0)
+    os.read(ready_r, 1)  # a child not yet scheduled still has every inherited descriptor open
     print("forked", flush=True)
     sys.stdin.readline()  # the test lets go of the lock
     done.wait(120)
