@@ -344,3 +344,43 @@ def test_the_sharded_writer_group_dies_with_its_process_group(monkeypatch) -> No
         dist.destroy_process_group()
     gc.collect()
     assert held() is None
+
+
+def test_a_save_of_the_same_state_copies_before_encoding_and_a_changed_one_copies_again(tmp_path: Path) -> None:
+    model, opt = _trained()
+    saves = []
+
+    def save(name: str, **state: object) -> torchplace.SaveFuture:
+        fut = torchplace.save_async(tmp_path / name, rng_state=False, **state)  # type: ignore[arg-type]
+        fut.result(timeout=120)
+        saves.append(fut.repeated)
+        return fut
+
+    save("1", model=model, optimizer=opt, extra={"step": 1})
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # new values in the same tensors: the previous layout holds them
+    save("2", model=model, optimizer=opt, extra={"step": 2})
+    ck = torchplace.load(tmp_path / "2")
+    assert ck.extra == {"step": 2}
+    for key, value in model.state_dict().items():
+        assert torch.equal(ck["model"][key], value), key
+    assert torch.equal(ck["optimizer"]["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+
+    state = {"a": torch.arange(6.0), "b": torch.ones(3), "c": torch.zeros(2, 2)}
+    save("3", model=state)
+    save("4", model={**state, "b": torch.full((3,), 7.0)})  # another tensor of the same shape at b: same layout
+    assert torch.equal(torchplace.load(tmp_path / "4")["model"]["b"], torch.full((3,), 7.0))
+    tied = {**state, "c": state["a"][:4].view(2, 2)}  # c now a view of a's memory: the same layout
+    save("5", model=tied)
+    assert torch.equal(torchplace.load(tmp_path / "5")["model"]["c"], tied["c"])
+    save("6", model={"a": torch.arange(7.0), "b": state["b"], "c": state["c"]})  # a grew: another layout
+    assert torch.equal(torchplace.load(tmp_path / "6")["model"]["a"], torch.arange(7.0))
+    save("7", model={"b": state["b"], "a": state["a"], "c": state["c"]})  # the same tensors in another order
+    assert [t.key for t in torchplace.checkpoint.inspect(tmp_path / "7").tensors][:3] == \
+        ["model/b", "model/a", "model/c"]
+    save("8", model={"b": state["b"], "a": state["a"], "c": state["c"].t()})  # a strided view at c: copied as it is now
+    assert torch.equal(torchplace.load(tmp_path / "8")["model"]["c"], state["c"].t())
+    save("9", model={"b": state["b"], "a": state["a"].half(), "c": state["c"]})  # another dtype at a
+    assert torchplace.load(tmp_path / "9")["model"]["a"].dtype == torch.float16
+    assert saves == [False, True, False, True, True, False, False, True, False]

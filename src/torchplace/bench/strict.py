@@ -6,12 +6,13 @@ bf16 autocast, SGD) and a GPT-2-sized transformers model built from its config, 
 step, under `strict()` around the loop and entered every step, under the environment switch
 (TORCHPLACE_STRICT=1), and with the switch unset (the control: the same code as bare, so its
 spread is the bench's noise). After a warm-up of WARMUP_S seconds of bare steps (clocks, allocator,
-autotuning), each round runs short blocks that alternate with bare ones, B v1 B v2 ... B v5 B (the
-variants' order rotating from round to round), STEPS steps a block, each step timed with device
-events; a variant block's ratio is its median step over the mean of the two bare blocks beside it,
-so drift slower than a block cancels. Rounds go on for SECONDS per model (at least MIN_ROUNDS);
-rows show the median and the quartiles, and each target is judged at its worse quartile (a cost
-within noise is not a pass).
+autotuning), single steps of each variant alternate with bare ones, B v1 B v2 ... B v5 B (the order
+rotating from cycle to cycle), each step timed with device events; a variant step's ratio is its time
+over the mean of the two bare steps beside it, so drift slower than a step cancels. Cycles go on for
+SECONDS per model (or --steps per round) with the collector's generations frozen (its pauses are noise),
+split into MIN_ROUNDS rounds (--rounds), each judged by the median of its ratios; rows show the
+median and the quartiles, and each target is judged at its worse quartile (a cost within noise is not
+a pass).
 Before timing, each model trains a few steps from a DataLoader and runs inference under
 `strict()` with every report turned into a count: the false alarms (target 0).
 
@@ -37,18 +38,18 @@ from .common import BenchResult, Row, Target, judged, median, row
 _TARGETS = {"strict() around the loop": 1.03, "strict() entered every step": 1.03,
             "TORCHPLACE_STRICT=1 (whole program)": 1.03, "watch(model) every step": 1.01,
             "strict off (env unset)": 1.005}
-STEPS = 6  # steps a block: short blocks beside bare ones cancel drift; their median steadies each one
-SECONDS = 40.0  # of timed rounds per model: with building and the false-alarm pass, about 2 minutes for both
-MIN_ROUNDS = 8
+SECONDS = 25.0  # of timed steps per model: with imports, building and the false-alarm pass, about 90 s for both
+MIN_ROUNDS = 8  # rounds the paired steps are split into (the spread targets are judged on)
 WARMUP_S = 3.0  # of bare steps before timing: clocks and power settle, cudnn autotunes, the allocator fills
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="where to train (default: cuda:0 if there is a GPU, else cpu)")
     parser.add_argument("--rounds", type=int, default=None,
-                        help=f"interleaved rounds (default: as many as fit in {SECONDS:g} s per model, at least "
-                             f"{MIN_ROUNDS})")
-    parser.add_argument("--steps", type=int, default=None, help=f"timed steps per block (default {STEPS})")
+                        help=f"rounds the paired steps are judged in (default {MIN_ROUNDS})")
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"paired steps per variant and round (default: as many as fit in {SECONDS:g} s per "
+                             "model)")
     parser.add_argument("--models", default="resnet50,gpt2", help="which of resnet50,gpt2 to run (default both)")
     parser.add_argument("--quick", action="store_true", help="tiny built-in models, few steps (CPU, CI)")
 
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> BenchResult:
 
     dev = resolve_device(args.device or "auto")
     quick = args.quick
-    rounds, steps = args.rounds or (2 if quick else None), args.steps or (3 if quick else STEPS)
+    rounds, steps = args.rounds or (2 if quick else None), args.steps or (3 if quick else None)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)  # the process's device, chosen before strict mode looks
         torch.backends.cudnn.benchmark = True
@@ -86,11 +87,12 @@ def run(args: argparse.Namespace) -> BenchResult:
         raise TorchplaceError(f"--models {args.models!r}: unknown {unknown}; choose from {sorted(builders)}.")
     rows: list[Row] = []
     targets: list[Target] = []
-    notes = [f"ratio column: bare step time / variant step time (1.00 = no cost; 0.97 = 3% slower); targets: "
-             f"each variant block's median step / the mean of the bare blocks on either side of it, one per round; "
-             f"{rounds or f'as many rounds as fit in {SECONDS:g} s (at least {MIN_ROUNDS})'} x blocks of {steps} "
-             "steps, alternating with bare blocks; values: median [quartiles]; targets judged at the worse "
-             "quartile; 'strict off' runs the same code as bare: its spread is the noise."]
+    notes = [f"ratio column: bare step time / variant step time (1.00 = no cost; 0.97 = 3% slower); each "
+             "variant's step alternates with a bare step (B v1 B v2 ... B v5 B, order rotating; each step timed "
+             "with device events) and is divided by the mean of the bare steps on either side; targets: per round "
+             f"the median of those ratios, {rounds or MIN_ROUNDS} rounds of "
+             f"{steps or f'as many steps as fit in {SECONDS:g} s'}; values: median [quartiles]; targets judged at "
+             "the worse quartile; 'strict off' runs the same code as bare: its spread is the noise."]
     for name in names:
         begin(f"{name}: building the model")
         case = builders[name](torch, dev, quick)
@@ -100,12 +102,15 @@ def run(args: argparse.Namespace) -> BenchResult:
         targets.append(Target(f"{case.label}: false alarms under strict() (DataLoader, autocast, optimizer, "
                               f"inference)", float(len(alarms)), 0.0))
         notes += [f"{case.label}: false alarm: {a}" for a in alarms[:3]]
-        timed, paired = _time_variants(torch, case, dev, rounds, steps, quick)
-        notes.append(f"{case.label}: {len(paired['strict off (env unset)'])} rounds")
+        timed, paired, pairs = _time_variants(torch, case, dev, rounds, steps, quick)
+        n_steps = len(pairs["strict off (env unset)"])
+        notes.append(f"{case.label}: {len(paired['strict off (env unset)'])} rounds of "
+                     f"{n_steps // max(1, len(paired['strict off (env unset)']))} paired steps per variant")
         for variant, ms in timed.items():
             per_round = paired.get(variant, [1.0] * len(ms))
             rows.append(row(f"{case.label}: {variant}", ms, "ms/step", 1 / median(per_round),
-                            {"step_time_ratio": median(per_round), "round_ratios": per_round}))
+                            {"step_time_ratio": median(per_round), "round_ratios": per_round,
+                             "step_ratios": pairs.get(variant, [])}))
             if variant in _TARGETS:
                 targets.append(judged(f"{case.label}: {variant} step time / bare", per_round, _TARGETS[variant],
                                       not_here="--quick: tiny models, set for the real ones" if quick else None))
@@ -122,10 +127,13 @@ def run(args: argparse.Namespace) -> BenchResult:
                                "models": names, **_versions()})
 
 
-def _time_variants(torch: Any, case: Case, dev: Any, rounds: int | None, steps: int, quick: bool
-                   ) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """(each variant's median ms per step in each block, bare's every block; each variant's paired ratios:
-    its block over the mean of the bare blocks on either side), ROUNDS rounds or as many as fit in SECONDS."""
+def _time_variants(torch: Any, case: Case, dev: Any, rounds: int | None, steps: int | None, quick: bool
+                   ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]]]:
+    """(each variant's ms per timed step, bare's every step; each variant's ratio per round: the median of
+    its steps' ratios to the mean of the bare steps on either side; every step's ratio). Cycles of
+    B v1 B v2 ... B v5 B (single steps, the order rotating) run STEPS per round for ROUNDS rounds, or as
+    many as fit in SECONDS, split into ROUNDS rounds."""
+    import gc
     import time
 
     from ..checks.strict import strict
@@ -145,6 +153,8 @@ def _time_variants(torch: Any, case: Case, dev: Any, rounds: int | None, steps: 
         with strict(model=model):
             case.step(batch)
 
+    # (context entered untimed around the timed step, the timed step): "around the loop" and the environment
+    # switch are on for the step as they are for every step of a loop; "entered every step" times its entry
     variants: dict[str, tuple[Callable[[], Any], Callable[[], None]]] = {
         "watch(model) every step": (contextlib.nullcontext, watched),
         "strict() around the loop": (lambda: strict(model=model), bare),
@@ -153,34 +163,42 @@ def _time_variants(torch: Any, case: Case, dev: Any, rounds: int | None, steps: 
         "strict off (env unset)": (lambda: _env_strict(None), bare),
     }
 
-    def block(context: Callable[[], Any], fn: Callable[[], None]) -> float:
+    def timed(context: Callable[[], Any], fn: Callable[[], None]) -> float:
         with context():
-            return median(time_device(fn, dev, warmup=0, iters=steps))
+            return time_device(fn, dev, warmup=0, iters=1)[0]
 
     warm_until = time.perf_counter() + (0.0 if quick else WARMUP_S)
     bare()
     bare()  # at least two: cudnn autotuning, allocator, lazy optimizer state
     while time.perf_counter() < warm_until:
         bare()
+    rounds = rounds or MIN_ROUNDS
     times: dict[str, list[float]] = {"bare": [], **{name: [] for name in variants}}
-    paired: dict[str, list[float]] = {name: [] for name in variants}
+    pairs: dict[str, list[float]] = {name: [] for name in variants}
     names = list(variants)
+    gc.collect()
+    gc.freeze()  # the models' and torch's objects out of the collector's way: its pauses are noise here
     start = time.perf_counter()
-    begin(f"{case.label}: timing", rounds)
-    r = 0
-    while (r < rounds) if rounds else (r < MIN_ROUNDS or time.perf_counter() - start < SECONDS):
-        before = block(contextlib.nullcontext, bare)
-        times["bare"].append(before)
-        for name in names[r % len(names):] + names[:r % len(names)]:  # rotated: no variant always comes first
-            ms = block(*variants[name])
-            after = block(contextlib.nullcontext, bare)
-            times[name].append(ms)
-            times["bare"].append(after)
-            paired[name].append(ms / ((before + after) / 2))
-            before = after
-        r += 1
-        advance()
-    return times, paired
+    begin(f"{case.label}: timing")
+    cycle = 0
+    try:
+        while (cycle < rounds * steps) if steps else (cycle < rounds or time.perf_counter() - start < SECONDS):
+            before = timed(contextlib.nullcontext, bare)
+            times["bare"].append(before)
+            for name in names[cycle % len(names):] + names[:cycle % len(names)]:  # rotated: none always first
+                ms = timed(*variants[name])
+                after = timed(contextlib.nullcontext, bare)
+                times[name].append(ms)
+                times["bare"].append(after)
+                pairs[name].append(ms / ((before + after) / 2))
+                before = after
+            cycle += 1
+            advance()
+    finally:
+        gc.unfreeze()
+    per = max(1, cycle // rounds)
+    paired = {name: [median(r[i * per:(i + 1) * per]) for i in range(min(rounds, cycle))] for name, r in pairs.items()}
+    return times, paired, pairs
 
 
 @contextlib.contextmanager

@@ -9,7 +9,10 @@ At the call, the state is collected and encoded as `save` does, and every tensor
 into a host staging buffer laid out exactly like the file's data region (from a GPU: one copy
 into pinned memory, on a side stream that first waits for the work queued on the current one; the
 small tensors, which the layout keeps together, are joined on the device and cross in one copy; the
-call returns once the copy is complete, so training may change the model at once). A writer thread,
+call returns once the copy is complete, so training may change the model at once). A save of the same
+state as the previous one (the same tensors at the same places: a training loop's) starts its copies
+into the previous layout before encoding, so the device copies while the CPU encodes; the plan is
+then checked to be the same (else those copies are redone). A writer thread,
 started while the copy runs and held until it is done, then does what `save` does from there:
 checksums, temporary file, fsync, rename, rotation.
 
@@ -88,6 +91,8 @@ class SaveFuture:
         copy_s: seconds the call spent copying the state to host memory.
         allocated_bytes: host memory the call allocated (0 once the staging buffers are reused).
         pinned: whether the staging copy is in pinned memory (a state on a CUDA device).
+        repeated: whether the copies started before the state was encoded, into the previous save's layout
+            (a save of the same tensors at the same places as the previous one, as in a training loop).
         writer_nice: the writer thread's nice value once it started (Linux; None elsewhere).
         sharded_rank: this process's rank when the save is of a sharded model (every rank writes), else None.
 
@@ -112,6 +117,7 @@ class SaveFuture:
         self.wait_s = self.copy_s = 0.0
         self.allocated_bytes = 0
         self.pinned = False
+        self.repeated = False
         self.written_here = True
         self.writer_nice: int | None = None
         self.sharded_rank: int | None = None  # this process's rank, for a sharded save (every rank writes)
@@ -389,6 +395,7 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
             copied: Callable[[], None] = _copied  # the shards' copies are complete already
         else:
             tree, meta = collect_state(model, optimizer, scheduler, scaler, extra, more_state, rng_tree, info)
+            staging.start_repeat(tree)  # the same state as last time: its copies run while the tree is encoded
             planned = plan_file(tree, allow_pickle=allow_pickle)
             del tree
             write, copied = _stage_file(fut, staging, planned, meta, keep_last=keep_last,
@@ -396,6 +403,7 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
                                         threads=_writer_threads(workers))
     except BaseException:
         if staging is not None:
+            staging.settle()  # copies start_repeat queued may still be writing into it
             saver.give_back(staging)
         raise
     gate = Gate()
@@ -443,6 +451,7 @@ def _stage_file(fut: SaveFuture, staging: HostStaging, planned: Planned, meta: d
     staging.ensure(planned.data_bytes, pinned)
     fut.allocated_bytes, fut.pinned = need, staging.pinned
     copied = staging.start_copy(planned)  # holds what the copies read until they are done
+    fut.repeated = staging.repeated
     planned.tensors = {}  # keep none of the caller's tensors alive past that
     n = threads(planned.data_bytes)
 

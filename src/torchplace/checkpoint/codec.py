@@ -49,11 +49,13 @@ class TensorRef:
 
 @dataclass
 class Encoded:
-    """The JSON tree, the tensors it references, and the paths of entries that need pickle."""
+    """The JSON tree, the tensors it references (and where in the tree each sits), and the paths of
+    entries that need pickle."""
 
     tree: Any
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     pickled: list[str] = field(default_factory=list)
+    paths: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
 
 def _path_str(path: tuple[Any, ...]) -> str:
@@ -101,6 +103,7 @@ class _Encoder:
             return self._seen[ident]
         key = self._key(path)
         self.out.tensors[key] = t.resolve_conj().resolve_neg()
+        self.out.paths[key] = path
         if ident is not None:
             self._seen[ident] = key
         return key

@@ -15,7 +15,7 @@ import platform
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -64,13 +64,15 @@ class Planned:
     """A state tree encoded for writing: its JSON, the tensors' layout and where they lived.
 
     `tensors` holds the tensors to write; a background save empties it once it has copied their bytes
-    (so the caller's tensors are not kept alive) and writes through its own DataWriter instead."""
+    (so the caller's tensors are not kept alive) and writes through its own DataWriter instead. `paths`:
+    where in the state tree each tensor was found (a repeated background save finds them there again)."""
 
     tree: Any
     pickled: list[str]
     entries: list[TensorEntry]
     devices: dict[str, Any]
     tensors: dict[str, torch.Tensor]
+    paths: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
     @property
     def data_bytes(self) -> int:
@@ -84,7 +86,8 @@ DataWriter = Callable[[Any, int, int, "int | None"], list[str]]
 def plan_file(tree: dict[str, Any], *, allow_pickle: bool = False) -> Planned:
     """Encode TREE (non-tensor state as JSON, tensors pulled out) and lay its tensors out."""
     enc = codec.encode(tree, allow_pickle=allow_pickle)
-    return Planned(enc.tree, enc.pickled, plan_layout(enc.tensors), _devices_summary(enc.tensors), enc.tensors)
+    return Planned(enc.tree, enc.pickled, plan_layout(enc.tensors), _devices_summary(enc.tensors), enc.tensors,
+                   enc.paths)
 
 
 def write_file(target: Path, tree: dict[str, Any], *, info: dict[str, Any], allow_pickle: bool = False,
