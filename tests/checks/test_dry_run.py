@@ -231,3 +231,21 @@ def test_a_dry_run_for_another_machine_finds_what_it_would_refuse():
     fake = torch._subclasses.fake_tensor.FakeTensor
     assert all(not isinstance(t, fake) and t.device.type == "cpu" and t.grad is None
                for t in [*model.parameters(), *model.buffers()])
+
+
+def test_an_optimizer_built_before_the_move_fails_its_step_in_a_dry_run():
+    """Adagrad makes its state in its constructor: built before the move, only its step shows it. The step's count,
+    a CPU scalar it reads with .item(), keeps its value on fake tensors, so the run reaches torch's own refusal."""
+    model = Toy()
+    optimizer = torch.optim.Adagrad(model.parameters(), lr=0.1)
+
+    def train_step(x):
+        model(x.to("cuda:0")).square().mean().backward()
+        optimizer.step()
+
+    report = tp.explain(model, torch.randn(4, 8), step=train_step, device="cuda:0")
+    errors = [p for p in report.problems if p["severity"] == "error"]
+    assert report["step"] == "device mismatch" and len(errors) == 1, report.problems
+    assert "'sum'] on cpu" in errors[0]["message"] and "optimizer" in errors[0]["message"]
+    first = next(iter(model.parameters()))
+    assert optimizer.state[first]["step"].item() == 0 and first.device.type == "cpu"  # the user's step count as it was

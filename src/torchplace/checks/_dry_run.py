@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..errors import DeviceMismatchError
 from . import frames as fr
@@ -394,8 +394,12 @@ class _Swap:
         if isinstance(t, FakeTensor):
             return t
         if id(t) not in self.fakes:
-            fake = self.mode.from_tensor(t)
             to = (_MOVED.get() or {}).get(str(t.device)) or (self.device if move else None)
+            if t.numel() == 1 and t.device.type == "cpu" and to is None:  # a CPU scalar keeps (a copy of) its value:
+                with _disable_current_modes(), torch._C.DisableTorchFunction():  # code reading it (a step count) runs
+                    fake = self.mode.fake_tensor_converter.from_real_tensor(self.mode, t.detach().clone(), True)
+            else:
+                fake = self.mode.from_tensor(t)
             if to is not None and fake.device != to:
                 with self.mode, torch.no_grad():
                     fake = fake.to(to)
