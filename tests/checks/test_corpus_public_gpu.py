@@ -15,7 +15,8 @@ from torchplace.bench import diagnose
 
 pytestmark = pytest.mark.gpu
 HERE = Path(__file__).parent
-CORPORA = {name: diagnose.load_corpus(HERE / f"{name}.py") for name in ("corpus_public", "corpus_outside")}
+CORPORA = {name: diagnose.load_corpus(HERE / f"{name}.py")
+           for name in ("corpus_public", "corpus_outside", "corpus_outside2")}
 UNSCORED = "corpus_outside.py was written without a GPU: not yet scored on one"
 
 
@@ -28,6 +29,8 @@ def _device_zero():
 
 def _marks(name: str, pair: str, case, tool: str | None = None) -> list:
     marks = [pytest.mark.multigpu] if pair == "cuda1-cuda0" else []
+    if name == "corpus_outside2":  # written without a GPU: not yet scored on one
+        marks.append(pytest.mark.xfail(strict=False, reason=UNSCORED))
     if name == "corpus_outside":
         known = OUTSIDE_XFAIL.get((case.name, tool)) or OUTSIDE_XFAIL.get((case.name, None))
         if known:  # what the CPU run found missing is missing on the GPU too (the 2026-12-02 H200 run)
