@@ -32,6 +32,7 @@ _SHARED_DIR = os.path.join(PACKAGE_DIR, "shared") + os.sep
 # torchplace's own wrappers, scopes and setter recorder: never the culprit
 _SKIPPED = (_CHECKS_DIR, _PLACEMENT_DIR, _SHARED_DIR, TORCH_DIR)
 _PLUMBING = frozenset({"_wrapped_call_impl", "_call_impl", "inner"})
+_MODE_HOOKS = frozenset({"__torch_function__", "__torch_dispatch__"})
 _UNKNOWN = object()
 
 
@@ -78,11 +79,12 @@ def is_internal(filename: str) -> bool:
 
 
 def is_plumbing(frame: FrameType) -> bool:
-    """Frames that only route a call: nn.Module's call machinery and torchplace's own wrappers."""
-    filename = frame.f_code.co_filename
-    if filename.startswith(_CHECKS_DIR):
+    """Frames that only route a call: nn.Module's call machinery, torchplace's own wrappers, and a torch function
+    or dispatch mode's hook (whoever wrote the mode)."""
+    filename, name = frame.f_code.co_filename, frame.f_code.co_name
+    if filename.startswith(_CHECKS_DIR) or name in _MODE_HOOKS:
         return True
-    return filename == _MODULE_PY and frame.f_code.co_name in _PLUMBING
+    return filename == _MODULE_PY and name in _PLUMBING
 
 
 def is_library(filename: str) -> bool:
