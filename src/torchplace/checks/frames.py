@@ -140,13 +140,13 @@ def assignment_of(name: str, frame: FrameType, depth: int = 0) -> tuple[int, str
 
 
 def _made_by(value: ast.AST | None, frame: FrameType, depth: int) -> str | None:
-    """The factory note of a right-hand side: its own factory call, else (one step further) the factory that
-    made a local tensor it reads, or the one a function of the user's it calls returns."""
+    """The factory note of a right-hand side: its own factory call, else (a step or two further) the factory that
+    made a local tensor (or list of them) it reads, or the one a function of the user's it calls returns."""
     note = _factory_note(value)
-    if note is not None or value is None or depth > 1 or _factory_note(value, moved_only=True):
+    if note is not None or value is None or depth > 2 or _factory_note(value, moved_only=True):
         return note
     for node in ast.walk(value):
-        if isinstance(node, ast.Name) and isinstance(frame.f_locals.get(node.id), torch.Tensor):
+        if isinstance(node, ast.Name) and isinstance(frame.f_locals.get(node.id), (torch.Tensor, list, tuple)):
             found = assignment_of(node.id, frame, depth + 1)
             if found is not None and found[2]:
                 return f"{found[2]} (`{found[1]}` at line {found[0]})"
