@@ -62,7 +62,8 @@ class Outcome:
 
     def to_dict(self) -> dict[str, Any]:
         return {"case": self.case, "kind": self.kind, "pair": self.pair, "tool": self.tool, "named": self.named,
-                "full": self.full, "alarm": self.alarm, "missing": self.missing, "text": self.text, "unjudged": self.unjudged}
+                "full": self.full, "alarm": self.alarm, "missing": self.missing, "text": self.text,
+                "unjudged": self.unjudged}
 
 
 def load_corpus(path: str | Path | None = None) -> Any:
