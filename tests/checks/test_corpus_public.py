@@ -22,10 +22,6 @@ PAIR = "cpu-meta"
 
 # (case, tool): what the report lacks today (2026-12-02, cpu vs meta); every tool when the tool is None
 OUTSIDE_XFAIL: dict[tuple[str, str | None], str] = {
-    ("convlstm_init_hidden", "strict"): "follows h_cur back to `h_cur, c_cur = cur_state`, not to the torch.zeros "
-                                        "of init_hidden() that made it (explain's dry run sees the factory)",
-    ("convlstm_init_hidden", "watch"): "follows h_cur back to `h_cur, c_cur = cur_state`, not to the torch.zeros "
-                                       "of init_hidden() that made it (explain's dry run sees the factory)",
 }
 
 

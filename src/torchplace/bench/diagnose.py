@@ -40,8 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="the cpu-meta pair only, on any machine: a smoke test of the corpus (seconds)")
     parser.add_argument("--fake-gpu", action="store_true",
-                        help="also score explain() on the cuda-cpu pair where this machine has no GPU: the cases are "
-                             "built on meta and explain's dry run puts what is on meta on a fake cuda:0")
+                        help="also score the cuda-cpu pair where this machine has no GPU: strict() and watch() run the "
+                             "cases on a fake cuda:0 (torch's fake tensors), explain()'s dry run puts what is built "
+                             "on meta there")
 
 
 @dataclass
@@ -57,10 +58,12 @@ class Outcome:
     alarm: bool = False
     text: str = ""
     missing: list[str] = field(default_factory=list)
+    unjudged: str = ""  # on a fake cuda:0: why the case could not run there
 
     def to_dict(self) -> dict[str, Any]:
         return {"case": self.case, "kind": self.kind, "pair": self.pair, "tool": self.tool, "named": self.named,
-                "full": self.full, "alarm": self.alarm, "missing": self.missing, "text": self.text}
+                "full": self.full, "alarm": self.alarm, "missing": self.missing, "text": self.text,
+                "unjudged": self.unjudged}
 
 
 def load_corpus(path: str | Path | None = None) -> Any:
@@ -98,29 +101,29 @@ def available_pairs() -> list[str]:
 
 
 def score(case: Any, pair: str, tool: str, corpus: Any) -> Outcome:
-    """Build CASE for PAIR and judge TOOL on it. The cuda-cpu pair without a GPU (explain only): built on
-    meta vs cpu, explained with what is on meta relocated to a fake cuda:0."""
+    """Build CASE for PAIR and judge TOOL on it. The cuda-cpu pair without a GPU: strict() and watch() on a fake
+    cuda:0 (bench/_fake_cuda.py); explain() on the case built on meta vs cpu, what is on meta relocated to a fake
+    cuda:0 by its dry run."""
     import contextlib
 
     import torch
 
-    from ..checks import _dry_run
+    from . import _fake_cuda
 
     fake = pair == _FAKE_PAIR and not torch.cuda.is_available()
-    main, other = (torch.device(d) for d in corpus.PAIRS["cpu-meta" if fake else pair])
+    world = _fake_cuda.world() if fake and tool != "explain" else contextlib.nullcontext()
+    main, other = (torch.device(d) for d in corpus.PAIRS["cpu-meta" if fake and tool == "explain" else pair])
     if torch.cuda.is_available():
         torch.cuda.set_device(0)
     out = Outcome(case.name, case.kind, pair, tool)
     torch.manual_seed(0)
-    program = case.build(main, other)
-    if tool == "explain":
-        with _dry_run.relocated({"meta": "cuda:0"}) if fake else contextlib.nullcontext():
-            result = program.explain() if program.explain else _explain(program)
-        found = [p for p in result.problems if p["severity"] in ("error", "warning")]
-        out.text = "\n".join(f"[{p['severity']}] {p['kind']} {p['where']}: {p['message']}" for p in found)
-        out.alarm = bool(found)
-    else:
-        out.text, out.alarm = _run_under(tool, program)
+    try:
+        with world:
+            _build_and_judge(case, main, other, tool, fake, out)
+    except Exception as exc:  # what fake tensors cannot run (an output that depends on data, a copy out of meta)
+        if not fake:
+            raise
+        out.unjudged = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
     if case.kind == "mistake":
         wanted = list(case.culprit)
         out.missing = [w for w in wanted if w not in out.text]
@@ -131,6 +134,22 @@ def score(case: Any, pair: str, tool: str, corpus: Any) -> Outcome:
     return out
 
 
+def _build_and_judge(case: Any, main: Any, other: Any, tool: str, fake: bool, out: Outcome) -> None:
+    import contextlib
+
+    from ..checks import _dry_run
+
+    program = case.build(main, other)
+    if tool == "explain":
+        with _dry_run.relocated({"meta": "cuda:0"}) if fake else contextlib.nullcontext():
+            result = program.explain() if program.explain else _explain(program)
+        found = [p for p in result.problems if p["severity"] in ("error", "warning")]
+        out.text = "\n".join(f"[{p['severity']}] {p['kind']} {p['where']}: {p['message']}" for p in found)
+        out.alarm = bool(found)
+    else:
+        out.text, out.alarm = _run_under(tool, program)
+
+
 def _explain(program: Any) -> Any:
     from ..checks.explain import explain
 
@@ -139,6 +158,7 @@ def _explain(program: Any) -> Any:
 
 def _run_under(tool: str, program: Any) -> tuple[str, bool]:
     """Run the program under strict(model=...) or watch(model): (what it reported, whether it did)."""
+    from ..checks import _dry_run
     from ..checks.strict import strict
     from ..checks.watch import watch
     from ..errors import TorchplaceError
@@ -152,6 +172,8 @@ def _run_under(tool: str, program: Any) -> tuple[str, bool]:
                 program.run()
         except TorchplaceError as exc:
             texts.append(str(exc))
+        except _dry_run._NO_FAKE:
+            raise  # an op fake tensors cannot run: score() says the case was not judged
         except RuntimeError as exc:  # passed through unconverted: nothing named
             return "", True if "device" in str(exc) else False
     texts += [str(w.message) for w in caught if w.category.__module__.startswith("torchplace")]
@@ -162,14 +184,14 @@ _FAKE_PAIR = "cuda-cpu"
 
 
 def score_all(pairs: list[str], corpus: Any, names: set[str] | None = None, fake: bool = False) -> list[Outcome]:
-    """Every tool on every case of PAIRS; with FAKE, explain() alone on the cuda-cpu pair too (no GPU here)."""
+    """Every tool on every case of PAIRS; with FAKE, on the cuda-cpu pair too (no GPU here: see score())."""
     outcomes = []
     jobs = [(pair, case) for pair in pairs for case in corpus.for_pair(pair) if not names or case.name in names]
     if fake and _FAKE_PAIR not in pairs:
         jobs += [(_FAKE_PAIR, c) for c in corpus.for_pair(_FAKE_PAIR) if not names or c.name in names]
     begin("scoring the corpus", len(jobs) * len(TOOLS))
     for pair, case in jobs:
-        for tool in TOOLS if pair in pairs else ("explain",):
+        for tool in TOOLS:
             outcomes.append(score(case, pair, tool, corpus))
             advance()
     return outcomes
@@ -212,8 +234,6 @@ def run(args: argparse.Namespace) -> BenchResult:
         legal = [o for o in outcomes if o.pair == pair and o.kind == "legal"]
         for tool in TOOLS:
             mine = [o for o in mistakes if o.tool == tool]
-            if not any(o.tool == tool for o in mistakes + legal):
-                continue  # a fake pair: explain() alone
             n = len(mine) or 1
             named, full = sum(o.named for o in mine), sum(o.full for o in mine)
             alarms = sum(o.alarm for o in legal if o.tool == tool)

@@ -286,7 +286,7 @@ def operands(op_frame: FrameType, expression: str | None, user: tuple[FrameType,
                     info.origin = f"{label} at {fr.short_path(user[0].f_code.co_filename)}:{user[1]}"
     tensors = {id(v): v for _, v in named if isinstance(v, torch.Tensor)}
     for key, info in found.items():
-        if key in tensors and info.kind in ("local", "value"):
+        if key in tensors and info.kind in ("local", "value", "batch"):
             inner = (op_frame, user[0] if user else None)
             _made_outside(info, tensors[key], [f for f in outer if not any(f is g for g in inner)])
     return list(found.values())
@@ -300,7 +300,7 @@ def _made_outside(info: Operand, tensor: torch.Tensor, frames: list[FrameType]) 
             if value is not tensor or name == "self" or fr.is_library(frame.f_code.co_filename):
                 continue
             found = fr.assignment_of(name, frame)
-            if found is not None:
+            if found is not None and (found[2] or info.kind != "batch"):  # a batch key says more, but a factory
                 where = fr.short_path(frame.f_code.co_filename)
                 info.origin = f"{name} at {where}:{frame.f_lineno}"
                 info.made, info.factory = f"`{found[1]}` at {where}:{found[0]}", found[2]

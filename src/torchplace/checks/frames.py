@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import inspect
 import linecache
 import os
 import sys
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from types import FrameType, TracebackType
@@ -32,6 +34,7 @@ _SHARED_DIR = os.path.join(PACKAGE_DIR, "shared") + os.sep
 # torchplace's own wrappers, scopes and setter recorder: never the culprit
 _SKIPPED = (_CHECKS_DIR, _PLACEMENT_DIR, _SHARED_DIR, TORCH_DIR)
 _PLUMBING = frozenset({"_wrapped_call_impl", "_call_impl", "inner"})
+_MODE_HOOKS = frozenset({"__torch_function__", "__torch_dispatch__"})
 _UNKNOWN = object()
 
 
@@ -78,11 +81,12 @@ def is_internal(filename: str) -> bool:
 
 
 def is_plumbing(frame: FrameType) -> bool:
-    """Frames that only route a call: nn.Module's call machinery and torchplace's own wrappers."""
-    filename = frame.f_code.co_filename
-    if filename.startswith(_CHECKS_DIR):
+    """Frames that only route a call: nn.Module's call machinery, torchplace's own wrappers, and a torch function
+    or dispatch mode's hook (whoever wrote the mode)."""
+    filename, name = frame.f_code.co_filename, frame.f_code.co_name
+    if filename.startswith(_CHECKS_DIR) or name in _MODE_HOOKS:
         return True
-    return filename == _MODULE_PY and frame.f_code.co_name in _PLUMBING
+    return filename == _MODULE_PY and name in _PLUMBING
 
 
 def is_library(filename: str) -> bool:
@@ -99,7 +103,7 @@ def is_users_own(filename: str) -> bool:
     return is_user(filename) and not is_installed(filename)
 
 
-def assignment_of(name: str, frame: FrameType) -> tuple[int, str, str | None] | None:
+def assignment_of(name: str, frame: FrameType, depth: int = 0) -> tuple[int, str, str | None] | None:
     """The last `name = ...` in frame's function before the running line: (line, source, factory note).
 
     The note says when the right-hand side makes a tensor with a torch factory that gives no
@@ -111,8 +115,6 @@ def assignment_of(name: str, frame: FrameType) -> tuple[int, str, str | None] | 
         lines, start = inspect.getsourcelines(frame.f_code)
     except (OSError, TypeError):
         return None
-    import textwrap
-
     try:
         tree = ast.parse(textwrap.dedent("".join(lines)))
     except SyntaxError:
@@ -124,22 +126,54 @@ def assignment_of(name: str, frame: FrameType) -> tuple[int, str, str | None] | 
         names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
         if name in names and start + node.lineno - 1 <= frame.f_lineno:
             found.append(node)
-    # the latest, passing over `name = other` where other holds something else now (a branch not taken)
+    # the latest, passing over `name = other` where other holds something else now (a branch not taken) and the
+    # running line's own (it has not stored yet, unless a loop ran it before)
     value = frame.f_locals.get(name, _UNKNOWN)
-    best = next((n for n in sorted(found, key=lambda n: -n.lineno)
+    best = next((n for n in sorted(found, key=lambda n: (start + n.lineno - 1 < frame.f_lineno, n.lineno),
+                                   reverse=True)
                  if not (isinstance(getattr(n, "value", None), ast.Name) and n.value.id in frame.f_locals
                          and frame.f_locals[n.value.id] is not value)), None)
     if best is None:
         return None
     text = " ".join(ast.unparse(best).split())
-    return start + best.lineno - 1, text, _factory_note(getattr(best, "value", None))
+    return start + best.lineno - 1, text, _made_by(getattr(best, "value", None), frame, depth)
 
 
-def _factory_note(value: ast.AST | None) -> str | None:
+def _made_by(value: ast.AST | None, frame: FrameType, depth: int) -> str | None:
+    """The factory note of a right-hand side: its own factory call, else (a step or two further) the factory that
+    made a local tensor (or list of them) it reads, or the one a function of the user's it calls returns."""
+    note = _factory_note(value)
+    if note is not None or value is None or depth > 2 or _factory_note(value, moved_only=True):
+        return note
+    for node in ast.walk(value):
+        if isinstance(node, ast.Name) and isinstance(frame.f_locals.get(node.id), (torch.Tensor, list, tuple)):
+            found = assignment_of(node.id, frame, depth + 1)
+            if found is not None and found[2]:
+                return f"{found[2]} (`{found[1]}` at line {found[0]})"
+        if isinstance(node, ast.Call):
+            func = _evaluate(node.func, frame, functions=True)
+            code = getattr(getattr(func, "__func__", func), "__code__", None)
+            if code is None or not is_users_own(code.co_filename):
+                continue
+            try:
+                tree = ast.parse(textwrap.dedent(inspect.getsource(code)))
+            except (OSError, TypeError, SyntaxError):
+                continue
+            notes = [(r, _factory_note(r.value)) for r in ast.walk(tree) if isinstance(r, ast.Return)]
+            made = next(((r, n) for r, n in notes if n), None)
+            if made is not None:
+                return f"{made[1]} (`{ast.unparse(made[0])}` in {code.co_name}() at " \
+                       f"{short_path(code.co_filename)}:{code.co_firstlineno + made[0].lineno - 1})"
+    return None
+
+
+def _factory_note(value: ast.AST | None, moved_only: bool = False) -> str | None:
     if value is None:
         return None
     if any(isinstance(n, ast.Attribute) and n.attr in ("to", "cuda") for n in ast.walk(value)):
-        return None  # moved explicitly afterwards
+        return "moved" if moved_only else None  # moved explicitly afterwards
+    if moved_only:
+        return None
     for node in ast.walk(value):
         if not isinstance(node, ast.Call):
             continue
@@ -268,7 +302,7 @@ def parse_expression(expression: str) -> ast.AST | None:
         return None
 
 
-def _evaluate(node: ast.AST, frame: FrameType) -> Any:
+def _evaluate(node: ast.AST, frame: FrameType, functions: bool = False) -> Any:
     if isinstance(node, ast.Name):
         for space in (frame.f_locals, frame.f_globals, vars(builtins)):
             if node.id in space:
@@ -278,7 +312,12 @@ def _evaluate(node: ast.AST, frame: FrameType) -> Any:
         base = _evaluate(node.value, frame)
         if base is _UNKNOWN or isinstance(base, torch.Tensor):
             return _UNKNOWN  # tensor attributes (.T, .mT) would run ops
-        return static_attribute(base, node.attr)
+        found = static_attribute(base, node.attr)
+        if found is _UNKNOWN and functions:  # a method, looked up without running a property
+            with contextlib.suppress(AttributeError):
+                found = inspect.getattr_static(base, node.attr)
+            found = found if inspect.isfunction(found) else _UNKNOWN
+        return found
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
         base = _evaluate(node.value, frame)
         try:
