@@ -101,6 +101,9 @@ def test_a_flipped_bit_or_a_cut_end_of_a_pth_tar_is_refused_naming_it(tmp_path: 
     (tmp_path / "cut.pth.tar").write_bytes(good[: len(good) // 2])
     with pytest.raises(tp.CheckpointError, match=r"cut.pth.tar cannot be read .*truncated\?"):
         tp.load(tmp_path / "cut.pth.tar", model=model)
+    with pytest.warns(RuntimeWarning, match=r"cut.pth.tar: it starts as a torch.save file but its end is missing"):
+        ck = tp.load(tmp_path, model=nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)))
+    assert any("skipped cut.pth.tar" in n for n in ck.notes)  # the folder's cut file is named, not passed over
     out = subprocess.run([sys.executable, "-m", "torchplace", "ckpt", "inspect", "--verify",
                           str(tmp_path / "flipped.pth.tar")], capture_output=True, text=True, timeout=240)
     assert out.returncode != 0 and "fails its CRC-32" in out.stdout + out.stderr and "Traceback" not in out.stderr

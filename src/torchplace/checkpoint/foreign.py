@@ -70,6 +70,19 @@ def file_kind(path: Path) -> str:
     return "unknown"
 
 
+def is_cut_zip(path: Path) -> bool:
+    """True for a regular file that starts as a zip (torch.save's format) but whose end, the zip's directory,
+    is missing: a torch.save file cut short (a full disk during a copy). Never raises."""
+    try:
+        with open(path, "rb") as fh:
+            if not path.is_file() or fh.read(4) != b"PK\x03\x04":
+                return False
+            fh.seek(0)
+            return not zipfile.is_zipfile(fh)
+    except OSError:
+        return False
+
+
 def is_accelerate_dir(path: Path) -> bool:
     """True for a folder of accelerate's `save_state` files or transformers' `save_pretrained` weights."""
     names = set(os.listdir(path))  # weights by transformers' names, not any "model*" (imagenet's model_best.pth.tar)

@@ -421,6 +421,12 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
                               f"checkpoint file{by_name}, or at the directory you saved into with keep_last.")
     skipped: list[str] = []
     vanished: list[str] = []
+    for name in sorted(os.listdir(target)):  # a cut torch.save file may be the newest: its order cannot be read
+        if not name.startswith(".") and foreign.is_cut_zip(target / name):
+            why = (f"skipped {name}: it starts as a torch.save file but its end is missing (truncated?), so "
+                   "whether it is newer cannot be read")
+            warnings.warn(f"{target}: {why}", RuntimeWarning, stacklevel=2)
+            skipped.append(why)
     for _ in range(MAX_RELISTS + 1):
         for candidate in candidates:
             if is_dcp_dir(candidate):
