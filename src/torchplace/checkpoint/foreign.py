@@ -74,12 +74,14 @@ def is_cut_zip(path: Path) -> bool:
     """True for a regular file that starts as a zip (torch.save's format) but whose end, the zip's directory,
     is missing: a torch.save file cut short (a full disk during a copy). Never raises."""
     try:
-        with open(path, "rb") as fh:
-            if not path.is_file() or fh.read(4) != b"PK\x03\x04":
+        if not path.is_file():  # a FIFO would block the open, /dev/zero never end
+            return False
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
+            if fh.read(4) != b"PK\x03\x04":
                 return False
             fh.seek(0)
             return not zipfile.is_zipfile(fh)
-    except OSError:
+    except (OSError, ValueError):
         return False
 
 
