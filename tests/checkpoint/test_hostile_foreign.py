@@ -391,3 +391,49 @@ def test_keep_last_in_a_folder_of_foreign_files_deletes_only_its_own(tmp_path: P
         torchplace.save(tmp_path / f"step-{step}.tpck", model=model, keep_last=1)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*foreign, "step-2.tpck", "latest"])
     assert torchplace.load(tmp_path).path.name == "step-2.tpck"
+
+
+def _patch_central_sizes(data: bytes, member: str, extra: int) -> bytes:
+    """DATA (a zip) with MEMBER's sizes in its central directory entry grown by EXTRA bytes."""
+    name = member.encode()
+    at = data.find(b"PK\x01\x02")
+    while at >= 0 and data[at + 46:at + 46 + len(name)] != name:
+        at = data.find(b"PK\x01\x02", at + 4)
+    assert at >= 0
+    compressed, size = struct.unpack_from("<LL", data, at + 20)
+    out = bytearray(data)
+    struct.pack_into("<LL", out, at + 20, compressed + extra, size + extra)
+    return bytes(out)
+
+
+def test_a_torch_save_zip_whose_member_runs_past_its_end_or_fails_its_crc_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "w.pt"
+    torch.save({"w": torch.arange(64, dtype=torch.float32)}, path)
+    good = path.read_bytes()
+    import zipfile
+
+    member = next(m.filename for m in zipfile.ZipFile(path).infolist() if m.filename.endswith("/data/0"))
+    (tmp_path / "long.pt").write_bytes(_patch_central_sizes(good, member, 10_000))
+    with pytest.raises(torchplace.CheckpointError, match=r"long.pt is damaged: member .* runs past the end"):
+        torchplace.load(tmp_path / "long.pt")
+    flipped = bytearray(good)
+    at = good.find(torch.arange(64, dtype=torch.float32).numpy().tobytes())
+    flipped[at + 5] ^= 1
+    (tmp_path / "flip.pt").write_bytes(bytes(flipped))
+    with pytest.raises(torchplace.CheckpointError, match=r"flip.pt is damaged: member .* fails its CRC-32"):
+        torchplace.load(tmp_path / "flip.pt")
+    assert inspect(tmp_path / "flip.pt").tensors  # inspect without --verify reads no data
+    with pytest.raises(torchplace.CheckpointError, match="fails its CRC-32"):
+        inspect(tmp_path / "flip.pt", verify=True)
+    assert inspect(path, verify=True).verified
+
+
+def test_a_namespace_is_read_without_trust_but_other_classes_are_still_refused(tmp_path: Path) -> None:
+    import argparse
+    import fractions
+
+    torch.save({"model": {"w": torch.ones(2)}, "args": argparse.Namespace(lr=0.1)}, tmp_path / "ns.pt")
+    assert torchplace.load(tmp_path / "ns.pt")["args"].lr == 0.1
+    torch.save({"model": {"w": torch.ones(2)}, "c": fractions.Fraction(1, 3)}, tmp_path / "counter.pt")
+    with pytest.raises(torchplace.CheckpointError, match=r"(?s)Fraction.*trust_pickle=True"):
+        torchplace.load(tmp_path / "counter.pt")

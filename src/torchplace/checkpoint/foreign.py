@@ -11,10 +11,12 @@ object on a CUDA device".
 
 from __future__ import annotations
 
+import argparse
 import os
 import pickle
 import pickletools
 import re
+import struct
 import warnings
 import zipfile
 from collections import OrderedDict
@@ -35,6 +37,13 @@ OPTIMIZER_KEYS = ("optimizer", "optimizer_state_dict", "optim", "optimizer_state
 SCHEDULER_KEYS = ("scheduler", "lr_scheduler", "scheduler_state_dict", "lr_scheduler_state_dict")
 SCALER_KEYS = ("scaler", "grad_scaler", "scaler_state_dict", "amp")
 ACCELERATE_FILES = ("optimizer.bin", "scheduler.bin", "scaler.pt", "random_states_0.pkl")
+# the state files beside the weights: accelerate's save_state (.bin), transformers' Trainer checkpoint-N (.pt)
+STATE_FILES = (("optimizer", ("optimizer.bin", "optimizer.pt")), ("scheduler", ("scheduler.bin", "scheduler.pt")),
+               ("scaler", ("scaler.pt",)))
+TRAINER_STATE = "trainer_state.json"  # transformers' Trainer: global_step, epoch, best checkpoint, log history
+# plain-data classes torch's safe unpickler refuses by default though building them runs no code of the file's:
+# argparse.Namespace is timm's and fairseq's `checkpoint['args']` (timm's own reader allows it the same way)
+SAFE_GLOBALS = (argparse.Namespace,)
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")  # transformers' sharded models
 MAX_INDEX_BYTES = 16 * 2**20  # a sharded model's index JSON (a few hundred KiB for the largest models)
 FIX_PATH = "Fix: check the path; torchplace.load(DIRECTORY) finds the newest checkpoint in a directory."
@@ -50,8 +59,8 @@ def file_kind(path: Path) -> str:
         if len(head) < 9 or head[8:9] == b"{":  # torchplace files are safetensors files too; a stub of
             return "safetensors"              # a few bytes gets the header reader's "truncated" message
         with os.fdopen(os.dup(fd), "rb") as fh:
-            if zipfile.is_zipfile(fh):
-                return "torch-zip"
+            if zipfile.is_zipfile(fh) or head[:4] == b"PK\x03\x04":  # a zip whose end is cut off too, so
+                return "torch-zip"                                   # that its reader says it is truncated
     except OSError as exc:
         raise CheckpointError(f"cannot read {path}: {exc.strerror or exc}. {FIX_PATH}") from None
     finally:
@@ -61,16 +70,34 @@ def file_kind(path: Path) -> str:
     return "unknown"
 
 
+def is_cut_zip(path: Path) -> bool:
+    """True for a regular file that starts as a zip (torch.save's format) but whose end, the zip's directory,
+    is missing: a torch.save file cut short (a full disk during a copy). Never raises."""
+    try:
+        if not path.is_file():  # a FIFO would block the open, /dev/zero never end
+            return False
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
+            if fh.read(4) != b"PK\x03\x04":
+                return False
+            fh.seek(0)
+            return not zipfile.is_zipfile(fh)
+    except (OSError, ValueError):
+        return False
+
+
 def is_accelerate_dir(path: Path) -> bool:
     """True for a folder of accelerate's `save_state` files or transformers' `save_pretrained` weights."""
-    names = set(os.listdir(path))
-    return bool(names & set(ACCELERATE_FILES)) or any(n.startswith(("model", "pytorch_model")) for n in names)
+    names = set(os.listdir(path))  # weights by transformers' names, not any "model*" (imagenet's model_best.pth.tar)
+    return bool(names & set(ACCELERATE_FILES)) or bool(names & set(INDEX_FILES)) or any(
+        n.startswith(("model", "pytorch_model")) and n.endswith((".safetensors", ".bin")) for n in names)
 
 
 def folder_tool(path: Path) -> str:
     """Who wrote the folder `reading.kind_of` calls "accelerate": transformers' `save_pretrained` (a config.json beside
     the weights, none of accelerate's save_state files) or accelerate's `save_state`."""
     names = set(os.listdir(path))
+    if TRAINER_STATE in names:
+        return "transformers (Trainer checkpoint)"
     if "config.json" in names and not names & set(ACCELERATE_FILES) and not any(
             n.startswith("random_states_") for n in names):
         return "transformers (save_pretrained)"
@@ -98,7 +125,10 @@ def check_zip_stream(fh: Any, size: int, limit: int, where: str) -> int:
         with zipfile.ZipFile(fh) as zf:
             members = zf.infolist()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
-        raise CheckpointError(f"{where} cannot be read as a torch.save file: {exc}. {FIX_COMPLETE}") from None
+        fh.seek(0)
+        cut = " (it starts as a zip, torch.save's format, but its end, the zip's directory, is missing: truncated?)" \
+            if fh.read(4) == b"PK\x03\x04" else ""
+        raise CheckpointError(f"{where} cannot be read as a torch.save file: {exc}{cut}. {FIX_COMPLETE}") from None
     finally:
         fh.seek(0)
     declared = sum(m.file_size for m in members)
@@ -112,9 +142,52 @@ def check_zip_stream(fh: Any, size: int, limit: int, where: str) -> int:
     return declared
 
 
-def torch_load(path: Path, opts: ReadOptions, *, map_location: Any = None, mmap: bool = False) -> Any:
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip member's local header, before its name and extra field
+_CRC_PIECE = 16 * 2**20
+
+
+def check_zip_crcs(path: Path) -> None:
+    """Refuse the zip at PATH when a member's bytes do not match the CRC-32 its directory records (a torn copy,
+    a flipped bit): torch.save records one per member, and torch.load checks none."""
+    from .stream import crc32  # ISA-L's where installed
+
+    fd, size = safeio.open_regular(path, CheckpointError, FIX_PATH)
+    try:
+        with os.fdopen(os.dup(fd), "rb") as fh, zipfile.ZipFile(fh) as zf:
+            members = zf.infolist()
+            for m in members:
+                if m.compress_type != zipfile.ZIP_STORED:  # re-packed (bounded by check_zip): zipfile checks it
+                    with zf.open(m) as member:
+                        while member.read(_CRC_PIECE):
+                            pass
+                    continue
+                head = os.pread(fd, _LOCAL_HEADER.size, m.header_offset)
+                if len(head) < _LOCAL_HEADER.size or head[:4] != b"PK\x03\x04":
+                    raise zipfile.BadZipFile(f"member {m.filename!r} has no local header at {m.header_offset}")
+                fields = _LOCAL_HEADER.unpack(head)
+                start = m.header_offset + _LOCAL_HEADER.size + fields[-2] + fields[-1]
+                if start + m.file_size > size:
+                    raise zipfile.BadZipFile(f"member {m.filename!r} runs past the end of the file")
+                value, done = 0, 0
+                while done < m.file_size:
+                    piece = os.pread(fd, min(_CRC_PIECE, m.file_size - done), start + done)
+                    if not piece:
+                        raise zipfile.BadZipFile(f"member {m.filename!r} ends early")
+                    value, done = crc32(piece, value), done + len(piece)
+                if value != m.CRC:
+                    raise zipfile.BadZipFile(f"member {m.filename!r} ({m.file_size} bytes) fails its CRC-32 "
+                                             f"(recorded {m.CRC:08x}, read {value:08x})")
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError, struct.error) as exc:
+        raise CheckpointError(f"{path} is damaged: {exc}. {FIX_COMPLETE}") from None
+    finally:
+        os.close(fd)
+
+
+def torch_load(path: Path, opts: ReadOptions, *, map_location: Any = None, mmap: bool = False,
+               verify: bool = True) -> Any:
     """torch.load onto MAP_LOCATION (default: opts.map_location), without unrestricted pickle unless
-    opts.trust_pickle; refusals become CheckpointError."""
+    opts.trust_pickle (`SAFE_GLOBALS` allowed); refusals become CheckpointError. VERIFY: a zip's CRC-32s are
+    checked first (torch's reader checks none: a bit flipped in a tensor loads as a wrong weight)."""
     trust_pickle = opts.trust_pickle
     kwargs: dict[str, Any] = {"map_location": opts.map_location if map_location is None else map_location,
                               "weights_only": not trust_pickle}
@@ -124,10 +197,12 @@ def torch_load(path: Path, opts: ReadOptions, *, map_location: Any = None, mmap:
         raise CheckpointError(f"{path} is a directory, not a torch.save file. {FIX_PATH}")
     if file_kind(path) == "torch-zip":  # file_kind refuses what is not a regular file (a FIFO, /dev/zero)
         check_zip(path)
+        if verify:
+            check_zip_crcs(path)
     try:
-        with warnings.catch_warnings():  # a plain pickle of protocol 4+ is explained below, once
-            warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            return torch.load(path, **kwargs)
+        with warnings.catch_warnings(), torch.serialization.safe_globals(list(SAFE_GLOBALS)):
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")  # a plain pickle of protocol 4+
+            return torch.load(path, **kwargs)                                      # is explained below, once
     except pickle.UnpicklingError as exc:
         needs = None if trust_pickle else _needs_code(str(exc))
         framing = re.search(r"Unsupported operand (\d+)", str(exc))
@@ -203,6 +278,15 @@ def _first(obj: Mapping[str, Any], keys: tuple[str, ...]) -> tuple[str | None, A
     for k in keys:
         if k in obj and obj[k] is not None:
             return k, obj[k]
+    return None, None
+
+
+def model_entry(state: Mapping[str, Any]) -> tuple[str | None, Any]:
+    """(key, value) of the first entry of STATE under a model key other tools use (`MODEL_KEYS`) that is a
+    state dict, else (None, None)."""
+    for key in MODEL_KEYS:
+        if is_state_dict(state.get(key)):
+            return key, state[key]
     return None, None
 
 
@@ -321,18 +405,25 @@ def load_accelerate(path: Path, load_file: Callable[[Path], dict[str, Any]],
     model = _accelerate_model(path, load_file, opts)
     if model is not None:
         state["model"] = model
-    for name, file in (("optimizer", "optimizer.bin"), ("scheduler", "scheduler.bin"), ("scaler", "scaler.pt")):
-        if os.path.lexists(path / file):
+    for name, files in STATE_FILES:
+        file = next((f for f in files if os.path.lexists(path / f)), None)
+        if file is not None:
             state[name] = torch_load(path / file, opts)
     extra_models = sorted(n for n in os.listdir(path) if n.startswith("model_") and n.endswith(".safetensors"))
     if extra_models:
         state["extra"] = {n.removesuffix(".safetensors"): load_file(path / n) for n in extra_models}
-    rng_files = sorted(n for n in os.listdir(path) if n.startswith("random_states_"))
+    if os.path.lexists(path / TRAINER_STATE):  # where the Trainer's run stood (global_step, epoch)
+        try:
+            raw = safeio.read_limited(path / TRAINER_STATE, MAX_INDEX_BYTES, CheckpointError, FIX_COMPLETE)
+            state.setdefault("extra", {})["trainer_state"] = safeio.loads(raw)
+        except (CheckpointError, ValueError) as exc:  # the weights and optimizer load without it
+            notes.append(f"{TRAINER_STATE} left out: {exc}")
+    rng_files = sorted(n for n in os.listdir(path) if n.startswith(("random_states_", "rng_state")))
     if rng_files:
         if opts.trust_pickle:
             state.setdefault("extra", {})["random_states"] = torch_load(path / rng_files[0], opts, map_location="cpu")
         else:
-            notes.append(f"{', '.join(rng_files)} left out: accelerate pickles numpy RNG state "
+            notes.append(f"{', '.join(rng_files)} left out: accelerate and the Trainer pickle numpy's RNG state "
                          "(pass trust_pickle=True to include it)")
     if not state:
         raise CheckpointError(f"{path} is a directory with no checkpoint torchplace recognises (no model.safetensors, "

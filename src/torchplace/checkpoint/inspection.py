@@ -117,14 +117,14 @@ def _from_header(header: Header, info: CheckpointInfo) -> None:
                                        saved_on.get(e.key, default)))
 
 
-def _from_torch_file(path: Path, info: CheckpointInfo, opts: ReadOptions, zipped: bool) -> None:
+def _from_torch_file(path: Path, info: CheckpointInfo, opts: ReadOptions, zipped: bool, verify: bool) -> None:
     locations: dict[int, str] = {}
 
     def record(storage: Any, location: str) -> Any:
         locations[storage.data_ptr()] = location
         return storage
 
-    obj = foreign.torch_load(path, opts, map_location=record, mmap=zipped)
+    obj = foreign.torch_load(path, opts, map_location=record, mmap=zipped, verify=verify)
     info.tool, state = foreign.normalize(obj, path)
     for where, t in leaves(state):
         key = "/".join(map(str, where))
@@ -185,7 +185,11 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
         finally:
             os.close(fd)
     elif kind in ("torch-zip", "torch-pickle"):
-        _from_torch_file(path, info, ReadOptions(trust_pickle=trust_pickle), zipped=kind == "torch-zip")
+        _from_torch_file(path, info, ReadOptions(trust_pickle=trust_pickle), zipped=kind == "torch-zip", verify=verify)
+        if verify and kind == "torch-zip":  # every member's CRC-32 was checked
+            info.verified = True
+        elif verify:
+            info.notes.append("a legacy torch.save pickle has no checksums: only its structure was checked")
     elif kind in ("dcp", "dcp-foreign"):
         with reporting(progress):
             _from_dcp(path, info, verify)

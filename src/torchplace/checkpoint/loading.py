@@ -25,7 +25,7 @@ from torch import nn
 
 from ..errors import CheckpointError
 from ..policy.devices import DeviceSpec
-from . import fitting, keymap, rng, state_dicts
+from . import fitting, foreign, keymap, rng, state_dicts
 from . import sharded as tpsharded
 from .dcp_reader import is_dcp_dir
 from .fileio import read_file
@@ -130,6 +130,14 @@ def _resolve(device: Any) -> torch.device | None:
     return resolve_device(device)
 
 
+def _foreign_kind(path: Path) -> bool:
+    """True when PATH is a checkpoint of another tool that `load` reads by its name (never raises)."""
+    try:
+        return kind_of(path) not in ("folder", "unknown", "pointer")
+    except CheckpointError:
+        return False
+
+
 def _needs_pickle(path: Path) -> bool:
     try:
         return bool((read_header(path).meta or {}).get("pickled"))
@@ -161,6 +169,11 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
     fitting.check_objects(path, state, model=model, objects=objects)  # refused here: nothing has changed
     if model is not None:
         sd = state.get("model")
+        if not isinstance(sd, Mapping):  # saved as a named value by another tool's name (imagenet's state_dict=)
+            key, named = foreign.model_entry(state)
+            if key is not None:
+                sd = state["model"] = named
+                ck.notes.append(f"model weights: taken from the saved entry {key!r}, the model's state dict")
         if not isinstance(sd, Mapping):
             raise CheckpointError(f"{path} holds no model weights (it holds: {fitting.holds(state)}). "
                                   "Fix: load it without model=, or point at the checkpoint that has them.")
@@ -401,10 +414,19 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
     if not candidates:
         names = sorted(os.listdir(target))[:10]
         held = ", ".join(names) or "nothing"
+        other = next((target / n for n in names if _foreign_kind(target / n)), None)
+        by_name = f" (another tool's checkpoint, such as {other}, carries no order torchplace can read: load it by " \
+                  "its name)" if other is not None else ""
         raise CheckpointError(f"{target} holds no complete torchplace checkpoint (it holds: {held}). Fix: point at a "
-                              "checkpoint file, or at the directory you saved into with keep_last.")
+                              f"checkpoint file{by_name}, or at the directory you saved into with keep_last.")
     skipped: list[str] = []
     vanished: list[str] = []
+    for name in sorted(os.listdir(target)):  # a cut torch.save file may be the newest: its order cannot be read
+        if not name.startswith(".") and foreign.is_cut_zip(target / name):
+            why = (f"skipped {name}: it starts as a torch.save file but its end is missing (truncated?), so "
+                   "whether it is newer cannot be read")
+            warnings.warn(f"{target}: {why}", RuntimeWarning, stacklevel=2)
+            skipped.append(why)
     for _ in range(MAX_RELISTS + 1):
         for candidate in candidates:
             if is_dcp_dir(candidate):
