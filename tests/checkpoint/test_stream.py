@@ -65,12 +65,14 @@ def _checker(image: torch.Tensor, checked: list[int]):
     return check
 
 
+@pytest.mark.parametrize("early", [True, False])
 @pytest.mark.parametrize(("ring", "task"), [(2, 1024), (3, 1024), (4, 1024), (2, 300), (3, 512)])
-def test_windowed_load_fills_every_tensor_across_windows_and_chunks(monkeypatch, ring, task):
+def test_windowed_load_fills_every_tensor_across_windows_and_chunks(monkeypatch, ring, task, early):
     """The CUDA load's windows (stream.read_chunks_to_cuda), run with CPU tensors: tensors cut across chunks and
     windows, a window smaller than a tensor, a last window shorter than the others, rings of 2-4 windows, chunks
-    read in pieces by several tasks (their CRCs combined) or whole."""
+    read in pieces by several tasks (their CRCs combined) or whole, copied as they are read or window by window."""
     chunk = 1024
+    monkeypatch.setattr(stream, "COPY_EARLY", early)
     monkeypatch.setattr(stream, "WINDOW_BYTES", 3 * chunk)
     monkeypatch.setattr(stream, "RING_BYTES", ring * 3 * chunk)
     monkeypatch.setattr(stream, "MIN_WINDOWS", 1)
