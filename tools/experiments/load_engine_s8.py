@@ -139,7 +139,7 @@ def per_thread_read_chunks_to_cuda(flat: dict[str, torch.Tensor], entries: Seque
 
     def task(at: int, n: int) -> int:
         st = getattr(_local, "st", None)
-        if st is None or st[0].numel() < step:
+        if st is None or st[0][0].numel() < step:
             st = _local.st = [host_buffer(step, True) for _ in range(slots)], [None] * slots, [0], \
                 torch.cuda.Stream(DEV)
         bufs, events, nxt, s = st
@@ -300,7 +300,8 @@ def run_layout(root: str, name: str, rounds: int, only: set[str] | None) -> None
                 for t in out.values():
                     t.zero_()
                 runs[vname]()
-                bad = [k for k in state if not torch.equal(out[k], state[k])]
+                named = {k: next(o for o in out if o == k or o.endswith("." + k) or o.endswith("/" + k)) for k in state}
+                bad = [k for k in state if not torch.equal(out[named[k]], state[k])]
                 say(f"  {vname}: every tensor equal: {not bad}" + (f" (differ: {bad[:3]})" if bad else ""))
         del state
         secs: dict[str, list[float]] = {k: [] for k in runs}

@@ -326,6 +326,11 @@ def read_data(fd: int, header: Header, out: dict[str, torch.Tensor], *, workers:
 # queued behind the one it moves; and with COPY_EARLY, the chunks of a window already read are checked
 # and copied while the rest are still being read. A load smaller than the ring is cut in at least
 # MIN_WINDOWS windows, so that its first read and last copy are short and every reader has work.
+# Measured for the engine before this ordering and COPY_EARLY (session 7, 2026-12-02, an H200 host,
+# docs/results/experiments/load-engine-h200x1-2026-12-02-s7.txt): 10 GiB onto the GPU at 34.0 GB/s, the
+# Llama-style layout (3.3 GiB) at 27.9, 1 GiB at 25.6 (medians); 4 MiB tasks were no faster than 8, 16 MiB
+# ones slower, 128 MiB windows, 512 MiB rings and 16 threads slower. This ordering and COPY_EARLY are checked
+# on the GPU (every tensor equal, GPU tests pass) but not yet timed: see load-engine-h200x1-2026-12-02-s8.txt.
 # Registering the file's own page-cache pages for DMA instead (cudaHostRegister, read-only: no CPU
 # copy) was measured and left out: registration ran at 26-43 GB/s alone whatever the threads, and at 17
 # GB/s beside a running DMA, so a load through registered pages (CRC beside it) ran at 14-18 GB/s
