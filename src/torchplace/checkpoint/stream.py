@@ -320,28 +320,22 @@ def read_data(fd: int, header: Header, out: dict[str, torch.Tensor], *, workers:
 # 2026-12-01, docs/results/experiments). So the data region is read in windows, a ring of them in
 # RING_BYTES of pinned memory: threads fill the next windows (one task per piece of at most
 # TASK_BYTES; a chunk's CRC-32 is put together from its pieces') while the calling thread checks the
-# chunks of the oldest window and queues their copies, one per tensor overlapping them, on one stream
-# per device. The copies of a window are queued before the calling thread waits for the window before
-# it to be copied (to read into its buffer again), so that the copy engine always has the next window
-# queued behind the one it moves; and with COPY_EARLY, the chunks of a window already read are checked
-# and copied while the rest are still being read. A load smaller than the ring is cut in at least
-# MIN_WINDOWS windows, so that its first read and last copy are short and every reader has work.
-# Measured for the engine before this ordering and COPY_EARLY (session 7, 2026-12-02, an H200 host,
-# docs/results/experiments/load-engine-h200x1-2026-12-02-s7.txt): 10 GiB onto the GPU at 34.0 GB/s, the
-# Llama-style layout (3.3 GiB) at 27.9, 1 GiB at 25.6 (medians); 4 MiB tasks were no faster than 8, 16 MiB
-# ones slower, 128 MiB windows, 512 MiB rings and 16 threads slower. This ordering and COPY_EARLY are checked
-# on the GPU (every tensor equal, GPU tests pass) but not yet timed: see load-engine-h200x1-2026-12-02-s8.txt.
+# chunks of the window read first and queues its copies, one per tensor overlapping it, on one stream
+# per device. A load smaller than the ring is cut in at least MIN_WINDOWS windows, so that its first
+# read and last copy are short and every reader has work. Against the earlier ring (two 128 MiB
+# windows, one task per 16 MiB chunk), in the same run on an H200 host (2026-12-02,
+# docs/results/experiments/load-engine-h200x1-2026-12-02-s7.txt), this one read 10 GiB onto the GPU at
+# 34.0 GB/s against 25.4, the Llama-style layout (3.3 GiB) at 27.9 against 22.7, 1 GiB at 25.6 against
+# 21.7 (medians); 4 MiB tasks were no faster than 8, 16 MiB ones slower, 128 MiB windows, 512 MiB rings
+# and 16 threads slower.
 # Registering the file's own page-cache pages for DMA instead (cudaHostRegister, read-only: no CPU
 # copy) was measured and left out: registration ran at 26-43 GB/s alone whatever the threads, and at 17
-# GB/s beside a running DMA, so a load through registered pages (CRC beside it) ran at 14-18 GB/s
-# (docs/results/experiments/load-engine-h200x1-2026-12-02-s7.txt).
+# GB/s beside a running DMA, so a load through registered pages (CRC beside it) ran at 14-18 GB/s.
 
 WINDOW_BYTES = 64 * 2**20  # the largest window
 RING_BYTES = 256 * 2**20  # the ring's pinned memory (at least two windows are made)
 MIN_WINDOWS = 8  # a load smaller than the ring is cut in at least this many windows (of whole chunks)
 TASK_BYTES = 8 * 2**20  # one reader task: read and checksum this much (within one chunk)
-COPY_EARLY = True  # copy the chunks of a window read so far while the rest are read (else the whole window at once)
-COPY_STREAMS = 1  # streams a device's copies alternate between, window by window
 
 
 def _ring(data_bytes: int, chunk_bytes: int) -> tuple[int, int]:
@@ -364,7 +358,7 @@ def read_chunks_to_cuda(flat: dict[str, torch.Tensor], entries: Sequence[TensorE
     cut into CHUNKS. READ_PIECE(at, view) reads the bytes at data offset AT into VIEW and returns their
     CRC-32; CHECK(chunk, crc) raises when a chunk's CRC-32 is not the recorded one. Every chunk is
     checked before its bytes are copied. Returns once every copy has completed (the last window's
-    copies are waited for: about 1 ms); on the first failure it cancels the reads not yet started, waits
+    copies are waited for: about 2 ms); on the first failure it cancels the reads not yet started, waits
     for those running (their buffers are not given back under them) and raises that error."""
     per_window, nbuf = _ring(chunks[-1][2] if chunks else 0, chunk_bytes)
     windows = [chunks[i:i + per_window] for i in range(0, len(chunks), per_window)]
@@ -374,44 +368,39 @@ def read_chunks_to_cuda(flat: dict[str, torch.Tensor], entries: Sequence[TensorE
     arena = host_buffer(size * nbuf, pin)  # one block: the pinned-memory cache keeps one size
     bufs = [arena[i * size:(i + 1) * size] for i in range(nbuf)]
     done: list[list[Any]] = [[] for _ in bufs]  # events marking each buffer's copies done
-    streams = [SideStreams() for _ in range(COPY_STREAMS)]  # the caller synchronized the devices before
+    streams = SideStreams()  # the caller synchronized the devices, so new streams need no ordering
     order = sorted((e for e in entries if e.nbytes), key=lambda e: e.start)
     ends = [e.end for e in order]  # sorted too: entries do not overlap
     step = task_bytes(chunk_bytes)
-    reads: dict[int, list[list[Future[int]]]] = {}  # window -> for each of its chunks, its pieces' CRCs
+
     submitted: list[Future[int]] = []  # every read queued: on a failure, none may run on once this returns
 
-    def fill(w: int) -> None:
-        """Queue the reads of window W into its buffer, once the buffer's previous copies are done."""
+    def fill(w: int) -> list[list[Future[int]]]:
+        """Queue the reads of window W into its buffer: for each chunk, the futures of its pieces' CRCs."""
         buf, w0 = bufs[w % nbuf], windows[w][0][1]
-        _wait_copies(done[w % nbuf])
+        for event in done[w % nbuf]:  # the buffer's previous copies must be done before it is overwritten
+            event.synchronize()
         done[w % nbuf] = []
-        reads[w] = [[pool.submit(read_piece, at, buf[at - w0:min(at + step, c1) - w0].numpy())
-                     for at in range(c0, c1, step)] for _, c0, c1, _ in windows[w]]
-        submitted.extend(f for pieces in reads[w] for f in pieces)
+        reads = []
+        for _, c0, c1, _ in windows[w]:
+            reads.append([pool.submit(read_piece, at, buf[at - w0:min(at + step, c1) - w0].numpy())
+                          for at in range(c0, c1, step)])
+            submitted.extend(reads[-1])
+        return reads
 
     pool = kept_pool(workers, "torchplace-load")  # threads kept between loads (starting 12 costs ~1.3 ms)
     failed = False
     try:
-        for w in range(nbuf):
-            fill(w)
-        for w, window in enumerate(windows):
-            pending, buf, w0 = reads.pop(w), bufs[w % nbuf], window[0][1]
-            used: set[Any] = set()
-            i = 0
-            while i < len(window):  # check and copy the chunks read so far (all of them without COPY_EARLY)
-                j = i
-                while j < len(window) and (j == i or not COPY_EARLY or all(f.done() for f in pending[j])):
-                    c = window[j]
-                    check(c, _crc_of(pending[j], c[2] - c[1], step))
-                    j += 1
-                used |= _copy_range(buf, w0, window[i][1], window[j - 1][2], order, ends, flat,
-                                    streams[w % len(streams)])
-                i = j
-            done[w % nbuf] = done_events(used)
-            advance(len(window), total=len(chunks))
-            if w and w - 1 + nbuf < len(windows):  # window W's copies are queued: read into W - 1's buffer
-                fill(w - 1 + nbuf)
+        # windows being read but not yet copied, in order: up to NBUF - 1 ahead of the one copied
+        queued: list[list[list[Future[int]]]] = [fill(w) for w in range(nbuf - 1)]
+        for w in range(len(windows)):
+            if w + nbuf - 1 < len(windows):  # queued before waiting, so that the readers never run dry
+                queued.append(fill(w + nbuf - 1))  # (into the buffer copied last round, once copied)
+            for c, pieces in zip(windows[w], queued.pop(0)):
+                check(c, _combined([f.result() for f in pieces], c[2] - c[1], step))
+            done[w % nbuf] = _copy_window(bufs[w % nbuf], windows[w][0][1], windows[w][-1][2], order, ends,
+                                          flat, streams)
+            advance(len(windows[w]), total=len(chunks))
     except BaseException:
         failed = True
         # reads not started are cancelled; those running finish before their buffers go back
@@ -426,17 +415,6 @@ def read_chunks_to_cuda(flat: dict[str, torch.Tensor], entries: Sequence[TensorE
                     raise
 
 
-def _crc_of(pieces: list[Future[int]], nbytes: int, step: int) -> int:
-    """The CRC-32 of a chunk of NBYTES read in pieces of STEP bytes, once its PIECES' reads are done."""
-    return _combined([f.result() for f in pieces], nbytes, step)
-
-
-def _wait_copies(events: list[Any]) -> None:
-    """Wait for the copies out of a buffer (EVENTS recorded behind them) before reading into it again."""
-    for event in events:
-        event.synchronize()
-
-
 def _combined(crcs: list[int], nbytes: int, step: int) -> int:
     """The CRC-32 of NBYTES read in pieces of STEP bytes (the last one shorter) whose CRCs are CRCS."""
     crc = crcs[0]
@@ -446,17 +424,17 @@ def _combined(crcs: list[int], nbytes: int, step: int) -> int:
     return crc
 
 
-def _copy_range(buf: torch.Tensor, b0: int, lo: int, hi: int, order: Sequence[TensorEntry], ends: list[int],
-                flat: dict[str, torch.Tensor], streams: SideStreams) -> set[Any]:
-    """Queue one copy per tensor overlapping the data range [LO, HI), held in BUF from data offset B0
-    (ORDER: the entries sorted by start, ENDS their ends); return the streams used (CPU tensors are
+def _copy_window(buf: torch.Tensor, w0: int, w1: int, order: Sequence[TensorEntry], ends: list[int],
+                 flat: dict[str, torch.Tensor], streams: SideStreams) -> list[Any]:
+    """Queue one copy per tensor overlapping the data range [W0, W1) held in BUF (ORDER: the entries
+    sorted by start, ENDS their ends); return the events that mark the copies done (CPU tensors are
     copied at once)."""
     used = set()
-    for e in order[bisect.bisect_right(ends, lo):]:
-        if e.start >= hi:
+    for e in order[bisect.bisect_right(ends, w0):]:
+        if e.start >= w1:
             break
-        a, b = max(e.start, lo), min(e.end, hi)
-        tensor, src = flat[e.key][a - e.start:b - e.start], buf[a - b0:b - b0]
+        lo, hi = max(e.start, w0), min(e.end, w1)
+        tensor, src = flat[e.key][lo - e.start:hi - e.start], buf[lo - w0:hi - w0]
         if tensor.device.type != "cuda":
             tensor.copy_(src)
             continue
@@ -464,7 +442,7 @@ def _copy_range(buf: torch.Tensor, b0: int, lo: int, hi: int, order: Sequence[Te
         with torch.cuda.stream(s):  # cuda-only: the copy queues on the CUDA stream made above
             tensor.copy_(src, non_blocking=True)
         used.add(s)
-    return used
+    return done_events(used)
 
 
 def verify_data(fd: int, header: Header, *, workers: int | None = None) -> None:
