@@ -143,7 +143,7 @@ def _made_by(value: ast.AST | None, frame: FrameType, depth: int) -> str | None:
     """The factory note of a right-hand side: its own factory call, else (a step or two further) the factory that
     made a local tensor (or list of them) it reads, or the one a function of the user's it calls returns."""
     note = _factory_note(value)
-    if note is not None or value is None or depth > 2 or _factory_note(value, moved_only=True):
+    if note is not None or value is None or depth > 2 or _moved(value):
         return note
     for node in ast.walk(value):
         if isinstance(node, ast.Name) and isinstance(frame.f_locals.get(node.id), (torch.Tensor, list, tuple)):
@@ -167,12 +167,13 @@ def _made_by(value: ast.AST | None, frame: FrameType, depth: int) -> str | None:
     return None
 
 
-def _factory_note(value: ast.AST | None, moved_only: bool = False) -> str | None:
-    if value is None:
-        return None
-    if any(isinstance(n, ast.Attribute) and n.attr in ("to", "cuda") for n in ast.walk(value)):
-        return "moved" if moved_only else None  # moved explicitly afterwards
-    if moved_only:
+def _moved(value: ast.AST) -> bool:
+    """Whether an expression moves its result explicitly (`.to(...)`, `.cuda()`)."""
+    return any(isinstance(n, ast.Attribute) and n.attr in ("to", "cuda") for n in ast.walk(value))
+
+
+def _factory_note(value: ast.AST | None) -> str | None:
+    if value is None or _moved(value):
         return None
     for node in ast.walk(value):
         if not isinstance(node, ast.Call):
