@@ -72,6 +72,30 @@ def test_forged_holder_note_is_not_trusted(holder, lease_dir):
     assert status.holder.pid == holder.pid and status.holder.user != "mallory"
 
 
+def test_a_dead_holders_note_does_not_block_when_its_inode_is_locked_anew(lease_dir, tmp_path, child_env):
+    """A note of a holder gone after its lock file was unlinked names a freed inode; once another file gets
+    that inode number and someone locks it (any process, anywhere on the disk), the GPU is still free."""
+    other = tmp_path / "someone-elses.lock"
+    locker = subprocess.Popen([sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'w'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('LOCKED', flush=True); sys.stdin.read()",
+                               str(other)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert locker.stdout.readline().strip() == "LOCKED"
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True, env=child_env())
+        st = os.stat(other)
+        LeaseDir().try_acquire(UUID).release()  # the folder and the GPU's lock file, as a first job leaves them
+        (lease_dir / f"{UUID}.holder.{os.getuid()}.{'0' * 16}").write_text(json.dumps(
+            {"pid": int(gone.stdout), "uid": os.getuid(), "command": "killed holder", "since_epoch": 1.0,
+             "lock_dev": st.st_dev, "lock_ino": st.st_ino}))
+        lease = LeaseDir().try_acquire(UUID)
+        assert lease is not None, "a stale note of a dead holder kept the GPU held"
+        lease.release()
+    finally:
+        locker.kill()
+        locker.wait()
+
+
 def test_symlinked_directory_is_refused(tmp_path, monkeypatch):
     real = tmp_path / "real"
     real.mkdir()

@@ -443,11 +443,15 @@ def orphan_holder(dirfd: int, uuid: str, named: tuple[int, int] | None, *, whole
         if (dev, ino) in lease_files:  # the inode now belongs to another GPU's lease file
             continue
         pids = proc_locks(dev, ino)
-        if pids:
-            return _vouched(holders, pids)
-        alive = [h for h in holders if h.pid and pid_exists(h.pid)]
-        if pids is None and alive:
-            return alive[0]
+        if pids is None:
+            alive = [h for h in holders if h.pid and pid_exists(h.pid)]
+            if alive:
+                return alive[0]
+            continue
+        # the locker must be the note's writer: a freed inode number soon names another file that anyone
+        # may lock (and overlayfs is matched by inode number only); a pid the kernel hides counts as held
+        if (found := _writer(holders, pids)) is not None or any(p <= 0 for p in pids):
+            return found or holders[0]
     return None
 
 
@@ -510,15 +514,18 @@ def _vouched(holders: list[Holder], pids: list[int]) -> Holder:
     writer is that process's user (a stale note, or one another user wrote naming our pid, is not);
     else what the OS says about the kernel's pid."""
     live = [p for p in pids if p > 0]
-    for pid in live:
-        try:
-            uid: int | None = os.stat(f"/proc/{pid}").st_uid
-        except OSError:
-            uid = None
+    return (_writer(holders, live) or (_holder_from_pid(live[0]) if live else None)
+            or Holder(pid=None, source="/proc/locks"))
+
+
+def _writer(holders: list[Holder], pids: list[int]) -> Holder | None:
+    """The note whose pid is one the kernel shows and whose writer is that process's user, or None."""
+    for pid in (p for p in pids if p > 0):
+        uid = _uid_of(pid)
         for holder in holders:
             if holder.pid == pid and (uid is None or holder.uid == uid):
                 return holder
-    return _holder_from_pid(live[0]) if live else Holder(pid=None, source="/proc/locks")
+    return None
 
 
 def read_owned(dirfd: int, name: str, uid_text: str) -> tuple[Any, os.stat_result] | None:
