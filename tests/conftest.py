@@ -115,6 +115,7 @@ def _autouse(fixturedef) -> bool:
     return bool(getattr(fixturedef, "_autouse", getattr(fixturedef, "autouse", False)))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (loadgroup)
 def pytest_collection_modifyitems(config, items):
     """Group tests that share a wide fixture (for xdist); skip gpu-marked tests cleanly on a machine without CUDA."""
     _share_wide_fixtures_in_one_worker(config, items)
