@@ -131,9 +131,8 @@ class _Encoder:
         if isinstance(value, TensorRef):  # a tensor kept elsewhere (DCP shards)
             return {"t": "ref", "k": value.key}
         if isinstance(value, np.ndarray):
-            try:
-                as_tensor = torch.from_numpy(np.ascontiguousarray(value))
-            except (TypeError, ValueError):  # object, datetime, big-endian, ... arrays
+            as_tensor = array_tensor(value)
+            if as_tensor is None:
                 return self._pickle(value, path, f"a numpy array of {value.dtype}")
             return {"t": "ndarray", "k": self.tensor(as_tensor, path)}
         if isinstance(value, np.generic) and not isinstance(value, np.object_):
@@ -169,6 +168,15 @@ class _Encoder:
         self.out.tensors[key] = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
         self.out.pickled.append(where)
         return {"t": "pickle", "k": key}
+
+
+def array_tensor(value: np.ndarray) -> torch.Tensor | None:
+    """The tensor a numpy array is stored as (sharing its memory when contiguous), or None for arrays torch
+    cannot hold (object, datetime, big-endian, ...: those need pickle)."""
+    try:
+        return torch.from_numpy(np.ascontiguousarray(value))
+    except (TypeError, ValueError):
+        return None
 
 
 def encode(tree: Any, *, allow_pickle: bool = False) -> Encoded:
