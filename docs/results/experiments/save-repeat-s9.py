@@ -3,11 +3,15 @@
 1. the bench's stall and step saves (measure_stalls / measure_steps, CPU, --quick layouts);
 2. a training loop as users write it: transformers GPT-2 (head tied to wte), AdamW, default rng_state.
 Run: PYTHONPATH=src python docs/results/experiments/save-repeat-s9.py (CPU; needs transformers for part 2)."""
-import os, tempfile
+import os
+import tempfile
+
 import torch
+
 import torchplace as tp
 import torchplace.checkpoint.background as bg
-from torchplace.bench import checkpoint as ck, checkpoint_async as ca
+from torchplace.bench import checkpoint as ck
+from torchplace.bench import checkpoint_async as ca
 
 seen = []
 orig = bg.save_async
@@ -16,11 +20,13 @@ cpu = torch.device("cpu")
 for name in ("gpt2", "llama"):
     state = ck._state(ck.LAYOUTS[name][1](True), cpu)
     size = sum(t.numel() * t.element_size() for t in state.values())
-    for what, measure in (("stalls", lambda r: ca.measure_stalls(state, size, cpu, r, 3, full=False, label=name)),
-                          ("steps", lambda r: ca.measure_steps(state, cpu, r))):
+    for what in ("stalls", "steps"):
         seen.clear()
         with tempfile.TemporaryDirectory() as root:
-            measure(root)
+            if what == "stalls":
+                ca.measure_stalls(state, size, cpu, root, 3, full=False, label=name)
+            else:
+                ca.measure_steps(state, cpu, root)
         print(f"bench {name} {what}: repeated per save {[f.repeated for f in seen]}")
 bg.save_async = orig
 
