@@ -24,21 +24,35 @@ def test_quick_run_measures_every_variant_and_cleans_up(tmp_path: Path) -> None:
     assert variants == ["4MiB plain write+fsync", "4MiB torch.save+fsync", "4MiB torchplace.save",
                         "4MiB torch.load -> cpu", "4MiB torchplace.load -> cpu",
                         "4MiB stall: bare copy into pinned host memory", "4MiB stall: torch.save+fsync",
-                        "4MiB stall: dcp.async_save", "4MiB stall: torchplace.save_async", "4MiB step alone",
+                        "4MiB stall: dcp.async_save", "4MiB stall: torchplace.save_async",
+                        "4MiB stall: torchplace.save_async, first save", "4MiB step alone",
                         "4MiB step while save_async writes", "4MiB load -> cpu: safetensors load_file",
                         "4MiB load -> cpu: torch.load(mmap)+.to", "4MiB load -> cpu: torchplace.load",
                         "4MiB cold: raw O_DIRECT read of the file", "4MiB cold: torchplace.load -> cpu",
                         # later sizes and the layouts: loads and the save_async stall only
                         "gpt2 stall: bare copy into pinned host memory", "gpt2 stall: torchplace.save_async",
+                        "gpt2 stall: torchplace.save_async, first save",
                         "gpt2 load -> cpu: safetensors load_file", "gpt2 load -> cpu: torch.load(mmap)+.to",
                         "gpt2 load -> cpu: torchplace.load",
                         "2MiB stall: bare copy into pinned host memory", "2MiB stall: torchplace.save_async",
+                        "2MiB stall: torchplace.save_async, first save",
                         "2MiB load -> cpu: safetensors load_file", "2MiB load -> cpu: torch.load(mmap)+.to",
                         "2MiB load -> cpu: torchplace.load"]
     assert all(row.value > 0 and row.unit in ("GB/s", "ms") and row.ratio is not None for row in result.rows)
     # every warm figure ran two interleaved rounds (--quick), and its spread is recorded
-    warm = [row for row in result.rows if " cold: " not in row.variant and "step " not in row.variant]
+    warm = [row for row in result.rows if " cold: " not in row.variant and "step " not in row.variant
+            and "first save" not in row.variant]
     assert all(row.extra["n"] == 2 and row.extra["q1"] <= row.value <= row.extra["q3"] for row in warm)
+    # save_async's stall: the first save (which allocated the staging buffers) apart from the rounds after it,
+    # which took the repeated path; the flags are in the JSON and the notes say how many
+    rows = {row.variant: row for row in result.rows}
+    for label, nbytes in (("4MiB", 4 * 2**20), ("gpt2", result.params["cases"]["gpt2"]["bytes"]), ("2MiB", 2**21)):
+        first = rows[f"{label} stall: torchplace.save_async, first save"].extra
+        assert first["n"] == 1 and first["repeated"] == [False] and first["allocated_bytes"] >= nbytes, label
+        assert rows[f"{label} stall: torchplace.save_async"].extra["repeated"] == [True, True], label
+        assert any(note.startswith(f"{label}: save_async stall") and "2 of the 2 saves after it took the repeated"
+                   in note for note in result.notes), label
+    assert rows["4MiB step while save_async writes"].extra["repeated"] == [True]
     assert [t.name for t in result.targets] == ["4MiB save vs plain write", "4MiB save_async stall vs bare pinned copy",
                                                 "4MiB save_async stall vs dcp.async_save stall",
                                                 "4MiB step while writing vs alone",

@@ -384,3 +384,52 @@ def test_a_save_of_the_same_state_copies_before_encoding_and_a_changed_one_copie
     save("9", model={"b": state["b"], "a": state["a"].half(), "c": state["c"]})  # another dtype at a
     assert torchplace.load(tmp_path / "9")["model"]["a"].dtype == torch.float16
     assert saves == [False, True, False, True, True, False, False, True, False]
+
+
+class _TiedLM(nn.Module):
+    """GPT-2's pattern in small: many small tensors, and a head tied to the token embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(50, 16)
+        self.blocks = nn.Sequential(*(nn.Sequential(nn.LayerNorm(16), nn.Linear(16, 16)) for _ in range(3)))
+        self.lm_head = nn.Linear(16, 50, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.blocks(self.wte(ids)))
+
+
+def test_a_training_loop_saves_into_the_previous_layout_and_each_file_holds_its_call(tmp_path: Path) -> None:
+    """The saves of a training loop as users call them (tied weights, AdamW whose state appears at its first step,
+    the default RNG state, numpy's an array): once the layout stops changing every save takes the repeated path."""
+    import numpy as np
+
+    torch.manual_seed(0)
+    model = _TiedLM()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def train() -> None:
+        model(torch.randint(0, 50, (4, 8))).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        np.random.rand()  # numpy's RNG state moves on too
+
+    repeated = []
+    for step in range(4):
+        fut = torchplace.save_async(tmp_path / f"s{step}", model=model, optimizer=opt, extra={"step": step})
+        weights = {k: v.clone() for k, v in model.state_dict().items()}
+        moments = [s["exp_avg"].clone() for s in opt.state_dict()["state"].values()]
+        numpy_state = np.random.get_state()[1].copy()
+        train()  # the state changes while the file is written
+        fut.result(timeout=120)
+        repeated.append(fut.repeated)
+        ck = torchplace.load(tmp_path / f"s{step}")
+        assert ck.extra == {"step": step}
+        for key, value in weights.items():
+            assert torch.equal(ck["model"][key], value), (step, key)
+        saved = [s["exp_avg"] for s in ck["optimizer"]["state"].values()]
+        assert len(saved) == len(moments) and all(torch.equal(a, b) for a, b in zip(saved, moments)), step
+        assert np.array_equal(np.asarray(ck["rng"]["numpy"][1]), numpy_state), step
+    # the first save has no layout before it; AdamW's state appears at the first step (another layout); then the same
+    assert repeated == [False, False, True, True]

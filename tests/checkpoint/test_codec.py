@@ -95,3 +95,16 @@ def test_sparse_tensors_need_pickle_too(tmp_path: Path) -> None:
     sparse = torch.eye(3).to_sparse()
     with pytest.raises(torchplace.CheckpointError, match="extra/m is a torch.sparse_coo Tensor"):
         torchplace.save(tmp_path / "c", extra={"m": sparse})
+
+
+def test_plain_lists_and_tuples_encode_as_themselves_and_nesting_is_still_bounded() -> None:
+    state = random.getstate()  # 625 ints in a tuple: saved with every checkpoint
+    enc = codec.encode({"python": state, "mixed": [1, "a", None, True, 2.5, math.inf]})
+    assert enc.tree["v"][0][1] == {"t": "tuple", "v": [3, {"t": "tuple", "v": list(state[1])}, None]}
+    assert _same(_roundtrip({"python": state, "mixed": [1, "a", None, True, 2.5, math.inf]}),
+                 {"python": state, "mixed": [1, "a", None, True, 2.5, math.inf]})
+    deep: list[object] = [1, 2]
+    for _ in range(codec.MAX_NESTING):
+        deep = [deep]
+    with pytest.raises(torchplace.CheckpointError, match="nests containers more than"):
+        codec.encode(deep)

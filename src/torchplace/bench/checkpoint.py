@@ -355,6 +355,7 @@ def run(args: argparse.Namespace) -> BenchResult:
             stalls = background.measure_stalls(state, size, dev, root, repeats, full=case.full, label=label,
                                                keep=saved)
             more_rows, more_targets = background.stall_rows(label, dev, stalls, extra, full=case.full)
+            notes.append(background.stall_note(label, stalls))
             if case.full:
                 seconds = _measure(size, dev, root, repeats, state, label)
                 save_rows, save_targets = _save_rows(label, size, dev, seconds, extra)

@@ -1,9 +1,12 @@
 """The background half of `torchplace bench checkpoint` (issues 17, 34), on the same state as the rest:
 
-- stall: how long training stops for one checkpoint: torchplace.save_async (until it returns,
-  staging buffers already made by an untimed first call) against the floor, a bare copy of the same
-  bytes into already pinned host memory (a plain memcpy on the CPU); with the full set also
-  torch.save + fsync (all of it) and dcp.async_save (until it returns);
+- stall: how long training stops for one checkpoint: torchplace.save_async called as a training loop
+  calls it (the default RNG state; the same state every time) against the floor, a bare copy of the
+  same bytes into already pinned host memory (a plain memcpy on the CPU); with the full set also
+  torch.save + fsync (all of it) and dcp.async_save (until it returns). The first save of a case is
+  timed apart (its staging buffers freed first, so it allocates them, as a process's first save does);
+  the rounds time the saves after it, and record whether each took the repeated path (SaveFuture.repeated:
+  copies started into the previous layout before encoding), which a training loop's saves should;
 - step time (full set): a fixed compute step (matmuls on the benchmark device) while a save_async
   writes in the background, against steps run back to back for as long, before and after the save;
 - loads to the device from the page cache: ours against safetensors `load_file(device=...)`,
@@ -22,6 +25,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from ..units import format_bytes
 from .common import Row, Target, gbs, judged, median, plain, ratios, row, timed_rounds
 
 STEP_MATMULS = 8
@@ -69,12 +73,12 @@ def measure_stalls(state: dict[str, Any], size: int, dev: Any, root: str, repeat
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from ..checkpoint.background import save_async
+    from ..checkpoint.background import default_saver, save_async
 
     sync = _sync(dev)
     pinned = torch.empty(size, dtype=torch.uint8, pin_memory=dev.type == "cuda")
     paths = {k: os.path.join(root, f"stall-{k}") for k in ("torch", "dcp", "tp")}
-    totals: dict[str, list[float]] = {"dcp_total": [], "async_total": []}
+    totals: dict[str, list[float]] = {"dcp_total": [], "async_total": [], "repeated": []}
     held: dict[str, Any] = {}
 
     def bare_copy() -> None:
@@ -102,18 +106,29 @@ def measure_stalls(state: dict[str, Any], size: int, dev: Any, root: str, repeat
 
     def start_async() -> None:
         held["start"] = time.perf_counter()
-        held["pending"] = save_async(paths["tp"], model=state, rng_state=False)
+        held["pending"] = save_async(paths["tp"], model=state)
 
     def end_async() -> None:
-        held.pop("pending").result()
+        fut = held.pop("pending")
+        fut.result()
         totals["async_total"].append(time.perf_counter() - held["start"])
+        totals["repeated"].append(float(fut.repeated))
 
     variants = {"copy": (sync, bare_copy, _nothing), "async": (sync, start_async, end_async)}
     if full:
         variants.update({"tsave": (sync, torch_save, lambda: os.unlink(paths["torch"])),
                          "dcp": (sync, start_dcp, end_dcp)})
     try:
-        save_async(paths["tp"], model=state, rng_state=False).result()  # untimed: makes the staging buffers
+        default_saver().drop_buffers()  # the first save allocates its buffers (from the OS: torch's pinned cache
+        empty_host_cache = getattr(torch.accelerator, "empty_host_cache", None)  # emptied where this torch can)
+        if dev.type == "cuda" and empty_host_cache is not None:
+            empty_host_cache()
+        sync()
+        start_async()
+        totals["first"] = [time.perf_counter() - held["start"]]
+        first = held.pop("pending")
+        first.result()
+        totals["first_allocated"], totals["first_repeated"] = [float(first.allocated_bytes)], [float(first.repeated)]
         bare_copy()  # untimed: the first touch of the pinned pages
         with warnings.catch_warnings():  # dcp's "assuming the intent is to save in a single process" (it is),
             warnings.filterwarnings("ignore", "torch.distributed is disabled")  # from its threads too
@@ -150,8 +165,14 @@ def stall_rows(label: str, dev: Any, stalls: dict[str, list[float]], extra: dict
                      extra),
                  row(f"{label} stall: dcp.async_save", in_ms("dcp"), "ms", median(ratios(stalls["dcp"], floor)),
                      total("dcp_total"))]
+    repeated = {"repeated": [bool(r) for r in stalls.get("repeated", [])]}
     rows.append(row(f"{label} stall: torchplace.save_async", in_ms("async"), "ms",
-                    median(ratios(stalls["async"], floor)), total("async_total")))
+                    median(ratios(stalls["async"], floor)), {**total("async_total"), **repeated}))
+    if "first" in stalls:
+        rows.append(row(f"{label} stall: torchplace.save_async, first save", in_ms("first"), "ms",
+                        stalls["first"][0] / median(floor),
+                        {**extra, "allocated_bytes": int(stalls["first_allocated"][0]),
+                         "repeated": [bool(stalls["first_repeated"][0])]}))
     gpu_only = None if dev.type == "cuda" else "set for a GPU (a device->pinned copy)"
     targets = [judged(f"{label} save_async stall vs bare pinned copy", ratios(stalls["async"], floor), 1.2, "<=",
                       gpu_only)]
@@ -159,6 +180,15 @@ def stall_rows(label: str, dev: Any, stalls: dict[str, list[float]], extra: dict
         targets.append(judged(f"{label} save_async stall vs dcp.async_save stall",
                               ratios(stalls["async"], stalls["dcp"]), 0.25, "<="))
     return rows, targets
+
+
+def stall_note(label: str, stalls: dict[str, list[float]]) -> str:
+    """What the save_async rows measured: the first save (its allocation) apart, and how many of the saves after
+    it took the repeated path."""
+    done, n = int(sum(stalls["repeated"])), len(stalls["repeated"])
+    return (f"{label}: save_async stall: the first save ({format_bytes(int(stalls['first_allocated'][0]))} of staging "
+            f"buffers allocated) is its own row; {done} of the {n} saves after it took the repeated path "
+            f"(copies into the previous layout){'' if done == n else ': a training loop should take it every time'}")
 
 
 def _steps_for(step: Callable[[], None], seconds: float) -> list[float]:
@@ -180,17 +210,18 @@ def measure_steps(state: dict[str, Any], dev: Any, root: str) -> dict[str, list[
     step = _step_fn(dev)
     path = os.path.join(root, "steps-tp")
     start = time.perf_counter()
-    save_async(path, model=state, rng_state=False).result()  # untimed: staging buffers made
+    save_async(path, model=state).result()  # untimed: staging buffers made (already, by the stall rounds)
     seconds = min(max(time.perf_counter() - start, 1.0), 20.0)
     before = _steps_for(step, seconds)
     during: list[float] = []
-    pending = save_async(path, model=state, rng_state=False)
+    pending = save_async(path, model=state)
     while not pending.done() or len(during) < 3:
         during.append(_best(step, 1))
     pending.result()
     after = _steps_for(step, seconds)
     os.unlink(path)
-    return {"alone": before + after, "during": during, "before": before, "after": after}
+    return {"alone": before + after, "during": during, "before": before, "after": after,
+            "repeated": [float(pending.repeated)]}
 
 
 def step_rows(label: str, dev: Any, steps: dict[str, list[float]], extra: dict[str, Any]
@@ -202,7 +233,7 @@ def step_rows(label: str, dev: Any, steps: dict[str, list[float]], extra: dict[s
     rows = [row(f"{label} step alone", [t * 1e3 for t in steps["alone"]], "ms", 1.0,
                 {**extra, "before_ms": median(steps["before"]) * 1e3, "after_ms": median(steps["after"]) * 1e3}),
             row(f"{label} step while save_async writes", [t * 1e3 for t in steps["during"]], "ms", median(during),
-                {**extra, "steps": len(steps["during"])})]
+                {**extra, "steps": len(steps["during"]), "repeated": [bool(r) for r in steps.get("repeated", [])]})]
     return rows, [judged(f"{label} step while writing vs alone", during, 1.05, "<=", gpu_only)]
 
 

@@ -204,6 +204,12 @@ class BackgroundSaver:
             staging = self._idle.pop() if self._idle else HostStaging()
         return staging, time.perf_counter() - start
 
+    def drop_buffers(self) -> None:
+        """Free the staging buffers kept for the next save (host memory, pinned on a GPU): the next save
+        allocates its own again (as the first save of a process does)."""
+        with self._cond:
+            self._idle.clear()
+
     def give_back(self, staging: HostStaging) -> None:
         with self._cond:
             self._idle.append(staging)

@@ -73,6 +73,9 @@ def _visible_storage(t: torch.Tensor) -> bool:
     return True
 
 
+_AS_IS = frozenset({int, str, bool, type(None)})  # leaves that are JSON as they are (a float may be inf or nan)
+
+
 class _Encoder:
     def __init__(self, allow_pickle: bool) -> None:
         self.allow_pickle = allow_pickle
@@ -131,9 +134,8 @@ class _Encoder:
         if isinstance(value, TensorRef):  # a tensor kept elsewhere (DCP shards)
             return {"t": "ref", "k": value.key}
         if isinstance(value, np.ndarray):
-            try:
-                as_tensor = torch.from_numpy(np.ascontiguousarray(value))
-            except (TypeError, ValueError):  # object, datetime, big-endian, ... arrays
+            as_tensor = array_tensor(value)
+            if as_tensor is None:
                 return self._pickle(value, path, f"a numpy array of {value.dtype}")
             return {"t": "ndarray", "k": self.tensor(as_tensor, path)}
         if isinstance(value, np.generic) and not isinstance(value, np.object_):
@@ -142,9 +144,9 @@ class _Encoder:
             return {"t": "dict", "v": [[self.encode(k, path + ("<key>",)), self.encode(v, path + (k,))]
                                        for k, v in value.items()]}
         if isinstance(value, list):
-            return [self.encode(v, path + (i,)) for i, v in enumerate(value)]
+            return self._items(value, path)
         if type(value) is tuple:
-            return {"t": "tuple", "v": [self.encode(v, path + (i,)) for i, v in enumerate(value)]}
+            return {"t": "tuple", "v": self._items(value, path)}
         if isinstance(value, torch.Size):
             return {"t": "size", "v": list(value)}
         if isinstance(value, torch.dtype):
@@ -154,6 +156,12 @@ class _Encoder:
         if isinstance(value, (bytes, bytearray)):
             return {"t": "bytes", "v": base64.b64encode(bytes(value)).decode()}
         return self._pickle(value, path, f"a {type(value).__module__}.{type(value).__qualname__}")
+
+    def _items(self, items: list[Any] | tuple[Any, ...], path: tuple[Any, ...]) -> list[Any]:
+        """ITEMS encoded; at once when each is JSON as it is (Python's RNG state: 625 ints, saved every time)."""
+        if len(path) < MAX_NESTING and all(type(v) in _AS_IS for v in items):
+            return list(items)
+        return [self.encode(v, path + (i,)) for i, v in enumerate(items)]
 
     def _pickle(self, value: Any, path: tuple[Any, ...], what: str) -> Any:
         where = _path_str(path)
@@ -169,6 +177,15 @@ class _Encoder:
         self.out.tensors[key] = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
         self.out.pickled.append(where)
         return {"t": "pickle", "k": key}
+
+
+def array_tensor(value: np.ndarray) -> torch.Tensor | None:
+    """The tensor a numpy array is stored as (sharing its memory when contiguous), or None for arrays torch
+    cannot hold (object, datetime, big-endian, ...: those need pickle)."""
+    try:
+        return torch.from_numpy(np.ascontiguousarray(value))
+    except (TypeError, ValueError):
+        return None
 
 
 def encode(tree: Any, *, allow_pickle: bool = False) -> Encoded:

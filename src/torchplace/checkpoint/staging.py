@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..errors import CheckpointError
 from ..shared.staging import SideStreams, accelerators, host_buffer
 from ..units import format_bytes
+from . import codec
 from .fileio import Planned, write_planned
 from .format import SMALL_TENSOR_BYTES, TensorEntry
 from .stream import byte_view, write_region
@@ -121,27 +123,23 @@ class HostStaging:
 
     def start_repeat(self, tree: Any) -> None:
         """Queue the copies of a save of the same state as the last one before its tree is encoded: where
-        TREE holds, at the paths the last copy found them, tensors of the same dtypes, shapes and devices,
-        each goes into the last layout now, so the device copies while the caller encodes the tree.
-        `start_copy` then takes these copies if the plan is the same (else waits for them and copies again)."""
+        TREE holds, at the paths the last copy found them, tensors of the same dtypes, shapes and devices
+        (numpy arrays, such as numpy's RNG state, as the encoder stores them), each goes into the last layout
+        now, so the device copies while the caller encodes the tree. Nothing is queued unless every tensor is
+        found: a changed state is copied once, by `start_copy`, which takes these copies if the plan is the
+        same (else waits for them and copies again)."""
         last = self._last
         if last is None:
             return
-
-        def source(entry: TensorEntry, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
-            try:
-                t = _at(tree, last.paths[entry.key])
-                if type(t) is not torch.Tensor or t.dtype != entry.dtype or t.shape != entry.shape \
-                        or t.device != device:
-                    return None
-                t = t.detach()
-                return t, byte_view(t)
-            except (KeyError, IndexError, TypeError, RuntimeError):  # moved, or not a plain tensor any more
-                return None
-
-        self._early = self._queue(last.groups, source)
-        if self._early is not None:
-            self._early.entries = last.entries
+        found: dict[str, torch.Tensor] = {}
+        for device, runs in last.groups.items():
+            for entry in (e for run in runs for e in run):
+                t = _leaf(tree, last.paths[entry.key], entry, device)
+                if t is None:
+                    return
+                found[entry.key] = t
+        self._early = self._queue(last.groups, lambda e: found[e.key])
+        self._early.entries = last.entries
 
     def start_copy(self, planned: Planned) -> Callable[[], None]:
         """Queue the copy of every tensor of PLANNED to its place in the data region; return the wait for it.
@@ -160,8 +158,7 @@ class HostStaging:
             early.wait()
         groups = _groups(planned)
         tensors = planned.tensors
-        queued = self._queue(groups, lambda e, _: (tensors[e.key], byte_view(tensors[e.key])))
-        assert queued is not None  # every source is given
+        queued = self._queue(groups, lambda e: tensors[e.key])
         keys = [e.key for e in planned.entries]
         self._last = _Layout(planned.entries, planned.paths, groups) if all(k in planned.paths for k in keys) \
             else None
@@ -174,10 +171,8 @@ class HostStaging:
             early.wait()
 
     def _queue(self, groups: dict[torch.device, list[list[TensorEntry]]],
-               source: Callable[[TensorEntry, torch.device], tuple[torch.Tensor, torch.Tensor] | None]
-               ) -> _Queued | None:
-        """Queue the copy of each entry of GROUPS from SOURCE (its tensor and that tensor's bytes), group by
-        group; None (after waiting for what was queued) at the first entry SOURCE has none for."""
+               source: Callable[[TensorEntry], torch.Tensor]) -> _Queued:
+        """Queue the copy of each entry of GROUPS from its tensor, SOURCE(entry), group by group."""
         queued = _Queued()
         for device, runs in groups.items():
             cuda = device.type == "cuda"
@@ -190,12 +185,8 @@ class HostStaging:
                 for run in runs:
                     views = []
                     for e in run:
-                        found = source(e, device)
-                        if found is None:
-                            queued.wait()
-                            return None
-                        queued.sources[e.key] = found[0]
-                        views.append(found[1])
+                        queued.sources[e.key] = t = source(e)
+                        views.append(byte_view(t))
                     queued.keep += views
                     pieces = [(e.start, v) for e, v in zip(run, views)]
                     if len(views) > 1:
@@ -256,11 +247,19 @@ class _Queued:
         return True
 
 
-def _at(tree: Any, path: tuple[Any, ...]) -> Any:
-    """The value at PATH in TREE (dict keys and list indices, as codec.encode walked it)."""
-    for step in path:
-        tree = tree[step]
-    return tree
+def _leaf(tree: Any, path: tuple[Any, ...], entry: TensorEntry, device: torch.device) -> torch.Tensor | None:
+    """The tensor at PATH in TREE (dict keys and list indices, as codec.encode walked it) as the encoder
+    stores it, if it is a plain dense tensor of ENTRY's dtype and shape on DEVICE; else None (moved, or changed)."""
+    try:
+        for step in path:
+            tree = tree[step]
+    except (KeyError, IndexError, TypeError):
+        return None
+    t = codec.array_tensor(tree) if isinstance(tree, np.ndarray) else tree
+    if type(t) is not torch.Tensor or t.layout != torch.strided or t.is_conj() or t.is_neg() \
+            or t.dtype != entry.dtype or t.shape != entry.shape or t.device != device:
+        return None
+    return t.detach()
 
 
 def _groups(planned: Planned) -> dict[torch.device, list[list[TensorEntry]]]:
