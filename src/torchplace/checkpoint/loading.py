@@ -32,7 +32,7 @@ from .fileio import read_file
 from .format import read_header
 from .options import ReadOptions
 from .reading import Read, kind_of, place_optimizer_state, read_any
-from .rotation import POINTER, check_format, complete_checkpoints
+from .rotation import POINTER, check_format, complete_checkpoints, cut_files, warn_cut
 from .state_dicts import module_device, saved_versions, unwrap, versions_of
 
 
@@ -419,19 +419,15 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
                   "its name)" if other is not None else ""
         raise CheckpointError(f"{target} holds no complete torchplace checkpoint (it holds: {held}). Fix: point at a "
                               f"checkpoint file{by_name}, or at the directory you saved into with keep_last.")
-    skipped: list[str] = []
+    cut = cut_files(target)  # a file cut short may be the newest: its order cannot be read
+    skipped = [f"skipped {what}" for what in cut]
     vanished: list[str] = []
-    for name in sorted(os.listdir(target)):  # a cut torch.save file may be the newest: its order cannot be read
-        if not name.startswith(".") and foreign.is_cut_zip(target / name):
-            why = (f"skipped {name}: it starts as a torch.save file but its end is missing (truncated?), so "
-                   "whether it is newer cannot be read")
-            warnings.warn(f"{target}: {why}", RuntimeWarning, stacklevel=2)
-            skipped.append(why)
     for _ in range(MAX_RELISTS + 1):
         for candidate in candidates:
             if is_dcp_dir(candidate):
                 ck = one(candidate, "dcp")
-                ck.notes[:0] = pointed
+                warn_cut(target, cut, f"loaded {candidate.name}", 2)
+                ck.notes[:0] = pointed + skipped
                 return ck
             try:
                 kind = kind_of(candidate)
@@ -448,6 +444,7 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
                 skipped.append(f"skipped {candidate.name}: {exc}")
                 continue
             ck = one(candidate, kind, read)
+            warn_cut(target, cut, f"loaded {candidate.name}", 2)
             ck.notes[:0] = pointed + skipped
             return ck
         else:
