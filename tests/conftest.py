@@ -39,8 +39,8 @@ def _no_env_leaks():
 
 # Threads that outlive a test by design, matched by name prefix, with the reason.
 _LONG_LIVED_THREADS: dict[str, str] = {
-    "torchplace-copy-": "the host-copy helpers (placement/_hostcopy.py): started once per process on "
-                        "the first large pack, daemons that live until exit (none under 4 cores)",
+    "torchplace-copy-": "the host-copy helpers (placement/_hostcopy.py, a shared/threads.py kept_pool): started "
+                        "by the first large pack of a process, daemons that live until exit (none under 4 cores)",
     "torchplace-load-": "the load readers (shared/threads.py kept_pool): started by the first load of a "
                         "process, daemons kept for the next load until exit",
     "tqdm_monitor": "tqdm's monitor, started once per process by its first progress bar (transformers' "

@@ -216,3 +216,22 @@ def test_a_pre_port_training_dict_fills_objects_named_by_its_own_keys(tmp_path: 
     assert all(torch.equal(v, fresh_ema.state_dict()[k]) for k, v in ema.state_dict().items())
     with pytest.raises(torchplace.CheckpointError, match="has no swa state"):  # a name the file lacks: refused
         torchplace.load(tmp_path / "checkpoint.pth", model=fresh, swa=fresh_ema)
+
+
+@pytest.mark.parametrize("member", ["data.pkl", "data/0"])
+def test_a_torch_save_member_that_fails_its_crc_is_refused_whatever_torch_makes_of_it(tmp_path: Path, member) -> None:
+    """The CRC-32s are checked while torch reads (in a helper thread): the damage is still what is reported,
+    when torch.load fails on the flipped byte (the pickle) and when it loads a wrong weight (a tensor)."""
+    import zipfile
+
+    path = tmp_path / "m.pt"
+    torch.save({"weight": torch.arange(64.0)}, path)
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as zf:
+        name = next(n for n in zf.namelist() if n.endswith("/" + member))
+        body = zf.read(name)
+    at = data.find(body) + len(body) // 2
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(torchplace.CheckpointError, match=r"m.pt is damaged: member .* fails its CRC-32"):
+        torchplace.load(path)

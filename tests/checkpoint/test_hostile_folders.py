@@ -103,9 +103,12 @@ def test_resuming_from_a_folder_whose_newest_is_torn_continues_from_the_one_befo
                         extra={"step": step}, keep_last=3)
     newest = tmp_path / "step-2.safetensors"
     os.truncate(newest, newest.stat().st_size - 100)  # a copy cut short by a full disk, outside torchplace
-    rt = torchplace.setup("cpu", threads=None, verbose=False, checkpoint_dir=tmp_path, resume=True)
+    with pytest.warns(torchplace.TorchplaceWarning, match="passed over step-2.safetensors.*picked step-1"):
+        rt = torchplace.setup("cpu", threads=None, verbose=False, checkpoint_dir=tmp_path, resume=True)
     assert rt.resume_from == tmp_path / "step-1.safetensors"
-    assert rt.resume() is not None and torchplace.load(tmp_path).extra == {"step": 1}
+    assert rt.resume() is not None
+    with pytest.warns(torchplace.TorchplaceWarning, match="passed over step-2.safetensors.*loaded step-1"):
+        assert torchplace.load(tmp_path).extra == {"step": 1}
 
 
 @pytest.mark.parametrize("keep_last", [None, 3])

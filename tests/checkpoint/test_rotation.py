@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import torchplace
+from torchplace import TorchplaceWarning
 from torchplace.checkpoint import complete_checkpoints, latest, read_header
 
 
@@ -65,8 +66,26 @@ def test_a_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path: Path) -
 
     os.truncate(tmp_path / "step-0002.safetensors", 100)  # a header that is not whole: not even a candidate
     assert complete_checkpoints(tmp_path)[0].name == "step-0003.safetensors"
-    with pytest.warns(RuntimeWarning):
+    with pytest.warns(RuntimeWarning), pytest.warns(TorchplaceWarning, match="passed over step-0002"):
         assert torchplace.load(tmp_path).extra["step"] == 1
+
+
+@pytest.mark.parametrize("cut_to", [-100, 100])  # the tensors cut off; the header itself cut
+def test_a_truncated_newest_safetensors_is_named_when_resuming_passes_it_over(tmp_path: Path, cut_to: int) -> None:
+    """It was passed over silently (a torch.save file cut short was named); now both are, with size and choice."""
+    for step in (1, 2):
+        _save(tmp_path, step, keep_last=3)
+    newest = tmp_path / "step-0002.safetensors"
+    os.truncate(newest, cut_to if cut_to > 0 else newest.stat().st_size + cut_to)  # a copy cut by a full disk
+    size = newest.stat().st_size
+    said = rf"passed over step-0002.safetensors \({size} bytes\): its header .*; {{}} step-0001.safetensors " \
+           r"instead\. Fix: if step-0002.safetensors is the checkpoint to continue from, copy it again in full"
+    with pytest.warns(TorchplaceWarning, match=said.format("loaded")):
+        ck = torchplace.load(tmp_path)
+    assert ck.extra["step"] == 1 and any(n.startswith("skipped step-0002.safetensors") for n in ck.notes)
+    with pytest.warns(TorchplaceWarning, match=said.format("picked")):
+        rt = torchplace.setup("cpu", threads=None, verbose=False, checkpoint_dir=tmp_path, resume=True)
+    assert rt.resume_from == tmp_path / "step-0001.safetensors"
 
 
 def test_a_missing_or_garbled_pointer_does_not_matter_for_resuming(tmp_path: Path) -> None:

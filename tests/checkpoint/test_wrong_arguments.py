@@ -69,3 +69,23 @@ def test_anything_iterable_is_still_a_loader() -> None:
 
     assert [t.item() for t in tp.DeviceLoader(Indexed(), "cpu")] == [0.0, 1.0]
     assert [t.item() for t in tp.DeviceLoader((torch.ones(1) for _ in range(2)), "cpu")] == [1.0, 1.0]
+
+
+def test_loading_into_objects_on_the_meta_device_is_refused_before_anything_moves(saved: Path) -> None:
+    """device="meta" moved the model to meta (its weights gone) and loaded the file's tensors as shapes only."""
+    m = nn.Linear(2, 2)
+    before = m.weight.detach().clone()
+    said = r"device='meta', model=Linear\) asked to load into objects on the meta device.*no values.*Fix: load with " \
+           r"device=\"cpu\".*load_state_dict\(state, assign=True\).*to_empty\(device=\"cpu\"\)"
+    with pytest.raises(tp.DeviceError, match=said):
+        tp.load(saved, model=m, device="meta")
+    assert m.weight.device.type == "cpu" and torch.equal(m.weight, before)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with pytest.raises(tp.DeviceError, match=r"model=Linear, optimizer=SGD\) asked"):
+        tp.load(saved, model=m, optimizer=opt, device=torch.device("meta"))
+    with torch.device("meta"):
+        shapes_only = nn.Linear(2, 2)
+    with pytest.raises(tp.DeviceError, match="meta device"):
+        tp.load(saved, model=shapes_only, device="meta")
+    tp.load(saved, model=shapes_only, device="cpu")  # the fix the message gives
+    assert shapes_only.weight.device.type == "cpu" and shapes_only.weight.shape == (2, 2)

@@ -21,13 +21,15 @@ from torchplace.distributed.leases import LeaseDir, user_name
 from torchplace.distributed.queue import waiters
 
 HANG_S = 150
-OTHER = 65531 if os.geteuid() == 0 and shutil.which("setpriv") else os.getuid()
+AS_USERS = os.geteuid() == 0 and shutil.which("setpriv") is not None
+OTHER = 65531 if AS_USERS else os.getuid()
+THIRD = 65532  # neither the entry's user nor root (as root only)
 
 # the entry writer: the queue's file protocol by hand (name, lock, content), then it waits, holding the lock
 WRITER = """
 import fcntl, json, os, secrets, sys, time
 d, content = sys.argv[1], json.loads(sys.argv[2])
-content.update(pid=os.getpid(), uid=os.getuid())
+content = {"pid": os.getpid(), "uid": os.getuid(), **content}  # a pid of its own choosing, when given
 fd = os.open(os.path.join(d, f"queue.{os.getuid()}.{secrets.token_hex(8)}"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
 fcntl.flock(fd, fcntl.LOCK_EX)
 os.write(fd, json.dumps(content).encode())
@@ -55,6 +57,7 @@ def hostile(folder):
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         procs.append(proc)
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        return proc
 
     yield write
     for proc in procs:
@@ -65,9 +68,50 @@ def hostile(folder):
 ENTRY = {"since": "2026-01-01T00:00:00+00:00", "since_ns": 1, "count": 1, "memory_bytes": None, "wait_s": 600.0}
 
 
-def _queue(folder: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torchplace", "queue", "--dir", str(folder)],
-                          capture_output=True, text=True, timeout=HANG_S)
+def _queue(folder: Path, *more: str, uid: int | None = None) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "torchplace", "queue", "--dir", str(folder), *more]
+    if uid is not None and uid != os.getuid():
+        argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=HANG_S)
+
+
+def _entries(folder: Path) -> list[str]:
+    return sorted(n for n in os.listdir(folder) if n.startswith("queue."))
+
+
+def test_a_killed_waiters_entry_is_removed_by_its_user_and_root_never_by_another_user(folder, hostile):
+    """A SIGKILLed waiter's file stayed for ever unless its own user joined the queue again."""
+    hostile(**ENTRY, pid=1, command="")  # alive: locked by a process that is not the pid it claims (another PID
+    alive = _entries(folder)             # namespace shows another pid): not counted, and never removed
+    dead = hostile(**ENTRY, command="")
+    dead.kill()
+    dead.wait(timeout=HANG_S)
+    litter = [n for n in _entries(folder) if n not in alive]
+    assert len(litter) == 1  # a process killed with SIGKILL cannot remove its file
+    if AS_USERS:  # another user may not remove it (nor could, in the sticky folder)
+        assert _queue(folder, uid=THIRD).returncode == 0 and _entries(folder) == sorted(alive + litter)
+    assert _queue(folder, uid=OTHER).returncode == 0 and _entries(folder) == alive  # its own user does
+    dead = hostile(**ENTRY, command="")
+    dead.kill()
+    dead.wait(timeout=HANG_S)
+    assert len(_entries(folder)) == 2
+    assert waiters(LeaseDir(folder)) == [] and _entries(folder) == alive  # root, the folder's owner, does too
+
+
+def test_an_entry_that_claims_to_wait_since_long_ago_does_not_jump_the_queue(folder, hostile):
+    """Entries were ordered by the since_ns they wrote: one claiming 1 ns after 1970 went first."""
+    from torchplace.distributed.queue import join, last_served
+    from torchplace.policy.fairness import serve_order
+
+    with join(LeaseDir(folder), count=1, memory_bytes=None, wait_s=600) as mine:
+        hostile(**ENTRY, user="x", command="")  # since_ns 1, since 2026-01-01: joined after us
+        queued = waiters(LeaseDir(folder))
+        theirs = next(w for w in queued if w.name != mine.name)
+        assert [a.key for a in serve_order([w.ask() for w in queued], last_served(LeaseDir(folder)))] == [
+            mine.name, theirs.name]
+        assert theirs.since_ns > mine.waiter.since_ns and not theirs.since.startswith("2026-01-01")
+        shown = _queue(folder, "--json")
+        assert [r["pid"] for r in json.loads(shown.stdout)["queue"]] == [os.getpid(), theirs.pid]
 
 
 def test_an_entry_is_shown_under_its_owners_name_with_its_escapes_visible(folder, hostile):

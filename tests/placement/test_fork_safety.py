@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
+import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import torchplace as tp
 from torchplace.checkpoint import background
 from torchplace.checkpoint.staging import HostStaging
-from torchplace.placement import _fork
+from torchplace.placement import _fork, _hostcopy
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
 
@@ -106,7 +109,7 @@ def test_a_failed_background_write_keeps_its_traceback_as_text(tmp_path: Path) -
 
 
 def _in_child(check: Callable[[], bool]) -> bool:
-    """Run CHECK in a forked child; whether it returned True there."""
+    """Run CHECK in a forked child; whether it returned True there (False for a child hung past 120 s, killed)."""
     pid = os.fork()
     if pid == 0:
         code = 1
@@ -114,8 +117,45 @@ def _in_child(check: Callable[[], bool]) -> bool:
             code = 0 if check() else 1
         finally:
             os._exit(code)  # a forked test child leaves without the parent's exit handlers
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
+    deadline = time.monotonic() + 120.0  # a hang bound: the wait ends when the child does
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return False
+    return os.waitstatus_to_exitcode(done[1]) == 0
+
+
+def test_a_child_forked_while_a_parent_thread_starts_the_copy_helpers_copies_with_its_own(monkeypatch) -> None:
+    """The host-copy pool's start lock was held by the parent's thread at the fork: the child's first big pack hung."""
+    parent, entered, release = os.getpid(), threading.Event(), threading.Event()
+
+    def threads() -> int:  # the parent's thread stops inside the helpers' start, as at an unlucky fork
+        if os.getpid() == parent and threading.current_thread() is not threading.main_thread():
+            entered.set()
+            release.wait()
+        return 2
+
+    monkeypatch.setattr(_hostcopy, "threads", threads)
+    monkeypatch.setattr(_hostcopy, "PARALLEL_BYTES", 1024)
+    monkeypatch.setattr(_hostcopy, "CHUNK_BYTES", 256)
+    src = [torch.randn(64) for _ in range(9)]
+    starter = threading.Thread(target=lambda: _hostcopy.start([torch.empty(64) for _ in src], src, [256] * 9)())
+    starter.start()
+    assert entered.wait(120)
+
+    def child() -> bool:
+        dst = [torch.empty(64) for _ in src]
+        _hostcopy.start(dst, src, [t.nbytes for t in src])()
+        helpers = [t.name for t in threading.enumerate() if t.name.startswith("torchplace-copy-")]
+        return all(torch.equal(d, s) for d, s in zip(dst, src)) and len(helpers) == 2
+
+    try:
+        assert _in_child(child)
+    finally:
+        release.set()
+        starter.join()
 
 
 def test_a_forked_child_keeps_the_parents_staging_buffers(tmp_path: Path) -> None:

@@ -101,7 +101,8 @@ def test_a_flipped_bit_or_a_cut_end_of_a_pth_tar_is_refused_naming_it(tmp_path: 
     (tmp_path / "cut.pth.tar").write_bytes(good[: len(good) // 2])
     with pytest.raises(tp.CheckpointError, match=r"cut.pth.tar cannot be read .*truncated\?"):
         tp.load(tmp_path / "cut.pth.tar", model=model)
-    with pytest.warns(RuntimeWarning, match=r"cut.pth.tar: it starts as a torch.save file but its end is missing"):
+    with pytest.warns(tp.TorchplaceWarning, match=r"passed over cut.pth.tar \(\d+ bytes\): it starts as a torch.save "
+                                                  r"file but its end, the zip's directory, is missing.*Fix:"):
         ck = tp.load(tmp_path, model=nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)))
     assert any("skipped cut.pth.tar" in n for n in ck.notes)  # the folder's cut file is named, not passed over
     out = subprocess.run([sys.executable, "-m", "torchplace", "ckpt", "inspect", "--verify",

@@ -235,6 +235,30 @@ def read_header(path: str | os.PathLike[str], fd: int | None = None) -> Header:
     return parse_header(path, raw, size)
 
 
+def cut_short(path: Path) -> str | None:
+    """How the .safetensors file PATH falls short of the length its own header gives (a copy cut short by a
+    full disk), or None: it is not cut, not a regular .safetensors file, or cannot be read. Never raises."""
+    try:
+        if path.suffix != ".safetensors" or not path.is_file():  # a FIFO would block the open
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            size = os.fstat(fd).st_size
+            if size < 8:
+                return f"it is {size} bytes long, shorter than a header's length prefix"
+            (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+            if n > size - 8:
+                return f"its header alone is {n} bytes long, and only {size - 8} bytes follow its length prefix"
+            header = safeio.loads(os.pread(fd, n, 8)) if n <= header_limit(size) else None
+        finally:
+            os.close(fd)
+        ends = [info["data_offsets"][1] for key, info in header.items() if key != "__metadata__"]
+        expected = 8 + n + max(ends, default=0)
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
+        return None
+    return f"its header describes {expected} bytes, the file has {size}" if size < expected else None
+
+
 def parse_header(path: Path, raw: bytes, file_size: int) -> Header:
     """Validate RAW (the header bytes after the length prefix) of a file of FILE_SIZE bytes."""
     ours = raw.startswith(HEADER_PREFIX)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, DeviceError
 from ..policy.devices import DeviceSpec
 from . import fitting, foreign, keymap, rng, state_dicts
 from . import sharded as tpsharded
@@ -32,7 +32,7 @@ from .fileio import read_file
 from .format import read_header
 from .options import ReadOptions
 from .reading import Read, kind_of, place_optimizer_state, read_any
-from .rotation import POINTER, check_format, complete_checkpoints
+from .rotation import POINTER, check_format, complete_checkpoints, cut_files, warn_cut
 from .state_dicts import module_device, saved_versions, unwrap, versions_of
 
 
@@ -367,7 +367,8 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
             file, a checksum mismatch, keys or shapes that do not fit the model, an optimizer whose
             groups do not fit, or a file that needs pickle without `trust_pickle=True` (each before
             anything is loaded, where it can be known before).
-        DeviceError: DEVICE does not exist here.
+        DeviceError: DEVICE does not exist here, or is the meta device with objects to fill (they would
+            keep no values).
         TypeError: `model` is not a module (a state dict, a list of modules), or another object
             to fill has no load_state_dict().
 
@@ -390,6 +391,15 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
             raise TypeError(f"load() got {name}={type(obj).__name__}, which has no load_state_dict(); "
                             f"pass objects to fill, and read saved values from the result (ck[{name!r}]).")
     dev = _resolve(device)  # validated before anything is touched
+    filled = [f"{name}={type(obj).__name__}" for name, obj in {"model": model, **objects}.items() if obj is not None]
+    if dev is not None and dev.type == "meta" and filled:
+        raise DeviceError(
+            f"load({str(path)!r}, device={device!r}, {', '.join(filled)}) asked to load into objects on the meta "
+            "device, whose tensors have shapes but no values: the checkpoint's values would be read and dropped "
+            "(and the model's own weights lost). Nothing was loaded. Fix: load with device=\"cpu\" (or the device "
+            "to run on); a model built on meta (`with torch.device(\"meta\"):`) then takes the file's tensors as "
+            "its own, as model.load_state_dict(state, assign=True) does, or give it memory first with "
+            "model.to_empty(device=\"cpu\").")
     if model is not None and dev is not None and not state_dicts.meta_names(unwrap(model)):
         unwrap(model).to(dev)  # a model on meta is moved after its load: its tensors are read onto DEV
     opts = ReadOptions(device=dev, trust_pickle=trust_pickle)
@@ -419,19 +429,15 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
                   "its name)" if other is not None else ""
         raise CheckpointError(f"{target} holds no complete torchplace checkpoint (it holds: {held}). Fix: point at a "
                               f"checkpoint file{by_name}, or at the directory you saved into with keep_last.")
-    skipped: list[str] = []
+    cut = cut_files(target)  # a file cut short may be the newest: its order cannot be read
+    skipped = [f"skipped {what}" for what in cut]
     vanished: list[str] = []
-    for name in sorted(os.listdir(target)):  # a cut torch.save file may be the newest: its order cannot be read
-        if not name.startswith(".") and foreign.is_cut_zip(target / name):
-            why = (f"skipped {name}: it starts as a torch.save file but its end is missing (truncated?), so "
-                   "whether it is newer cannot be read")
-            warnings.warn(f"{target}: {why}", RuntimeWarning, stacklevel=2)
-            skipped.append(why)
     for _ in range(MAX_RELISTS + 1):
         for candidate in candidates:
             if is_dcp_dir(candidate):
                 ck = one(candidate, "dcp")
-                ck.notes[:0] = pointed
+                warn_cut(target, cut, f"loaded {candidate.name}", 2)
+                ck.notes[:0] = pointed + skipped
                 return ck
             try:
                 kind = kind_of(candidate)
@@ -448,6 +454,7 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
                 skipped.append(f"skipped {candidate.name}: {exc}")
                 continue
             ck = one(candidate, kind, read)
+            warn_cut(target, cut, f"loaded {candidate.name}", 2)
             ck.notes[:0] = pointed + skipped
             return ck
         else:

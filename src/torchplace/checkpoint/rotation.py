@@ -52,7 +52,7 @@ from ..errors import CheckpointError, CheckpointFormatError, TorchplaceWarning
 from ..policy.resume import JOB_FILE
 from .atomic import write_bytes
 from .dcp_reader import is_dcp_dir
-from .format import SIDE_FILE, read_header
+from .format import SIDE_FILE, cut_short, read_header
 
 POINTER = "latest"
 POINTER_FORMAT = "torchplace-latest/1"
@@ -360,6 +360,35 @@ def complete_checkpoints(directory: str | os.PathLike[str], *, rotation_only: bo
     return [item[2] for item in found]
 
 
+def cut_files(directory: Path) -> list[str]:
+    """DIRECTORY's files that look like checkpoints cut short (a copy stopped by a full disk), which
+    `complete_checkpoints` passes over because no order can be read from them: "NAME (SIZE bytes): why"."""
+    from . import foreign
+
+    found = []
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        if entry.name.startswith("."):
+            continue
+        path = Path(entry.path)
+        why = cut_short(path) or ("it starts as a torch.save file but its end, the zip's directory, is missing"
+                                  if foreign.is_cut_zip(path) else None)
+        if why is not None:
+            with contextlib.suppress(OSError):
+                found.append(f"{entry.name} ({entry.stat().st_size} bytes): {why}")
+    return found
+
+
+def warn_cut(directory: Path, cut: list[str], chosen: str | None, stacklevel: int) -> None:
+    """Say of each file in CUT (`cut_files`) that it was passed over, and what was CHOSEN instead."""
+    instead = f"{chosen} instead" if chosen else "no complete checkpoint is left there"
+    for what in cut:
+        name = what.split(" (", 1)[0]
+        warnings.warn(f"{directory}: passed over {what} (truncated?), so whether it is the newest cannot be "
+                      f"read; {instead}. Fix: if {name} is the checkpoint to continue from, copy it again in full "
+                      f"(compare its size with the original's); otherwise move it out of {directory}.",
+                      TorchplaceWarning, stacklevel=stacklevel + 1)
+
+
 def latest(directory: str | os.PathLike[str]) -> Path | None:
     """The newest complete checkpoint in DIRECTORY, or None."""
     found = complete_checkpoints(directory)
@@ -373,6 +402,8 @@ def newest_name(checkpoint_dir: str | os.PathLike[str] | None) -> str | None:
     newer: list = []
     found = complete_checkpoints(checkpoint_dir, newer=newer)
     check_format(Path(checkpoint_dir), found, newer)  # a newer torchplace's checkpoint may be the newest: refuse
+    warn_cut(Path(checkpoint_dir), cut_files(Path(checkpoint_dir)),
+             f"picked {found[0].name}" if found else None, 2)
     return found[0].name if found else None
 
 

@@ -312,9 +312,9 @@ def _gib(nbytes: int) -> str:
 Note = tuple[float, Holder, tuple[int, int] | None]  # (since, who, the (device, inode) it locked)
 
 
-def now_iso() -> str:
-    """The local time as ISO 8601 with the offset written +00:00."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+def now_iso(seconds: float | None = None) -> str:
+    """The local time (now, or SECONDS since the epoch) as ISO 8601 with the offset written +00:00."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(seconds))
     return f"{stamp[:-2]}:{stamp[-2:]}"  # +0000 -> +00:00, as ISO 8601 writes it
 
 

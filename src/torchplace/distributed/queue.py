@@ -1,10 +1,15 @@
 """The GPU queue: one file per waiting job in the lease folder, no daemon, the leases' trust rules.
 
 A waiter (`torchplace run --wait`, `pick(wait=...)`) writes ``queue.<uid>.<random>`` (its request:
-how many GPUs, whole or how much memory each, since when, until when) and holds an exclusive flock
-on it while it waits. As with the leases, the kernel is the witness: an entry counts only while
-/proc/locks shows its pid locking it and its owner is the uid its name and content claim, so a
-waiter killed with SIGKILL leaves the queue at once, and nobody can queue in another user's name.
+how many GPUs, whole or how much memory each, until when) and holds an exclusive flock on it while it
+waits. As with the leases, the kernel is the witness: an entry counts only while /proc/locks shows its
+pid locking it and its owner is the uid its name and content claim, so a waiter killed with SIGKILL
+leaves the queue at once, and nobody can queue in another user's name. Its place in line is when the
+kernel last changed the file (its ctime: the entry's write, once it was locked), never a time the entry
+claims: utime sets a ctime to now, so no writer can date itself earlier, and a skewed clock on one host
+does not matter when the folder is shared (the file system stamps it). The file a killed waiter leaves
+is removed by the next reader that may (its user; anyone's for the folder's owner and root, as the
+sticky bit allows) once it proves the writer gone: the flock is free, granted to the reader itself.
 The folder's checks (root's or ours, sticky, no symbolic links) are `leases.open_folder`'s.
 
 Each waiter reads the queue, orders it (`policy.fairness.serve_order`: FIFO within a user, round
@@ -94,7 +99,7 @@ def join(folder: LeaseDir, *, count: int, memory_bytes: int | None, wait_s: floa
                     memory_bytes, float(wait_s), command[:300])
     with open_folder(folder.path, create=True) as dirfd:
         assert dirfd is not None
-        _clear_dead(dirfd, uid)
+        _clear_dead(dirfd, os.listdir(dirfd))
         try:
             name, fd = new_file(dirfd, f"{QUEUE_PREFIX}{uid}.")
         except OSError as exc:
@@ -106,7 +111,7 @@ def join(folder: LeaseDir, *, count: int, memory_bytes: int | None, wait_s: floa
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the kernel's witness that we wait
                 if os.write(fd, data) != len(data):
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-                return Ticket(folder, name, fd, mine)
+                return Ticket(folder, name, fd, _arrived(mine, os.fstat(fd)))
             except OSError as exc:
                 problem = exc
                 with contextlib.suppress(OSError):
@@ -118,11 +123,14 @@ def join(folder: LeaseDir, *, count: int, memory_bytes: int | None, wait_s: floa
 
 
 def waiters(folder: LeaseDir) -> list[Waiter]:
-    """The jobs waiting now (entries whose writer is alive and locks them), in no order."""
+    """The jobs waiting now (entries whose writer is alive and locks them), in no order; the entries
+    of waiters proven gone are removed on the way (`_clear_dead`)."""
     with open_folder(folder.path, create=False) as dirfd:
         if dirfd is None:
             return []
-        return [w for w in (_read(dirfd, n) for n in os.listdir(dirfd) if _ENTRY.match(n)) if w is not None]
+        found = {n: _read(dirfd, n) for n in os.listdir(dirfd) if _ENTRY.match(n)}
+        _clear_dead(dirfd, [n for n, w in found.items() if w is None])
+        return [w for w in found.values() if w is not None]
 
 
 def last_served(folder: LeaseDir) -> dict[str, int]:
@@ -166,9 +174,9 @@ def _read(dirfd: int, name: str) -> Waiter | None:
     raw, st = owned
     try:
         # the user is the file's owner, whatever the entry claims; its texts are shown to other users
-        w = Waiter(name, raw["pid"], raw["uid"], user_name(st.st_uid), plain(str(raw["since"]), 40), raw["since_ns"],
-                   raw["count"], raw.get("memory_bytes"), float(raw["wait_s"]), plain(str(raw.get("command", ""))))
-        if (type(w.pid) is not int or w.uid != st.st_uid or type(w.since_ns) is not int
+        w = _arrived(Waiter(name, raw["pid"], raw["uid"], user_name(st.st_uid), "", 0, raw["count"],
+                            raw.get("memory_bytes"), float(raw["wait_s"]), plain(str(raw.get("command", "")))), st)
+        if (type(w.pid) is not int or w.uid != st.st_uid
                 or type(w.count) is not int or not 1 <= w.count <= _MOST
                 or not (w.memory_bytes is None or (type(w.memory_bytes) is int and 0 < w.memory_bytes <= _MOST_BYTES))):
             return None
@@ -179,13 +187,35 @@ def _read(dirfd: int, name: str) -> Waiter | None:
         return None
 
 
-def _clear_dead(dirfd: int, uid: int) -> None:
-    """Remove this user's entries whose writer is gone (a SIGKILLed waiter leaves its file)."""
-    for name in os.listdir(dirfd):
+def _arrived(waiter: Waiter, st: os.stat_result) -> Waiter:
+    """WAITER placed by its entry's ctime (ST), which the kernel records, not by a time it could claim."""
+    return replace(waiter, since=now_iso(st.st_ctime_ns / 1e9), since_ns=st.st_ctime_ns)
+
+
+def _clear_dead(dirfd: int, names: list[str]) -> None:
+    """Remove the entries among NAMES whose writer is gone, proven as the leases prove it: their flock is
+    free, granted to us (pids are not compared: a waiter in another PID namespace shows another pid).
+    A waiter locks its entry before its first byte, so an empty one may be a waiter starting: kept.
+    Only this user's entries, or anyone's for the folder's owner and root (whom the sticky bit lets)."""
+    me, euid = os.getuid(), os.geteuid()
+    anyone = euid == 0 or os.fstat(dirfd).st_uid == euid
+    for name in names:
         m = _ENTRY.match(name)
-        if m and m.group(1) == str(uid) and _read(dirfd, name) is None:
-            with contextlib.suppress(OSError):
-                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-                # no one locks it (an entry being written is locked before its first byte)
-                if st.st_uid == uid and proc_locks(st.st_dev, st.st_ino) == [] and st.st_size > 0:
-                    os.unlink(name, dir_fd=dirfd)
+        if not m or not (anyone or m.group(1) == str(me)):
+            continue
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size == 0 or not (anyone or st.st_uid == me):
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: its writer (or a copy of it) lives
+            named = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            if (named.st_dev, named.st_ino) == (st.st_dev, st.st_ino):
+                os.unlink(name, dir_fd=dirfd)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)

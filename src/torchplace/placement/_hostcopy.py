@@ -9,22 +9,17 @@ work (device views, rebuilding the batch) at the same time. Small packs are copi
 from __future__ import annotations
 
 import os
-import queue
-import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 
 import torch
 
 from ..errors import PackingError
-from ..shared.threads import cores
+from ..shared.threads import cores, kept_pool
 from . import _pack
 
 PARALLEL_BYTES = 1 << 20  # below this, handing the copy to helpers costs more than it saves
 CHUNK_BYTES = 256 << 10  # the least each helper gets
-_lock = threading.Lock()
-_jobs: queue.SimpleQueue | None = None
-_helpers = 0
-_pid = 0  # the process that started the helpers (a forked child has none and starts its own)
 
 
 MAX_THREADS = 64  # a forced count above this would only start threads that wait for the same cores
@@ -50,31 +45,29 @@ def threads() -> int:
 def start(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor], nbytes: Sequence[int]) -> Callable[[], None]:
     """Begin dst[i].copy_(src[i]) for all i (host tensors); return the function that waits for it.
 
-    NBYTES are the sizes of the copies, used to share the work out evenly. The copies run in
-    helper threads when they are large enough and helpers exist, else here and now.
+    NBYTES are the sizes of the copies, used to share the work out evenly. The copies run in the
+    process's kept helper threads (shared/threads.py: a forked child gets its own) when they are
+    large enough and helpers exist, else here and now.
     """
     total = sum(nbytes)
-    parts = min(_pool(), total // CHUNK_BYTES) if total >= PARALLEL_BYTES else 0
+    helpers = threads() if total >= PARALLEL_BYTES else 0
+    parts = min(helpers, total // CHUNK_BYTES)
     if parts < 1:
         _pack.copy(dst, src)
         return _nothing
-    done: queue.SimpleQueue = queue.SimpleQueue()
-    jobs = _jobs
-    assert jobs is not None
-    begin, acc, k, last = 0, 0, 1, len(nbytes) - 1
+    pool = kept_pool(helpers, "torchplace-copy")
+    copies: list[Future[None]] = []
+    begin, acc, last = 0, 0, len(nbytes) - 1
     for i, size in enumerate(nbytes):
         acc += size
-        if k < parts and i < last and acc >= total * k / parts:
-            jobs.put((dst[begin:i + 1], src[begin:i + 1], done))
-            begin, k = i + 1, k + 1
-    jobs.put((dst[begin:], src[begin:], done))
+        if len(copies) + 1 < parts and i < last and acc >= total * (len(copies) + 1) / parts:
+            copies.append(pool.submit(_pack.copy, dst[begin:i + 1], src[begin:i + 1]))
+            begin = i + 1
+    copies.append(pool.submit(_pack.copy, dst[begin:], src[begin:]))
 
     def wait() -> None:
-        error = None
-        for _ in range(k):
-            result = done.get()
-            if result is not None and error is None:
-                error = result
+        errors = [copy.exception() for copy in copies]  # every copy ends before the buffers may be reused
+        error = next((e for e in errors if e is not None), None)
         if error is not None:
             raise error
 
@@ -83,34 +76,3 @@ def start(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor], nbytes: Sequ
 
 def _nothing() -> None:
     return None
-
-
-def _pool() -> int:
-    """Start the helper threads once per process (daemons: they never hold up exit)."""
-    global _jobs, _helpers, _pid
-    if _pid != os.getpid():
-        with _lock:
-            if _pid != os.getpid():
-                jobs: queue.SimpleQueue = queue.SimpleQueue()
-                n = threads()
-                for i in range(n):
-                    threading.Thread(target=_helper, args=(jobs,), name=f"torchplace-copy-{i}", daemon=True).start()
-                _helpers, _jobs, _pid = n, jobs, os.getpid()
-    return _helpers
-
-
-def _helper(jobs: queue.SimpleQueue) -> None:
-    """Copy the jobs handed in until a None arrives (the process's pool never gets one)."""
-    while True:
-        job = jobs.get()
-        if job is None:
-            return
-        dst, src, done = job
-        result = None
-        try:
-            _pack.copy(dst, src)
-        except BaseException as exc:  # handed to the waiting worker, raised there
-            result = exc
-        del dst, src  # before answering: the staging buffer is only ever freed by the worker
-        done.put(result)
-        del done, result

@@ -52,12 +52,20 @@ class KeptPool(Executor):
     def _work(self) -> None:
         while True:
             future, fn, args, kwargs = self._queue.get()
+            result = error = None
             if future.set_running_or_notify_cancel():
                 try:
-                    future.set_result(fn(*args, **kwargs))
+                    result = fn(*args, **kwargs)
                 except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller, as an executor does
-                    future.set_exception(exc)
-            del future, fn, args, kwargs  # hold nothing of a finished job while idle
+                    error = exc
+            # Let go of the job before answering: what the caller handed in (a pinned staging
+            # buffer) is then freed by the caller's thread, never by this one after the answer.
+            del fn, args, kwargs
+            if error is not None:
+                future.set_exception(error)
+            elif future.running():
+                future.set_result(result)
+            del future, result, error  # hold nothing of a finished job while idle
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Kept pools are not shut down: `with kept_pool(n) as pool:` leaves the threads for the next job."""
