@@ -21,7 +21,9 @@ case $part in
     tp doctor --json > "$R/snapshot-h200-$tag.json"
     tp doctor --check-driver > "$R/doctor-$tag.txt" 2>&1
     for v in "" "1,0" "1" "0,0" "0,5" "GPU-"; do echo "== CUDA_VISIBLE_DEVICES='$v'"; CUDA_VISIBLE_DEVICES="$v" tp map --check-driver; done > "$R/map-$tag.txt" 2>&1
-    timeout 560 python3 -m pytest -m gpu -q -rsxX -p no:cacheprovider --timeout 240 "$@" 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -40
+    # GPU_SUITE_S: the seconds the device time left allows; SIGINT then makes pytest say what ran before it stopped
+    timeout -s INT -k 20 "${GPU_SUITE_S:-560}" python3 -m pytest -m gpu -q -rfsxX -p no:cacheprovider --timeout 240 \
+      --durations=25 "$@" 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -80
     ;;
   twice)  # the whole GPU suite, default order, no filters, two runs one after the other (issue 28)
     tp doctor --json > "$R/snapshot-h200-$tag.json"
