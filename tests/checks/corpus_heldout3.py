@@ -586,23 +586,29 @@ def optimizer_loaded_before_model_moved(dev: torch.device, other: torch.device) 
 
 
 class ExponentialMovingAverageModel:
-    """Uni-Core's EMA: a deep copy of the model, updated from the live parameters after each step."""
+    """Uni-Core's EMA: a float deep copy of the model, its parameters flattened into self.param."""
 
     def __init__(self, model: nn.Module, decay: float) -> None:
-        self.model_ema = copy.deepcopy(model)
+        self.model_ema = copy.deepcopy(model).float()
         self.decay = decay
-        self.name2param = {n: p for n, p in self.model_ema.named_parameters()}
+        self.param = self.flatten_parameters()
 
-    def update_one_param(self, ema_param: torch.Tensor, new_param: torch.Tensor) -> None:
-        diff = ema_param - new_param  # case: ema_deepcopy_before_cuda
-        diff *= 1 - self.decay
-        ema_param -= diff
+    def flatten_parameters(self) -> nn.Parameter:
+        cur_params = list(self.model_ema.parameters())
+        flatten_param = cur_params[0].new(0).float().new_zeros(sum(p.numel() for p in cur_params))
+        offset = 0
+        for p in cur_params:
+            numel = p.data.numel()
+            flatten_param[offset: offset + numel].copy_(p.data.view(-1))
+            p.data = flatten_param.data[offset: offset + numel].view(*p.shape)
+            offset += numel
+        return nn.Parameter(flatten_param)
 
-    def update(self, new_param) -> None:
+    def update(self, new_param: torch.Tensor) -> None:
         with torch.no_grad():
-            for n, p in new_param:
-                if n in self.name2param:
-                    self.update_one_param(self.name2param[n], p)
+            diff = self.param - new_param  # case: ema_deepcopy_before_cuda
+            diff *= 1 - self.decay
+            self.param -= diff
 
 
 def unicore_train_step(model: nn.Module, ema: ExponentialMovingAverageModel, optimizer: torch.optim.Optimizer,
@@ -611,11 +617,13 @@ def unicore_train_step(model: nn.Module, ema: ExponentialMovingAverageModel, opt
     F.cross_entropy(model(x), y).backward()
     optimizer.step()
     optimizer.zero_grad()
-    ema.update(model.named_parameters())
+    fp32_params = torch.cat([p.detach().float().view(-1) for p in model.parameters()])
+    ema.update(fp32_params)
 
 
-# the trainer built the EMA (a deepcopy of the model) before the model went to the GPU: the copy stays on the CPU
-@R.mistake("dptech-corp/Uni-Core#42", ("ema_param", "model_ema"))
+# with several GPUs the trainer leaves moving the model to the distributed wrapper and builds the EMA from the
+# model before that: the EMA's flat parameters stay on the CPU, the optimizer's fp32 parameters are on the GPU
+@R.mistake("dptech-corp/Uni-Core#42", ("param", "model_ema"))
 def ema_deepcopy_before_cuda(dev: torch.device, other: torch.device) -> Program:
     model = Toy()
     ema = ExponentialMovingAverageModel(model, decay=0.999)
@@ -938,7 +946,7 @@ def detect_grid_list_not_moved(dev: torch.device, other: torch.device) -> Progra
 
 
 class AnchorGenerator(nn.Module):
-    """torchvision's anchor generator of 2019: it caches the cell anchors on the device of its first call."""
+    """torchvision's anchor generator of 2019: the cell anchors made once, on the device of the first call."""
 
     def __init__(self, sizes: tuple[int, ...] = (4, 8)) -> None:
         super().__init__()
@@ -952,41 +960,56 @@ class AnchorGenerator(nn.Module):
 
     def grid_anchors(self, grid_size: tuple[int, int], stride: int) -> torch.Tensor:
         base_anchors = self.cell_anchors[0]
-        shifts_x = torch.arange(0, grid_size[1], dtype=torch.float32, device=self.device_of_features) * stride
-        shifts_y = torch.arange(0, grid_size[0], dtype=torch.float32, device=self.device_of_features) * stride
+        device = base_anchors.device
+        shifts_x = torch.arange(0, grid_size[1], dtype=torch.float32, device=device) * stride
+        shifts_y = torch.arange(0, grid_size[0], dtype=torch.float32, device=device) * stride
         shift_y, shift_x = torch.meshgrid(shifts_y, shifts_x, indexing="ij")
         shifts = torch.stack((shift_x.reshape(-1), shift_y.reshape(-1)) * 2, dim=1)
-        anchors = shifts.view(-1, 1, 4) + base_anchors.view(1, -1, 4)  # case: anchor_generator_cached_on_cpu
-        return anchors.reshape(-1, 4)
+        return (shifts.view(-1, 1, 4) + base_anchors.view(1, -1, 4)).reshape(-1, 4)
 
     def forward(self, feature_map: torch.Tensor) -> torch.Tensor:
-        self.device_of_features = feature_map.device
         self.set_cell_anchors(feature_map.device)
         return self.grid_anchors(tuple(feature_map.shape[-2:]), stride=4)
 
 
-class RPNStub(nn.Module):
+class BoxCoder:
+    def decode_single(self, rel_codes: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        widths = boxes[:, 2] - boxes[:, 0]
+        heights = boxes[:, 3] - boxes[:, 1]
+        ctr_x = boxes[:, 0] + 0.5 * widths
+        ctr_y = boxes[:, 1] + 0.5 * heights
+        dx, dy = rel_codes[:, 0::4], rel_codes[:, 1::4]
+        pred_ctr_x = dx * widths[:, None] + ctr_x[:, None]  # case: anchor_generator_cached_on_cpu
+        pred_ctr_y = dy * heights[:, None] + ctr_y[:, None]
+        return torch.stack((pred_ctr_x, pred_ctr_y), dim=2).flatten(1)
+
+
+class RegionProposalNetwork(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.head = nn.Conv2d(3, W, 3, padding=1)
+        self.head = nn.Conv2d(3, 2 * 4, 3, padding=1)
         self.anchor_generator = AnchorGenerator()
+        self.box_coder = BoxCoder()
 
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        features = self.head(images)
-        return features, self.anchor_generator(features)
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        pred_bbox_deltas = self.head(images)
+        anchors = self.anchor_generator(pred_bbox_deltas)
+        pred_bbox_deltas = pred_bbox_deltas.permute(0, 2, 3, 1).reshape(-1, 4)
+        return self.box_coder.decode_single(pred_bbox_deltas.detach(), anchors)
 
 
 class DetectorStub(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.rpn = RPNStub()
+        self.rpn = RegionProposalNetwork()
 
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.rpn(images)
 
 
-# a first forward on the CPU, then model.cuda(): the anchors cached by the first call stay on the CPU
-@R.mistake("pytorch/vision#1312", ("cell_anchors", "base_anchors"), "model.rpn.anchor_generator")
+# a first forward on the CPU, then model.cuda(): the cell anchors made by the first call stay on the CPU, and so do
+# the anchors built from them, decoded against the GPU box deltas
+@R.mistake("pytorch/vision#1312", ("cell_anchors", "anchors"), "model.rpn")
 def anchor_generator_cached_on_cpu(dev: torch.device, other: torch.device) -> Program:
     model = DetectorStub()
     with torch.no_grad():
@@ -997,17 +1020,18 @@ def anchor_generator_cached_on_cpu(dev: torch.device, other: torch.device) -> Pr
 
 
 class RandomPlanckianJitter(nn.Module):
-    """kornia's Planckian jitter, shortened: the coefficient table is a plain CPU tensor made in __init__."""
+    """kornia's Planckian jitter before the fix, shortened: the coefficient table is a buffer, picked by index."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.pl = torch.tensor([[0.6, 1.0, 1.4], [0.8, 1.0, 1.2], [1.0, 1.0, 1.0], [1.3, 1.0, 0.7]])
+        _pl = torch.tensor([[0.6, 1.4], [0.8, 1.2], [1.0, 1.0], [1.3, 0.7]])
+        self.register_buffer("pl", _pl)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        idx = torch.randint(0, self.pl.shape[0], (input.shape[0],))
-        coeffs = self.pl[idx]
+        list_idx = torch.randint(0, self.pl.shape[0], (input.shape[0],)).tolist()
+        coeffs = self.pl[list_idx]
         r_w = coeffs[:, 0][..., None, None]
-        b_w = coeffs[:, 2][..., None, None]
+        b_w = coeffs[:, 1][..., None, None]
         r = input[..., 0, :, :] * r_w  # case: planckian_jitter_coeffs_on_cpu
         g = input[..., 1, :, :]
         b = input[..., 2, :, :] * b_w
@@ -1029,10 +1053,11 @@ class TinyConvNet(nn.Module):
         return self.fc(self.conv(x).mean((2, 3)))
 
 
-# kornia's RandomPlanckianJitter on a GPU batch: the coefficients picked from its CPU table multiply the image
-@R.mistake("kornia/kornia#1921", "r_w", "aug")
+# kornia's RandomPlanckianJitter (never moved, as in the report) on a GPU batch: the coefficients picked from its
+# CPU table multiply the image
+@R.mistake("kornia/kornia#1921", ("r_w", "pl"), "aug")
 def planckian_jitter_coeffs_on_cpu(dev: torch.device, other: torch.device) -> Program:
-    model, aug = TinyConvNet().to(dev), RandomPlanckianJitter().to(dev)
+    model, aug = TinyConvNet().to(dev), RandomPlanckianJitter()
     input, y = torch.rand(2, 3, 4, 4, device=dev), labels(2, dev)
     return stepped(model, lambda: augment_train_step(model, aug, input, y), (input,))
 
@@ -1275,14 +1300,15 @@ def model_parallel_tutorial_split(dev: torch.device, other: torch.device) -> Pro
     return stepped(model, lambda: model_parallel_step(model, loss_fn, optimizer, x, labels_, dev), (x,), optimizer)
 
 
-def pinned_step(model: nn.Module, batch: torch.Tensor, device: torch.device) -> torch.Tensor:
-    x = batch.pin_memory().to(device, non_blocking=True)
+def pinned_step(model: nn.Module, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    x = t.pin_memory().to(device, non_blocking=True)
     explain_here(model, x)
     return model(x).sum()
 
 
-# a pinned host batch copied with non_blocking=True: the copy is ordered on the stream before the model uses it
-@R.legal("https://pytorch.org/tutorials/intermediate/pinmem_nonblock.html", pairs=GPU)  # pinning needs CUDA
+# t.pin_memory().to("cuda", non_blocking=True): an asynchronous copy, ordered on the stream before the model uses it
+@R.legal("https://discuss.pytorch.org/t/how-is-explicit-pin-memory-different-from-just-calling-to-and-let-cuda-"
+         "handle-it/197422", pairs=GPU)  # pinning needs CUDA
 def pinned_batch_non_blocking(dev: torch.device, other: torch.device) -> Program:
     model = Toy().to(dev)
     batch = torch.randn(4, W)
@@ -1308,29 +1334,29 @@ def generate_latents(unet: nn.Module, device: torch.device, seed: int = 0) -> to
 
 
 # diffusers' advice for reproducible seeds: draw the latents with a CPU generator, then move them to the GPU
-@R.legal("https://huggingface.co/docs/diffusers/using-diffusers/reusing_seeds")
+@R.legal("https://huggingface.co/docs/diffusers/en/using-diffusers/reusing_seeds")
 def cpu_generator_latents(dev: torch.device, other: torch.device) -> Program:
     unet = UNetStub().to(dev)
     return stepped(unet, lambda: generate_latents(unet, dev), (torch.randn(1, 4, 8, 8, device=dev), 3))
 
 
-class LitGenerator(nn.Module):
-    """Lightning's device-agnostic advice: new tensors in forward made with .type_as(x)."""
+class LitModel(nn.Module):
+    """Lightning's hardware-agnostic advice: a new tensor in forward made, then moved with z.to(x)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.decoder = nn.Linear(W, W)
+        self.layer_1 = nn.Linear(W, W)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = torch.rand(x.shape[0], W)
-        z = z.type_as(x)
-        return self.decoder(x + z)
+        z = torch.Tensor(x.shape[0], W).uniform_()
+        z = z.to(x)
+        return self.layer_1(x + z)
 
 
-# a tensor made in forward, then z.type_as(x): it takes x's device as well as its dtype
-@R.legal("https://lightning.ai/docs/pytorch/stable/accelerators/accelerator_prepare.html")
-def type_as_noise_in_forward(dev: torch.device, other: torch.device) -> Program:
-    model = LitGenerator().to(dev)
+# a tensor made in forward without a device, then z = z.to(x): it takes x's device (and dtype)
+@R.legal("https://lightning.ai/docs/pytorch/latest/accelerators/accelerator_prepare.html")
+def tensor_to_x_in_forward(dev: torch.device, other: torch.device) -> Program:
+    model = LitModel().to(dev)
     x = randn(4, W, device=dev)
     return Program(model, lambda: model(x), (x,))
 
