@@ -1224,6 +1224,98 @@ def npairs_target_arange_on_cpu(dev: torch.device, other: torch.device) -> Progr
     return stepped(model, lambda: lightning_step(model, batch), (batch["x1"], batch["x2"]))
 
 
+class RandomGaussianMixtureLookup:
+    """cornucopia's contrast lookup, shortened: new intensity means drawn with torch.rand(self.nk)."""
+
+    def __init__(self, nk: int = 4) -> None:
+        self.nk = nk
+
+    def make_final(self, x: torch.Tensor) -> torch.Tensor:
+        vmin, vmax = x.min(), x.max()
+        edges = torch.linspace(vmin, vmax, self.nk + 1)
+        new_mu = torch.rand(self.nk) * (vmax - vmin) + vmin  # case: contrast_lookup_rand_on_cpu
+        return edges, new_mu
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        edges, new_mu = self.make_final(x)
+        idx = torch.bucketize(x, edges[1:-1].to(x))
+        return new_mu.to(x)[idx]
+
+
+def synth_train_step(model: nn.Module, transform: RandomGaussianMixtureLookup, x: torch.Tensor) -> torch.Tensor:
+    explain_here(model, x)
+    return model(transform(x)).square().mean()
+
+
+# cornucopia's contrast lookup on a GPU image: x.min() and x.max() are on the GPU, torch.rand(self.nk) is not
+@R.mistake("balbasty/cornucopia#22", "torch.rand")
+def contrast_lookup_rand_on_cpu(dev: torch.device, other: torch.device) -> Program:
+    model = nn.Conv2d(1, C, 3, padding=1).to(dev)
+    x = randn(2, 1, 8, 8, device=dev)
+    return stepped(model, lambda: synth_train_step(model, RandomGaussianMixtureLookup(), x), (x,))
+
+
+def _create_centered_identity_grid2(size: tuple[int, int]) -> torch.Tensor:
+    space = [torch.linspace(-1, 1, s) for s in size]
+    return torch.stack(torch.meshgrid(*space, indexing="ij"), -1)
+
+
+class SpatialTransform:
+    """batchgeneratorsv2's SpatialTransform, shortened: its sampling grid and affine matrix are made on the CPU."""
+
+    def __init__(self, patch_size: tuple[int, int], angle: float = 0.3, scale: float = 0.9) -> None:
+        self.patch_size, self.angle, self.scale = patch_size, angle, scale
+
+    def _apply_to_image(self, img: torch.Tensor) -> torch.Tensor:
+        cos, sin = math.cos(self.angle) * self.scale, math.sin(self.angle) * self.scale
+        affine = torch.tensor([[cos, -sin], [sin, cos]])
+        grid = _create_centered_identity_grid2(self.patch_size) @ affine
+        grid = grid.flip(-1)[None].expand(img.shape[0], -1, -1, -1)
+        return F.grid_sample(img, grid, mode="bilinear", align_corners=False)  # case: spatial_transform_grid_on_cpu
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        return self._apply_to_image(image)
+
+
+def segmentation_train_step(model: nn.Module, transform: SpatialTransform, img: torch.Tensor) -> torch.Tensor:
+    explain_here(model, img)
+    return model(transform(img)).square().mean()
+
+
+# the spatial augmentation inside a CUDA training loop: the identity grid and the affine matrix are on the CPU
+@R.mistake("ScrollPrize/villa#913", "grid")
+def spatial_transform_grid_on_cpu(dev: torch.device, other: torch.device) -> Program:
+    model = nn.Conv2d(1, C, 3, padding=1).to(dev)
+    img = randn(2, 1, 8, 8, device=dev)
+    return stepped(model, lambda: segmentation_train_step(model, SpatialTransform((8, 8)), img), (img,))
+
+
+class RandomJitter:
+    """torchfont's coordinate jitter: the noise drawn on the input's device with the generator the user supplied."""
+
+    def __init__(self, sigma: float = 0.01, generator: torch.Generator | None = None) -> None:
+        self.sigma, self.generator = sigma, generator
+
+    def __call__(self, coords: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn(coords.shape, generator=self.generator, device=coords.device)  # case: jitter_cpu_generator
+        return coords + self.sigma * noise
+
+
+def outline_train_step(model: nn.Module, jitter: RandomJitter, coords: torch.Tensor) -> torch.Tensor:
+    explain_here(model, coords)
+    return model(jitter(coords)).square().mean()
+
+
+# a seeded CPU torch.Generator given to the random transforms, the glyph outlines on the GPU: a CUDA sample refuses
+# a CPU generator (meta ignores the generator)
+@R.mistake("torchfont/torchfont#296", "generator", pairs=GPU)
+def jitter_cpu_generator(dev: torch.device, other: torch.device) -> Program:
+    model = nn.Sequential(nn.Linear(2, W), nn.ReLU(), nn.Linear(W, 2)).to(dev)
+    jitter = RandomJitter(generator=torch.Generator().manual_seed(0))
+    coords = randn(16, 2, device=dev)
+    return stepped(model, lambda: outline_train_step(model, jitter, coords), (coords,))
+
+
 # --------------------------------------------------------------------------- legal patterns
 
 def weighted_loss_step(model: nn.Module, criterion: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
