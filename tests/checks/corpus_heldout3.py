@@ -1316,6 +1316,38 @@ def jitter_cpu_generator(dev: torch.device, other: torch.device) -> Program:
     return stepped(model, lambda: outline_train_step(model, jitter, coords), (coords,))
 
 
+class LitModel2(nn.Module):
+    """A LightningModule whose configure_optimizers() returns Adagrad."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = nn.Linear(W, C)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l1(x)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adagrad(self.parameters(), lr=0.02)
+
+
+def fit_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> None:
+    explain_here(model, x, optimizer=optimizer)
+    F.cross_entropy(model(x), y).backward()
+    optimizer.step()  # case: adagrad_built_before_cuda
+    optimizer.zero_grad()
+
+
+# the trainer called configure_optimizers() before model.cuda(): Adagrad makes its accumulators in __init__, on the
+# CPU, and the move changes the parameters only (Module.to("meta") makes new parameters: meta never fails)
+@R.mistake("Lightning-AI/pytorch-lightning#554", "sum", pairs=GPU)
+def adagrad_built_before_cuda(dev: torch.device, other: torch.device) -> Program:
+    model = LitModel2()
+    optimizer = model.configure_optimizers()
+    model.to(dev)
+    x, y = randn(4, W, device=dev), labels(4, dev)
+    return stepped(model, lambda: fit_step(model, optimizer, x, y), (x,), optimizer)
+
+
 # --------------------------------------------------------------------------- legal patterns
 
 def weighted_loss_step(model: nn.Module, criterion: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -1694,3 +1726,44 @@ def ema_on_cpu_with_explicit_copy(dev: torch.device, other: torch.device) -> Pro
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     x = randn(4, W, device=dev)
     return stepped(model, lambda: ema_train_step(model, ema, optimizer, x), (x,), optimizer)
+
+
+# Adam built before l.cuda() works: its state is made at the first step, from the parameters as they are then
+# (Module.to("meta") makes new parameters, so on meta the optimizer would hold the old ones)
+@R.legal("pytorch/pytorch#7844", pairs=GPU)
+def adam_built_before_cuda(dev: torch.device, other: torch.device) -> Program:
+    model = Toy()
+    optimizer = torch.optim.Adam(model.parameters())
+    model.to(dev)
+    x, y = randn(4, W, device=dev), labels(4, dev)
+    return stepped(model, lambda: adam_train_step(model, optimizer, x, y), (x,), optimizer)
+
+
+class Generator(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.style = nn.Sequential(nn.Linear(W, W), nn.LeakyReLU(0.2), nn.Linear(W, W))
+        self.to_rgb = nn.Linear(W, 3)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.to_rgb(self.style(z))
+
+
+def sample_step(generator: nn.Module, device: torch.device) -> torch.Tensor:
+    z = torch.randn(4, W, device=device)
+    explain_here(generator, z)
+    return generator(z)
+
+
+# the generator on the GPU loads a state_dict mapped to the CPU: load_state_dict() copies into the parameters where
+# they are ("Yes, it is not problematic.")
+@R.legal("rosinality/stylegan2-pytorch#158")
+def gpu_model_loads_cpu_checkpoint(dev: torch.device, other: torch.device) -> Program:
+    device = dev
+    generator = Generator().to(device)
+    buffer = io.BytesIO()
+    torch.save({"g": Generator().state_dict()}, buffer)
+    buffer.seek(0)
+    ckpt = torch.load(buffer, map_location=lambda storage, loc: storage)
+    generator.load_state_dict(ckpt["g"])
+    return stepped(generator, lambda: sample_step(generator, device), (torch.randn(4, W, device=dev),))
