@@ -1,17 +1,15 @@
-"""HELD OUT (issue 31): memory growth from other projects' public reports, kept from anyone changing the leak
-tracker. Do not read this file while working on torchplace.memory; the lead runs it once, at the end, with
-`TORCHPLACE_HELDOUT=1 pytest tests/memory/test_holders_heldout.py` and records the result (skipped otherwise, so
-that no default run scores it). Same shape as test_holders_outside.py: each test reproduces its report's loop (cited
-in its docstring) on the CPU, with tensors large enough that the growth clears the CPU's tolerance (16 MiB) well,
-and says what the tracker must name: the holder as the user wrote it, or for memory kept only by an autograd graph,
-the tensor at the graph's root. Checked with plain torch when written (no tracker: the process's resident memory,
-glibc's mmap threshold pinned so that freed blocks go back): each loop grew 67-135 MiB over its 16 steps, the same
-loop with the report's fix under 8 MiB."""
+"""Memory growth from other projects' public reports (issue 31), written as a held-out set and scored once, on
+2026-12-02 (session 9): 1 of 4 named as written. Now a development set like test_holders_outside.py; what the
+tracker does not name as written yet is xfail(strict=True), with what it says instead. Each test reproduces its
+report's loop (cited in its docstring) on the CPU, with tensors large enough that the growth clears the CPU's
+tolerance (16 MiB) well, and says what the tracker must name: the holder as the user wrote it, or for memory kept
+only by an autograd graph, the tensor at the graph's root. Checked with plain torch when written (no tracker: the
+process's resident memory, glibc's mmap threshold pinned so that freed blocks go back): each loop grew 67-135 MiB
+over its 16 steps, the same loop with the report's fix under 8 MiB."""
 
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
 import pytest
@@ -20,9 +18,6 @@ from torch import nn
 
 from torchplace import track_memory
 from torchplace.memory import MemoryLeakWarning
-
-pytestmark = pytest.mark.skipif(os.environ.get("TORCHPLACE_HELDOUT") != "1",
-                                reason="held out: run once by the lead with TORCHPLACE_HELDOUT=1")
 
 
 def line_of(text: str) -> str:
@@ -57,6 +52,8 @@ class MetricCollection:
             metric(preds, target)
 
 
+@pytest.mark.xfail(strict=True, reason="names the graph of one element by the class path, `AUROC.preds[2]`, "
+                                        "not the list as the user holds it")
 def test_metric_list_states_updated_with_undetached_predictions():
     """Lightning-AI/torchmetrics#1461: AUROC stores every update's inputs; updated in the training loop with
     `met(predictions, labels)` (no `.detach()`), each stored prediction also holds its graph."""
@@ -118,6 +115,8 @@ class FinetuneDataset(torch.utils.data.Dataset):
         return {"input_ids": torch.randint(0, 100, (1024,)), "whisper_feature": torch.randn(1024, 1024)}
 
 
+@pytest.mark.xfail(strict=True, reason="names 'a dict of 16 items': the lru_cache's own dict is not traced to "
+                                        "the cached function")
 def test_dataset_getitem_behind_an_unbounded_lru_cache():
     """MoonshotAI/Kimi-Audio#117: `@lru_cache(maxsize=None)` on the dataset's __getitem__ keeps every sample it
     returned; memory grows with the data seen."""
@@ -155,6 +154,8 @@ class LineSearchGD(torch.optim.Optimizer):
             alpha_prev, alpha = alpha, alpha * group["step_size_reduction"]
 
 
+@pytest.mark.xfail(strict=True, reason="names the autograd graph of the last `loss`, not the list `losses` "
+                                        "that keeps every step's")
 def test_line_search_losses_kept_as_tensors_in_a_list():
     """StanfordASL/neural-network-lyapunov#140: the training loop kept each line-search step's returned loss in
     `losses`, the tensor with its graph (the closure's forward is never backpropagated); the fix stores floats."""
