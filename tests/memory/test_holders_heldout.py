@@ -52,8 +52,6 @@ class MetricCollection:
             metric(preds, target)
 
 
-@pytest.mark.xfail(strict=True, reason="names the graph of one element by the class path, `AUROC.preds[2]`, "
-                                        "not the list as the user holds it")
 def test_metric_list_states_updated_with_undetached_predictions():
     """Lightning-AI/torchmetrics#1461: AUROC stores every update's inputs; updated in the training loop with
     `met(predictions, labels)` (no `.detach()`), each stored prediction also holds its graph."""
@@ -115,8 +113,6 @@ class FinetuneDataset(torch.utils.data.Dataset):
         return {"input_ids": torch.randint(0, 100, (1024,)), "whisper_feature": torch.randn(1024, 1024)}
 
 
-@pytest.mark.xfail(strict=True, reason="names 'a dict of 16 items': the lru_cache's own dict is not traced to "
-                                        "the cached function")
 def test_dataset_getitem_behind_an_unbounded_lru_cache():
     """MoonshotAI/Kimi-Audio#117: `@lru_cache(maxsize=None)` on the dataset's __getitem__ keeps every sample it
     returned; memory grows with the data seen."""
@@ -129,7 +125,7 @@ def test_dataset_getitem_behind_an_unbounded_lru_cache():
                     model(dataset[i]["whisper_feature"])
                 tracker.step()
     name = tracker.report.grew[0].name
-    assert "__getitem__" in name, name
+    assert name == "dict `@lru_cache of FinetuneDataset.__getitem__`", name
 
 
 class LineSearchGD(torch.optim.Optimizer):
@@ -154,8 +150,6 @@ class LineSearchGD(torch.optim.Optimizer):
             alpha_prev, alpha = alpha, alpha * group["step_size_reduction"]
 
 
-@pytest.mark.xfail(strict=True, reason="names the autograd graph of the last `loss`, not the list `losses` "
-                                        "that keeps every step's")
 def test_line_search_losses_kept_as_tensors_in_a_list():
     """StanfordASL/neural-network-lyapunov#140: the training loop kept each line-search step's returned loss in
     `losses`, the tensor with its graph (the closure's forward is never backpropagated); the fix stores floats."""

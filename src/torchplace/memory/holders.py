@@ -24,6 +24,7 @@ at its baseline and, at the end, only when memory grew.
 from __future__ import annotations
 
 import collections
+import functools
 import gc
 import inspect
 import linecache
@@ -181,13 +182,16 @@ def grown(before: dict[int, Holding], after: dict[int, Holding], min_bytes: int)
 def graph_saved(t: torch.Tensor, keep: Callable[[torch.Tensor], bool] | None = None,
                 nodes: set[int] | None = None) -> dict[int, int]:
     """Storage address -> bytes of the tensors T's autograd graph still saves (none once backward freed
-    them), those KEEP accepts; NODES, when given, receives the ids of the graph's nodes."""
+    them), those KEEP accepts; NODES, when given, receives the ids of the graph's nodes but its leaves'
+    (AccumulateGrad: the parameters' nodes, which the graphs of every step share)."""
     seen: set[int] = set() if nodes is None else nodes
     saved: dict[int, int] = {}
     stack = [t.grad_fn] if t.grad_fn is not None else []
     while stack and len(seen) < _MAX_GRAPH_NODES:
         node = stack.pop()
         if node is None or id(node) in seen:
+            continue
+        if type(node).__name__ == "AccumulateGrad":
             continue
         seen.add(id(node))
         for name in dir(node):
@@ -207,11 +211,11 @@ def graph_saved(t: torch.Tensor, keep: Callable[[torch.Tensor], bool] | None = N
 
 
 def graph_roots(keep: Callable[[torch.Tensor], bool], min_bytes: int, own: set[int] = frozenset(),  # type: ignore[assignment]
-                top: int = 3) -> list[tuple[torch.Tensor, dict[int, int]]]:
+                top: int = 3) -> list[tuple[torch.Tensor, dict[int, int], set[int]]]:
     """(tensor, what its graph saves) for the TOP live tensors whose autograd graphs save MIN_BYTES or more
     of KEEP's tensors, most first: memory that no Python object holds, only the graph of a tensor the
-    user keeps (a running total summed without `.item()`). A tensor inside another one's graph is not a
-    root: the outer one holds it."""
+    user keeps (a running total summed without `.item()`), and the ids of its graph's nodes. A tensor inside
+    another one's graph is not a root: the outer one holds it."""
     heap = gc.get_objects()
     try:
         candidates = [o for o in heap if issubclass(type(o), torch.Tensor) and id(o) not in own
@@ -224,10 +228,33 @@ def graph_roots(keep: Callable[[torch.Tensor], bool], min_bytes: int, own: set[i
         saved = graph_saved(t, keep, nodes)
         graphs.append((t, saved, nodes - {id(t.grad_fn)}))
     inner = set().union(*(nodes for _, _, nodes in graphs))
-    roots = [(t, saved) for t, saved, _ in graphs if id(t.grad_fn) not in inner and sum(saved.values()) >= min_bytes]
+    roots = [(t, saved, nodes) for t, saved, nodes in graphs
+             if id(t.grad_fn) not in inner and sum(saved.values()) >= min_bytes]
     candidates.clear()
     graphs.clear()
     return sorted(roots, key=lambda item: sum(item[1].values()), reverse=True)[:top]
+
+
+def group_by_holder(roots: list[tuple[torch.Tensor, dict[int, int], set[int]]], holders: dict[int, Any]
+                    ) -> list[tuple[Any, list[torch.Tensor], dict[int, int]]]:
+    """ROOTS (from `graph_roots`) grouped by the holder among HOLDERS (id -> object, from `holdings`) that keeps
+    two or more of them with graphs of their own (no node in common: one kept each step, as a list of losses),
+    so that the holder is named for all their graphs; roots whose graphs are one history (a dict of running
+    totals made from one output, an LSTM's (h, c)) stand alone. (holder or None, its roots, storage -> bytes
+    saved), most saved first."""
+    ids = {id(t): (t, saved, nodes) for t, saved, nodes in roots}
+    grouped: set[int] = set()
+    out: list[tuple[Any, list[torch.Tensor], dict[int, int]]] = []
+    for holder in holders.values():
+        mine = [ids[id(r)] for r in gc.get_referents(holder) if id(r) in ids and id(r) not in grouped]
+        if len(mine) > 1 and sum(len(n) for *_, n in mine) == len(set().union(*(n for *_, n in mine))):
+            saved: dict[int, int] = {}
+            for _, part, _ in mine:
+                saved.update(part)
+            out.append((holder, [t for t, *_ in mine], saved))
+            grouped.update(id(t) for t, *_ in mine)
+    out += [(None, [t], saved) for t, saved, _ in roots if id(t) not in grouped]
+    return sorted(out, key=lambda g: sum(g[2].values()), reverse=True)
 
 
 # --------------------------------------------------------------------------- names
@@ -306,6 +333,8 @@ def _path(obj: Any, frames: list[types.FrameType], ignore: set[int], depth: int)
                     outer, _, origin = _path(ref, frames, ignore | {id(ref)}, depth - 1)
                     if outer:
                         return f"{outer}[{_key_text(key)}]", None, origin
+            elif type(ref) is functools._lru_cache_wrapper:  # the cache of a function under @lru_cache / @cache
+                return f"@lru_cache of {ref.__qualname__}", None, None
             elif type(ref) is types.MethodType and ref.__self__ is obj:  # a hook or callback bound to OBJ
                 outer, _, origin = _path(ref, frames, ignore, depth - 1)
                 if outer:

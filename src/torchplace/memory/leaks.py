@@ -34,7 +34,18 @@ from ..errors import MemoryLeakError, MemoryLeakWarning
 from ..policy.devices import DeviceSpec
 from ..shared.strict_switch import should_raise
 from ..units import format_bytes
-from .holders import Growth, Holding, containers_of, graph_roots, grown, holdings, name_holder, name_root, user_frames
+from .holders import (
+    Growth,
+    Holding,
+    containers_of,
+    graph_roots,
+    group_by_holder,
+    grown,
+    holdings,
+    name_holder,
+    name_root,
+    user_frames,
+)
 from .usage import LiveTensor, cuda_origins, graph_holders, live_tensors, tensor_info
 
 CPU_TOLERANCE = 16 * 2**20  # heap noise (glibc arenas, thread caches); the resident set is noisier still
@@ -172,15 +183,18 @@ class MemoryTracker:
                 for key, growth, added in grown(self._holdings, now, min_bytes)[:top]:
                     name, where = name_holder(objects[key], frames, {id(objects), id(now), id(frames)})
                     out.append(Growth(name, where, str(self.device), growth, added, now[key].tensors, now[key].nbytes))
-                if not out:  # held by no Python object: saved in the autograd graph of a tensor the user keeps
-                    roots = [(t, saved) for t, saved in graph_roots(self._on_device, min_bytes, own={id(objects)},
-                                                                    top=top + len(self._baseline_graphs))
-                             if (id(t), id(t.grad_fn)) not in self._baseline_graphs][:top]
-                    for t, saved in roots:  # the graph was not measured at the start: all it saves now is growth
-                        name, where = name_root(t, frames, {id(objects), id(now), id(frames), id(roots)})
+                if not out:  # held by no Python object: saved in the autograd graphs of tensors the user keeps
+                    roots = [root for root in graph_roots(self._on_device, 1, own={id(objects)}, top=10_000)
+                             if (id(root[0]), id(root[0].grad_fn)) not in self._baseline_graphs]
+                    groups = [g for g in group_by_holder(roots, objects) if sum(g[2].values()) >= min_bytes][:top]
+                    ignore = {id(objects), id(now), id(frames), id(roots), id(groups)}
+                    for holder, kept, saved in groups:  # not measured at the start: all they save now is growth
+                        name, where = (name_holder(holder, frames, ignore) if holder is not None
+                                       else name_root(kept[0], frames, ignore))
                         size = sum(saved.values())
                         out.append(Growth(name, where, str(self.device), size, len(saved), len(saved), size))
                     roots.clear()
+                    groups.clear()
                 frames.clear()
                 return out
         finally:
