@@ -102,16 +102,16 @@ def available_pairs() -> list[str]:
 
 def score(case: Any, pair: str, tool: str, corpus: Any) -> Outcome:
     """Build CASE for PAIR and judge TOOL on it. The cuda-cpu pair without a GPU: strict() and watch() on a fake
-    cuda:0 (bench/_fake_cuda.py); explain() on the case built on meta vs cpu, what is on meta relocated to a fake
-    cuda:0 by its dry run."""
+    cuda:0 (checks/_dry_run.py's fake_cuda()); explain() on the case built on meta vs cpu, what is on meta
+    relocated to a fake cuda:0 by its dry run."""
     import contextlib
 
     import torch
 
-    from . import _fake_cuda
+    from ..checks._dry_run import fake_cuda
 
     fake = pair == _FAKE_PAIR and not torch.cuda.is_available()
-    world = _fake_cuda.world() if fake and tool != "explain" else contextlib.nullcontext()
+    world = fake_cuda() if fake and tool != "explain" else contextlib.nullcontext()
     main, other = (torch.device(d) for d in corpus.PAIRS["cpu-meta" if fake and tool == "explain" else pair])
     if torch.cuda.is_available():
         torch.cuda.set_device(0)

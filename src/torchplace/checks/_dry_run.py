@@ -186,54 +186,114 @@ _OLD_FAKE_MISMATCH = re.compile(r"Unhandled FakeTensor Device Propagation for \S
                                 r"([\w:]+), ([\w:]+)")
 
 
-class _Reachable(TorchFunctionMode):
-    """Devices as the run sees them. Without a target device: one this machine lacks (cuda on a CPU-only torch,
-    cuda:1 with one GPU) fails the run as the real step would, before a fake tensor is made there (torch aborts
-    the process for a device it was built without). With one (a dry run for another machine): every device
-    exists, "cuda" without an index is cuda:0 (torch's current device when nothing set another), and where this
-    torch has no code for the device, an op is worked out on meta (_on_meta) and the backward pass is simulated
-    (each parameter gets a gradient on its own device): torch's device rules are kept, its kernels skipped."""
+class FakeDevices(TorchFunctionMode):
+    """Devices as a run on fake tensors sees them, the one home of "run this on fake devices".
 
-    def __init__(self, target: torch.device | None, swap: _Swap) -> None:
+    With SWAP (explain()'s dry run, under its FakeTensorMode): every tensor a torch call reaches is the swap's
+    fake copy. Without a TARGET, a device this machine lacks (cuda on a CPU-only torch, cuda:1 with one GPU)
+    fails the run as the real step would, before a fake tensor is made there (torch aborts the process for a
+    device it was built without). Without SWAP (fake_cuda(): a cuda:0 for a machine without one): what the code
+    puts on a cuda device is a fake tensor there, everything else stays real. With a TARGET: every device
+    exists, "cuda" without an index is cuda:0 (torch's current device when nothing set another), and where this
+    torch has no code for cuda, an op is worked out on meta (_on_meta) and run without autograd, a backward
+    pass is simulated (each fake leaf that wants a gradient gets one on its own device) and pinning is skipped:
+    torch's device rules are kept, its kernels skipped."""
+
+    def __init__(self, target: torch.device | None, swap: _Swap | None = None) -> None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
         super().__init__()
         self.target, self.swap = target, swap
+        self.fake = swap.mode if swap is not None else FakeTensorMode(allow_non_fake_inputs=True)
         self.simulated = target is not None and target.type == "cuda" and not _has(target)
+        self.leaves: list[torch.Tensor] = []  # not weak: a weak reference stops Module.to() swapping a fake
 
     def __torch_function__(self, func: Any, types_: Any, args: Any = (), kwargs: Any = None) -> Any:
-        from torch.utils._pytree import tree_map_only
+        from torch._subclasses.fake_tensor import FakeTensor
+        from torch.utils._pytree import tree_flatten, tree_map_only
 
-        # a tensor of the user's the run did not reach through the step's arguments (a global, a closure): its
-        # fake copy, so the run reads it where it is and never writes into it
-        args, kwargs = tree_map_only(torch.Tensor, self.swap.tensor, (tuple(args), dict(kwargs or {})))
+        args, kwargs = tuple(args), dict(kwargs or {})
+        if self.swap is not None:  # a tensor of the user's the run did not reach through the step's arguments (a
+            # global, a closure): its fake copy, so the run reads it where it is and never writes into it
+            args, kwargs = tree_map_only(torch.Tensor, self.swap.tensor, (args, kwargs))
         name = getattr(func, "__name__", "")
+        specs = [*(args[1:] if name in ("to", "cuda") else ()), kwargs.get("device")]
+        fake = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, FakeTensor)]
+        if self.swap is None and not (name == "cuda" or fake or any(map(_names_cuda, specs))):
+            return func(*args, **kwargs)  # nothing on cuda: the real op
         if self.target is None:
-            specs = [*(args[1:] if name in ("to", "cuda") else ()), kwargs.get("device")]
             if name == "cuda" and not any(isinstance(v, (int, str, torch.device)) for v in specs[:-1]):
                 specs.append("cuda")
             for spec in specs:
-                if isinstance(spec, (str, torch.device)) and str(spec).startswith("cuda") and not _has(spec):
+                if _names_cuda(spec) and not _has(spec):
                     raise _Unreachable(f"{spec} is not a device of this machine")
         elif name == "cuda":  # tensor.cuda(), tensor.cuda(1): a .to() with the index made explicit
             spec = args[1] if len(args) > 1 else kwargs.pop("device", None)
             index = spec.index if isinstance(spec, torch.device) else spec if isinstance(spec, int) else None
-            return args[0].to(torch.device("cuda", index or 0), **kwargs)
+            func, args = torch.Tensor.to, (args[0], torch.device("cuda", index or 0))
         else:
             args = tuple(_indexed(a) for a in args)
             kwargs.update({"device": _indexed(kwargs["device"])} if "device" in kwargs else {})
-        if self.simulated and name == "backward":
-            for _, p in self.swap.fakes.values():  # what a backward pass leaves: a gradient per parameter
-                if isinstance(p, torch.nn.Parameter) and p.requires_grad:
-                    p.grad = torch.empty_like(p)
-            return None
-        try:
-            out = func(*args, **kwargs)
-        except RuntimeError as exc:
-            if not (self.simulated and "not linked with support for cuda" in str(exc)):
-                raise
-            out = _on_meta(func, args, kwargs)
+        if self.simulated and name in ("backward", "pin_memory"):  # no cuda code for either here
+            return self._backward() if name == "backward" else args[0]
+        if name == "__deepcopy__" and fake:  # torch would copy it under a mode of its own
+            return self._copy(args[0], args[1])
+        if name == "to" and fake:  # Module.to() swaps a fake parameter for the moved one, which a weak reference
+            self._forget()  # from fake tensors' cache of conversions would refuse
+        outside = (self.fake, _EagerChecks()) if self.swap is None else ()
+        with contextlib.ExitStack() as stack:
+            for mode in (*outside, *((torch.no_grad(),) if self.simulated else ())):
+                stack.enter_context(mode)  # autograd needs the device's code
+            try:
+                out = func(*args, **kwargs)
+            except RuntimeError as exc:  # no cuda code for this op here: worked out on meta
+                if not (self.simulated and "not linked with support for cuda" in str(exc)):
+                    raise
+                out = _on_meta(func, args, kwargs)
         if func in FACTORIES and isinstance(out, torch.Tensor):  # where it was made, should it be a culprit
             note_birth(out, FACTORIES[func], kwargs.get("device"))
+        if name == "requires_grad_" and isinstance(out, FakeTensor):
+            self.leaves.append(out)
         return out
+
+    def _backward(self) -> None:
+        """What a backward pass leaves: a gradient (zeros) for each fake leaf that wants one and has none."""
+        swapped = [f for _, f in self.swap.fakes.values()] if self.swap is not None else []
+        with self.fake:
+            for leaf in [*swapped, *self.leaves]:
+                if leaf.requires_grad and leaf.is_leaf and leaf.grad is None:
+                    leaf.grad = torch.zeros_like(leaf)
+
+    def _copy(self, tensor: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
+        """copy.deepcopy(TENSOR), a fake of this run's like TENSOR (a parameter stays one)."""
+        with self.fake:
+            copied = torch.ops.aten.clone.default(tensor)
+        if isinstance(tensor, torch.nn.Parameter):
+            copied = torch.nn.Parameter(copied, requires_grad=tensor.requires_grad)
+        memo[id(tensor)] = copied
+        return copied
+
+    def _forget(self) -> None:
+        """Empty fake tensors' cache of the tensors they converted (it holds weak references to the fakes)."""
+        memo = getattr(getattr(self.fake.fake_tensor_converter, "meta_converter", None), "tensor_memo", None)
+        if memo is not None:
+            memo.clear()
+
+
+@contextlib.contextmanager
+def fake_cuda() -> Any:
+    """The block builds and runs as if this machine had a cuda:0 (`bench diagnose --fake-gpu`: strict() and
+    watch() judged on cuda vs cpu): what it puts there is fake, torch's own device checks raise torch's errors."""
+    with torch.no_grad(), FakeDevices(torch.device("cuda", 0)) as mode:
+        yield mode
+
+
+def _names_cuda(spec: Any) -> bool:
+    """Whether SPEC names a cuda device."""
+    try:
+        return isinstance(spec, (str, torch.device)) and torch.device(spec).type == "cuda"
+    except RuntimeError:
+        return False
 
 
 def _has(spec: Any) -> bool:
@@ -314,11 +374,9 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
         for companion in companions:
             swap.value(companion)
         fake_args, fake_kwargs = swap.value(args), swap.value(kwargs)
-        target = device or next(iter((_MOVED.get() or {}).values()), None)
-        devices = _Reachable(target, swap)
-        grad = torch.no_grad() if devices.simulated else contextlib.nullcontext()  # autograd needs the device's code
+        devices = FakeDevices(device or next(iter((_MOVED.get() or {}).values()), None), swap)
         with (warnings.catch_warnings(), contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet),
-              _quiet_log("torch._subclasses.fake_tensor"), mode, _EagerChecks(), devices, grad, watch(model)):
+              _quiet_log("torch._subclasses.fake_tensor"), mode, _EagerChecks(), devices, watch(model)):
             warnings.simplefilter("ignore")
             func(*fake_args, **fake_kwargs)
         reading.ran = "ran"
