@@ -330,20 +330,23 @@ def _on_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Module, companions: list[Any],
         current: Any, device: torch.device | None = None, must_call_model: bool = False,
-        kind: str = "step-device") -> StepRun | None:
+        kind: str = "step-device", real: bool = False) -> StepRun | None:
     """Run CALL (function, args, kwargs) on fake tensors and say what torch did. DEVICE: the model's parameters
     and buffers are made there (as model.to(device) would put them); everything else keeps its device. With
-    MUST_CALL_MODEL, None when the call is not the step (it failed before calling the model, or never did)."""
+    MUST_CALL_MODEL, None when the call is not the step (it failed before calling the model, or never did).
+    REAL: on the real tensors instead (where fake tensors cannot run an op), without autograd, the model's
+    buffers and the random streams put back after."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.nn.parallel import DistributedDataParallel
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+    from ..errors import MetaTensorError
     from .mismatch import is_device_mismatch
     from .watch import watch
 
     wrapped = [type(m).__name__ for m in model.modules() if isinstance(m, DistributedDataParallel)
                or type(m).__name__ == "OptimizedModule"]
-    if wrapped:  # their communication and compilation are not for fake tensors
+    if wrapped and not real:  # their communication and compilation are not for fake tensors
         return StepRun(ran=f"not run: a {wrapped[0]} is not run on fake tensors")
     func, args, kwargs = call
     reading = StepRun()
@@ -365,35 +368,48 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     swap = _Swap(mode, device)
+    saved = [(b, b.detach().clone()) for b in model.buffers()] if real else []
     handles = [model.register_forward_pre_hook(before_model), model.register_forward_hook(after_model)]
-    handles.append(register_optimizer_step_pre_hook(before_step))
+    handles += [] if real else [register_optimizer_step_pre_hook(before_step)]
     token, births = _RUNNING.set(current), BIRTHS.set({})
     quiet = io.StringIO()
     try:
-        swap.value(model, move=True)
-        for companion in companions:
-            swap.value(companion)
-        fake_args, fake_kwargs = swap.value(args), swap.value(kwargs)
-        devices = FakeDevices(device or next(iter((_MOVED.get() or {}).values()), None), swap)
-        with (warnings.catch_warnings(), contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet),
-              _quiet_log("torch._subclasses.fake_tensor"), mode, _EagerChecks(), devices, watch(model)):
+        if real:  # its dropout draws from generators of its own: the training's random streams stay as they were
+            cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+            modes: list[Any] = [torch.no_grad(), torch.random.fork_rng(devices=cuda)]
+        else:
+            swap.value(model, move=True)
+            for companion in companions:
+                swap.value(companion)
+            args, kwargs = swap.value(args), swap.value(kwargs)
+            modes = [_quiet_log("torch._subclasses.fake_tensor"), mode, _EagerChecks(),
+                     FakeDevices(device or next(iter((_MOVED.get() or {}).values()), None), swap)]
+        with contextlib.ExitStack() as stack:
+            for entered in (warnings.catch_warnings(), contextlib.redirect_stdout(quiet),
+                            contextlib.redirect_stderr(quiet), *modes, watch(model)):
+                stack.enter_context(entered)
             warnings.simplefilter("ignore")
-            func(*fake_args, **fake_kwargs)
+            func(*args, **kwargs)
         reading.ran = "ran"
     except _Stop:
         reading.ran = "ran"
-    except DeviceMismatchError as exc:
-        reading.ran = "device mismatch"
+    except (DeviceMismatchError, MetaTensorError) as exc:  # a meta tensor used for its data: named as watch() does
+        no_data = isinstance(exc, MetaTensorError)
+        reading.ran = "meta tensor used for its data" if no_data else "device mismatch"
         report = getattr(exc, "report", None)
         names = [(t.origin or t.label).split(" at ")[0].split(" in ")[0] for t in getattr(report, "culprits", [])]
         where = getattr(report, "module", None) or ", ".join(dict.fromkeys(names)) or "step"
         what = "the forward fails" if kind == "mismatch" else "the step fails (run on fake tensors)"
-        reading.problems.append({"kind": kind, "where": where, "severity": "error", "message": failed(what, exc)})
+        reading.problems.append({"kind": "meta-tensor" if no_data else kind, "where": where, "severity": "error",
+                                 "message": failed(what, exc)})
     except Exception as exc:  # an op fake tensors cannot run, or the step's own error: said, not guessed past
         if must_call_model and not calls[0] and not is_device_mismatch(exc) and not isinstance(exc, _NO_FAKE):
             return None  # it failed before reaching the model: not the step (a function around explain())
         at = _stopped_at(exc)
         what = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}" if str(exc) else type(exc).__name__
+        if real:  # inputs the forward does not take (a whole batch): the static findings stand
+            reading.ran = f"not run: model(*inputs) raised {what}"
+            return reading
         reading.ran = f"stopped{' at ' + at if at else ''}: {what}"
         reading.problems.append({"kind": "step-not-checked", "where": "step", "severity": "note",
                                  "message": f"fake tensors ran the step up to {at or 'an op'} and stopped there "
@@ -404,6 +420,10 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
         for handle in handles:
             handle.remove()
         swap.restore()
+        with torch.no_grad():
+            for buffer, value in saved:
+                if buffer.device == value.device and buffer.shape == value.shape:
+                    buffer.copy_(value)
     return reading if calls[0] > 0 or reading.ran != "ran" or not must_call_model else None
 
 
