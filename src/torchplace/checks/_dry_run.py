@@ -38,8 +38,7 @@ from .implicit_device import FACTORIES
 _FRAMES = 3  # the function that called explain() and the two that called it
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _RUNNING: contextvars.ContextVar[Any] = contextvars.ContextVar("torchplace_dry_run", default=None)
-_MOVED: contextvars.ContextVar[dict[str, torch.device] | None] = contextvars.ContextVar("torchplace_moved",
-                                                                                       default=None)
+_WORLD: contextvars.ContextVar[FakeDevices | None] = contextvars.ContextVar("torchplace_fake_cuda", default=None)
 
 
 @dataclass
@@ -56,21 +55,9 @@ class _Stop(BaseException):
     """The model was called a second time: one step has been seen."""
 
 
-@contextlib.contextmanager
-def relocated(devices: dict[str, str]) -> Any:
-    """Runs in the block put every tensor on a device of DEVICES' keys, and every device the code names that
-    is one of them, on its value: {"meta": "cuda:0"} runs code built on meta as if it had been built on cuda:0
-    (how the CPU scores the corpus on the GPU pairs)."""
-    token = _MOVED.set({k: torch.device(v) for k, v in devices.items()})
-    try:
-        yield
-    finally:
-        _MOVED.reset(token)
-
-
-def relocating() -> bool:
-    """Inside relocated(): the real tensors stand for others, so the real forward is no fallback."""
-    return bool(_MOVED.get())
+def faking() -> bool:
+    """Inside fake_cuda(): its tensors are fake, so the real forward is no fallback."""
+    return _WORLD.get() is not None
 
 
 def running() -> Any:
@@ -285,7 +272,11 @@ def fake_cuda() -> Any:
     """The block builds and runs as if this machine had a cuda:0 (`bench diagnose --fake-gpu`: strict() and
     watch() judged on cuda vs cpu): what it puts there is fake, torch's own device checks raise torch's errors."""
     with torch.no_grad(), FakeDevices(torch.device("cuda", 0)) as mode:
-        yield mode
+        token = _WORLD.set(mode)
+        try:
+            yield mode
+        finally:
+            _WORLD.reset(token)
 
 
 def _names_cuda(spec: Any) -> bool:
@@ -303,10 +294,9 @@ def _has(spec: Any) -> bool:
 
 
 def _indexed(spec: Any) -> Any:
-    """"cuda" or torch.device("cuda") as cuda:0, a relocated device as where it goes; anything else as it is."""
-    if isinstance(spec, (str, torch.device)) and str(spec) == "cuda":
-        return torch.device("cuda", 0)
-    return (_MOVED.get() or {}).get(str(spec), spec) if isinstance(spec, (str, torch.device)) else spec
+    """"cuda" or torch.device("cuda") as cuda:0 (torch's current device when nothing set another); anything else
+    as it is."""
+    return torch.device("cuda", 0) if isinstance(spec, (str, torch.device)) and str(spec) == "cuda" else spec
 
 
 def _on_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -366,7 +356,8 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
         if site:
             reading.optimizers.append((optimizer, site))
 
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    world = _WORLD.get()  # inside fake_cuda(): its fake tensors and their mode
+    mode = world.fake if world is not None else FakeTensorMode(allow_non_fake_inputs=True)
     swap = _Swap(mode, device)
     saved = [(b, b.detach().clone()) for b in model.buffers()] if real else []
     handles = [model.register_forward_pre_hook(before_model), model.register_forward_hook(after_model)]
@@ -383,7 +374,7 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
                 swap.value(companion)
             args, kwargs = swap.value(args), swap.value(kwargs)
             modes = [_quiet_log("torch._subclasses.fake_tensor"), mode, _EagerChecks(),
-                     FakeDevices(device or next(iter((_MOVED.get() or {}).values()), None), swap)]
+                     FakeDevices(device or (world.target if world else None), swap)]
         with contextlib.ExitStack() as stack:
             for entered in (warnings.catch_warnings(), contextlib.redirect_stdout(quiet),
                             contextlib.redirect_stderr(quiet), *modes, watch(model)):
@@ -472,7 +463,7 @@ class _Swap:
         if isinstance(t, FakeTensor):
             return t
         if id(t) not in self.fakes:
-            to = (_MOVED.get() or {}).get(str(t.device)) or (self.device if move else None)
+            to = self.device if move else None
             if t.numel() == 1 and t.device.type == "cpu" and to is None:  # a CPU scalar keeps (a copy of) its value:
                 with _disable_current_modes(), torch._C.DisableTorchFunction():  # code reading it (a step count) runs
                     fake = self.mode.fake_tensor_converter.from_real_tensor(self.mode, t.detach().clone(), True)
