@@ -193,7 +193,7 @@ class FakeDevices(TorchFunctionMode):
         self.target, self.swap = target, swap
         self.fake = swap.mode if swap is not None else FakeTensorMode(allow_non_fake_inputs=True)
         self.simulated = target is not None and target.type == "cuda" and not _has(target)
-        self.leaves: list[torch.Tensor] = []  # not weak: a weak reference stops Module.to() swapping a fake
+        self.leaves: dict[int, torch.Tensor] = {}  # not weak: a weak reference stops Module.to() swapping a fake
 
     def __torch_function__(self, func: Any, types_: Any, args: Any = (), kwargs: Any = None) -> Any:
         from torch._subclasses.fake_tensor import FakeTensor
@@ -221,12 +221,11 @@ class FakeDevices(TorchFunctionMode):
         else:
             args = tuple(_indexed(a) for a in args)
             kwargs.update({"device": _indexed(kwargs["device"])} if "device" in kwargs else {})
+        self.leaves.update({id(t): t for t in fake if t.requires_grad and t.is_leaf})  # what a backward reaches
         if self.simulated and name in ("backward", "pin_memory"):  # no cuda code for either here
             return self._backward() if name == "backward" else args[0]
         if name == "__deepcopy__" and fake:  # torch would copy it under a mode of its own
             return self._copy(args[0], args[1])
-        if name == "to" and fake:  # Module.to() swaps a fake parameter for the moved one, which a weak reference
-            self._forget()  # from fake tensors' cache of conversions would refuse
         outside = (self.fake, _EagerChecks()) if self.swap is None else ()
         with contextlib.ExitStack() as stack:
             for mode in (*outside, *((torch.no_grad(),) if self.simulated else ())):
@@ -237,23 +236,22 @@ class FakeDevices(TorchFunctionMode):
                 if not (self.simulated and "not linked with support for cuda" in str(exc)):
                     raise
                 out = _on_meta(func, args, kwargs)
+        if name in ("to", "requires_grad_"):  # Module.to() swaps the parameter for the moved one (a Parameter made
+            self._forget()  # of it): a weak reference to either from fake tensors' caches would refuse that
         if func in FACTORIES and isinstance(out, torch.Tensor):  # where it was made, should it be a culprit
             note_birth(out, FACTORIES[func], kwargs.get("device"))
-        if name == "requires_grad_" and isinstance(out, FakeTensor):
-            self.leaves.append(out)
         return out
 
     def _backward(self) -> None:
-        """What a backward pass leaves: a gradient (zeros) for each fake leaf that wants one and has none."""
-        swapped = [f for _, f in self.swap.fakes.values()] if self.swap is not None else []
+        """What a backward pass leaves: a gradient (zeros) for each fake leaf an op used that wants one."""
         with self.fake:
-            for leaf in [*swapped, *self.leaves]:
-                if leaf.requires_grad and leaf.is_leaf and leaf.grad is None:
+            for leaf in self.leaves.values():
+                if leaf.requires_grad and leaf.grad is None:
                     leaf.grad = torch.zeros_like(leaf)
 
     def _copy(self, tensor: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
         """copy.deepcopy(TENSOR), a fake of this run's like TENSOR (a parameter stays one)."""
-        with self.fake:
+        with self.fake, torch.no_grad():
             copied = torch.ops.aten.clone.default(tensor)
         if isinstance(tensor, torch.nn.Parameter):
             copied = torch.nn.Parameter(copied, requires_grad=tensor.requires_grad)
@@ -261,22 +259,31 @@ class FakeDevices(TorchFunctionMode):
         return copied
 
     def _forget(self) -> None:
-        """Empty fake tensors' cache of the tensors they converted (it holds weak references to the fakes)."""
-        memo = getattr(getattr(self.fake.fake_tensor_converter, "meta_converter", None), "tensor_memo", None)
-        if memo is not None:
-            memo.clear()
+        """Empty fake tensors' caches of the tensors they converted (weak references to the real and the fake)."""
+        converter = getattr(self.fake.fake_tensor_converter, "meta_converter", None)
+        for memo in (getattr(converter, "tensor_memo", None), getattr(converter.describer, "lookup_tensor", None)
+                     if converter is not None else None):
+            if memo is not None:
+                memo.clear()
 
 
 @contextlib.contextmanager
 def fake_cuda() -> Any:
     """The block builds and runs as if this machine had a cuda:0 (`bench diagnose --fake-gpu`: strict() and
     watch() judged on cuda vs cpu): what it puts there is fake, torch's own device checks raise torch's errors."""
-    with torch.no_grad(), FakeDevices(torch.device("cuda", 0)) as mode:
-        token = _WORLD.set(mode)
+    from ..hardware.visible import map_visible
+    from ..policy.devices import ASSUMED, Machine
+
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)  # a parameter moved there stays the same object,
+    with FakeDevices(torch.device("cuda", 0)) as mode:  # as Module.to's `.data =` keeps it on a GPU: the optimizer's
+        tokens = _WORLD.set(mode), ASSUMED.set(Machine(1, map_visible()))  # torchplace.device() resolves cuda:0
         try:
             yield mode
         finally:
-            _WORLD.reset(token)
+            _WORLD.reset(tokens[0])
+            ASSUMED.reset(tokens[1])
+            torch.__future__.set_swap_module_params_on_conversion(swap)
 
 
 def _names_cuda(spec: Any) -> bool:
