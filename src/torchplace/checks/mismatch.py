@@ -44,7 +44,7 @@ _MISMATCH = re.compile(
     r"|different from other tensors on|Expected object of device type|should be either on cpu or on the same "
     r"device|(?:must|to) be on the same device|are on different devices|is on device \S+ but .* on device"
     r"|tensors are not at the same device|expected to be in the same device|device type for generator but found"
-    r"|must have its parameters and buffers on device")
+    r"|must have its parameters and buffers on device|should be a \w+ CPU \w+ tensor, but got \w+ (?!cpu )\S+")
 _CONV_TYPES = re.compile(r"Input type \((torch\.[\w.]+)\) and weight type \((torch\.[\w.]+)\) should be the same")
 _EXPECTED = re.compile(r"not on the expected device (\S+?)!|different from other tensors on (\S+?)[ ,)]"
                        r"|found at least two devices, (\S+?) and |found input tensor at (\S+) and"
