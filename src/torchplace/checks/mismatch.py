@@ -343,7 +343,11 @@ def _op_index(entries: list[tuple[FrameType, int, int]]) -> int:
         if fr.is_plumbing(entries[i][0]) and entries[i - 1][0].f_code.co_filename == _OVERRIDES \
                 and not all(fr.is_plumbing(e[0]) for e in entries[i:]):  # raised in the mode itself: the call is the op
             first = i + 1
-    limit = next((i for i in range(first, len(entries)) if fr.is_internal(entries[i][0].f_code.co_filename)),
+    # torch's machinery below the innermost code not torch's own (a custom autograd Function's backward, a forward
+    # torch.compile traced, run by torch): the op it called
+    own = max((i for i in range(first, len(entries)) if not fr.is_library(entries[i][0].f_code.co_filename)),
+              default=first)
+    limit = next((i for i in range(own, len(entries)) if fr.is_internal(entries[i][0].f_code.co_filename)),
                  len(entries))
     for i in range(limit - 1, -1, -1):
         if not fr.is_plumbing(entries[i][0]):
