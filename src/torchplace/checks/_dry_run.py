@@ -16,7 +16,6 @@ import io
 import linecache
 import logging
 import os
-import re
 import sysconfig
 import types
 import warnings
@@ -146,13 +145,7 @@ class _EagerChecks(TorchDispatchMode):
         elif func is torch.ops.aten.index.Tensor and args and args[0].device.type == "cpu":
             if any(isinstance(i, torch.Tensor) and i.device.type != "cpu" for i in args[1]):
                 raise RuntimeError("indices should be either on cpu or on the same device as the indexed tensor (cpu)")
-        try:
-            return func(*args, **kwargs)
-        except RuntimeError as exc:  # torch before 2.12 words fake tensors' device check its own way
-            found = _OLD_FAKE_MISMATCH.search(str(exc))
-            if found is None:
-                raise
-            raise RuntimeError(_TWO.format(found[1], found[2])) from None
+        return func(*args, **kwargs)
 
 
 _TWO = "Expected all tensors to be on the same device, but found at least two devices, {} and {}!"  # torch's words
@@ -166,11 +159,6 @@ def _one_device(tensors: Any, cpu_scalars: bool = True) -> str | None:
     if len(devices) > 1:
         raise RuntimeError(_TWO.format(devices[0], devices[1]))
     return devices[0] if devices else None
-
-
-# FakeTensorMode's device check in torch < 2.12 (2.12 raises FakeTensorDeviceMismatchError with the eager text)
-_OLD_FAKE_MISMATCH = re.compile(r"Unhandled FakeTensor Device Propagation for \S+, found two different devices "
-                                r"([\w:]+), ([\w:]+)")
 
 
 class FakeDevices(TorchFunctionMode):
@@ -509,13 +497,9 @@ class _Swap:
         return v
 
     def _module(self, m: torch.nn.Module, depth: int, move: bool = False) -> None:
-        registries: tuple[dict[str, Any], ...] = (m._parameters, m._buffers)
-        for registry in registries:
-            old = dict(registry)
-            self.undo.append((registry, old))
-            for k, t in old.items():
-                if t is not None:
-                    registry[k] = self.tensor(t, move)
+        for registry in (vars(m)["_parameters"], vars(m)["_buffers"]):
+            self.undo.append((registry, dict(registry)))
+            registry.update({k: self.tensor(t, move) for k, t in registry.items() if t is not None})
         self._attributes(m, {k: v for k, v in vars(m).items() if k not in _MODULE_STATE}, depth)
 
     def _attributes(self, owner: Any, attributes: dict[str, Any], depth: int) -> None:

@@ -44,11 +44,12 @@ _MISMATCH = re.compile(
     r"|different from other tensors on|Expected object of device type|should be either on cpu or on the same "
     r"device|(?:must|to) be on the same device|are on different devices|is on device \S+ but .* on device"
     r"|tensors are not at the same device|expected to be in the same device|device type for generator but found"
-    r"|must have its parameters and buffers on device|should be a \w+ CPU \w+ tensor, but got \w+ (?!cpu )\S+")
+    r"|must have its parameters and buffers on device|should be a \w+ CPU \w+ tensor, but got \w+ (?!cpu )\S+"
+    r"|FakeTensor Device Propagation for \S+, found two different devices")  # fake tensors' words before torch 2.12
 _CONV_TYPES = re.compile(r"Input type \((torch\.[\w.]+)\) and weight type \((torch\.[\w.]+)\) should be the same")
 _EXPECTED = re.compile(r"not on the expected device (\S+?)!|different from other tensors on (\S+?)[ ,)]"
-                       r"|found at least two devices, (\S+?) and |found input tensor at (\S+) and"
-                       r"|but got \(self\) (\S+?),|on device (\S+) \(device_ids\[0\]\)"
+                       r"|found (?:at least two|two different) devices,? (\S+?)(?: and|,) "
+                       r"|found input tensor at (\S+) and|but got \(self\) (\S+?),|on device (\S+) \(device_ids\[0\]\)"
                        r"|Expected a '(\w+)' device type for generator")
 _METHOD = re.compile(r"in method (?:wrapper_(?:[A-Za-z0-9]+_)?_?)?(\w+)")
 
@@ -62,17 +63,6 @@ def is_device_mismatch(exc: BaseException) -> bool:
         return True
     conv = _CONV_TYPES.search(text)
     return conv is not None and (".cuda." in conv.group(1)) != (".cuda." in conv.group(2))
-
-
-def device_named_in(text: str) -> str | None:
-    """The device PyTorch's message says the op expected ("not on the expected device cuda:0!"), if any."""
-    match = _EXPECTED.search(text)
-    return next((g for g in match.groups() if g), None) if match else None
-
-
-def op_from_message(text: str) -> str | None:
-    match = _METHOD.search(text)
-    return match.group(1) if match else None
 
 
 _BINOPS = {"Add": "add", "Sub": "sub", "Mult": "mul", "Div": "div", "MatMult": "matmul", "Pow": "pow"}
@@ -100,7 +90,8 @@ def expected_device(tensors: list[Operand], root: torch.nn.Module | None, text: 
             device = weight.most_common(1)[0][0]
             if device in present:
                 return device
-    said = device_named_in(text)
+    match = _EXPECTED.search(text)  # the device torch's message says the op expected ("not on the expected device")
+    said = next((g for g in match.groups() if g), None) if match else None
     if said in present:
         return said
     counts = Counter(t.device for t in tensors if not t.scalar)
@@ -272,7 +263,8 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
     `outer`: when the error is caught inside the program (at a module boundary), the live
     frames from `outer` up, which the traceback does not reach, are read too.
     """
-    report = MismatchReport(torch_message=str(exc), op=op_from_message(str(exc)))
+    method = _METHOD.search(str(exc))
+    report = MismatchReport(torch_message=str(exc), op=method.group(1) if method else None)
     entries = fr.stack_entries(outer) + fr.traceback_entries(exc.__traceback__)
     if not entries:
         return report
