@@ -25,14 +25,22 @@ from types import FrameType
 from typing import Any
 
 import torch
+from torch._subclasses import fake_tensor as ft
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map_only
 
-from ..errors import DeviceMismatchError
+from ..errors import DeviceMismatchError, MetaTensorError
 from . import frames as fr
 from ._fixes import failed
 from .culprits import BIRTHS, note_birth
 from .implicit_device import FACTORIES
+from .mismatch import is_device_mismatch
+from .watch import watch
 
 _FRAMES = 3  # the function that called explain() and the two that called it
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
@@ -162,21 +170,15 @@ def _one_device(tensors: Any, cpu_scalars: bool = True) -> str | None:
 
 
 class FakeDevices(TorchFunctionMode):
-    """Devices as a run on fake tensors sees them, the one home of "run this on fake devices".
-
-    With SWAP (explain()'s dry run, under its FakeTensorMode): every tensor a torch call reaches is the swap's
-    fake copy. Without a TARGET, a device this machine lacks (cuda on a CPU-only torch, cuda:1 with one GPU)
-    fails the run as the real step would, before a fake tensor is made there (torch aborts the process for a
-    device it was built without). Without SWAP (fake_cuda(): a cuda:0 for a machine without one): what the code
-    puts on a cuda device is a fake tensor there, everything else stays real. With a TARGET: every device
-    exists, "cuda" without an index is cuda:0 (torch's current device when nothing set another), and where this
-    torch has no code for cuda, an op is worked out on meta (_on_meta) and run without autograd, a backward
-    pass is simulated (each fake leaf that wants a gradient gets one on its own device) and pinning is skipped:
-    torch's device rules are kept, its kernels skipped."""
+    """Devices as a run on fake tensors sees them: the one home of "run this on fake devices". With SWAP
+    (explain()'s dry run) every tensor a torch call reaches is its fake copy; without (fake_cuda()) what the code
+    puts on cuda is fake there, the rest real. Without a TARGET, a device this machine lacks fails the run as the
+    real step would, before a fake tensor is made there (torch aborts the process for a device it was built
+    without). With one, every device exists, "cuda" is cuda:0, and where this torch has no cuda code an op is
+    worked out on meta without autograd, a backward pass simulated (a gradient for each leaf the ops used) and
+    pinning skipped: torch's device rules kept, its kernels skipped."""
 
     def __init__(self, target: torch.device | None, swap: _Swap | None = None) -> None:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
         super().__init__()
         self.target, self.swap = target, swap
         self.fake = swap.mode if swap is not None else FakeTensorMode(allow_non_fake_inputs=True)
@@ -184,9 +186,6 @@ class FakeDevices(TorchFunctionMode):
         self.leaves: dict[int, torch.Tensor] = {}  # not weak: a weak reference stops Module.to() swapping a fake
 
     def __torch_function__(self, func: Any, types_: Any, args: Any = (), kwargs: Any = None) -> Any:
-        from torch._subclasses.fake_tensor import FakeTensor
-        from torch.utils._pytree import tree_flatten, tree_map_only
-
         args, kwargs = tuple(args), dict(kwargs or {})
         if self.swap is not None:  # a tensor of the user's the run did not reach through the step's arguments (a
             # global, a closure): its fake copy, so the run reads it where it is and never writes into it
@@ -212,8 +211,6 @@ class FakeDevices(TorchFunctionMode):
         self.leaves.update({id(t): t for t in fake if t.requires_grad and t.is_leaf})  # what a backward reaches
         if self.simulated and name in ("backward", "pin_memory"):  # no cuda code for either here
             return self._backward() if name == "backward" else args[0]
-        if name == "__deepcopy__" and fake:  # torch would copy it under a mode of its own
-            return self._copy(args[0], args[1])
         outside = (self.fake, _EagerChecks()) if self.swap is None else ()
         with contextlib.ExitStack() as stack:
             for mode in (*outside, *((torch.no_grad(),) if self.simulated else ())):
@@ -236,15 +233,6 @@ class FakeDevices(TorchFunctionMode):
             for leaf in self.leaves.values():
                 if leaf.requires_grad and leaf.grad is None:
                     leaf.grad = torch.zeros_like(leaf)
-
-    def _copy(self, tensor: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
-        """copy.deepcopy(TENSOR), a fake of this run's like TENSOR (a parameter stays one)."""
-        with self.fake, torch.no_grad():
-            copied = torch.ops.aten.clone.default(tensor)
-        if isinstance(tensor, torch.nn.Parameter):
-            copied = torch.nn.Parameter(copied, requires_grad=tensor.requires_grad)
-        memo[id(tensor)] = copied
-        return copied
 
     def _forget(self) -> None:
         """Empty fake tensors' caches of the tensors they converted (weak references to the real and the fake)."""
@@ -298,8 +286,6 @@ def _on_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """FUNC for fake cuda tensors where this torch has no cuda code for it (a composite op such as cross_entropy,
     indexing): torch's device rule checked (one device, 0-dim CPU tensors and CPU indices aside), the result
     worked out on meta and made on that device."""
-    from torch.utils._pytree import tree_flatten, tree_map_only
-
     index = getattr(func, "__name__", "") in ("__getitem__", "__setitem__")  # CPU index tensors are fine
     tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
     device = _one_device([t for t in tensors if not (index and t is not args[0] and t.device.type == "cpu")])
@@ -321,14 +307,6 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
     MUST_CALL_MODEL, None when the call is not the step (it failed before calling the model, or never did).
     REAL: on the real tensors instead (where fake tensors cannot run an op), without autograd, the model's
     buffers and the random streams put back after."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.nn.parallel import DistributedDataParallel
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-    from ..errors import MetaTensorError
-    from .mismatch import is_device_mismatch
-    from .watch import watch
-
     wrapped = [type(m).__name__ for m in model.modules() if isinstance(m, DistributedDataParallel)
                or type(m).__name__ == "OptimizedModule"]
     if wrapped and not real:  # their communication and compilation are not for fake tensors
@@ -428,16 +406,9 @@ class _Unreachable(RuntimeError):
     """The run met a device this machine lacks."""
 
 
-def _no_fake() -> tuple[type[BaseException], ...]:
-    """What fake tensors raise for an op they cannot run (its output depends on data), and _Unreachable."""
-    from torch._subclasses import fake_tensor as ft
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-
-    return (_Unreachable, ft.DataDependentOutputException, ft.DynamicOutputShapeException,
+# what fake tensors raise for an op they cannot run (its output depends on data), and _Unreachable
+_NO_FAKE = (_Unreachable, ft.DataDependentOutputException, ft.DynamicOutputShapeException,
             ft.UnsupportedOperatorException, GuardOnDataDependentSymNode)
-
-
-_NO_FAKE = _no_fake()
 
 
 class _Swap:
@@ -453,8 +424,6 @@ class _Swap:
         self.seen: set[int] = set()
 
     def tensor(self, t: torch.Tensor, move: bool = False) -> torch.Tensor:
-        from torch._subclasses.fake_tensor import FakeTensor
-
         if isinstance(t, FakeTensor):
             return t
         if id(t) not in self.fakes:
