@@ -116,13 +116,18 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
     )
     if target is not None:
         result["device"] = str(target)
-    found = _placement(inner, groups, devices) if target is None else []
-    found += _sitting(devices, result)
     if step is not None:
         reading = dry_run.run((step, inputs, {}), model, near, result, target) or dry_run.StepRun()
     else:
         reading = dry_run.read_callers(sys._getframe(1), model, near, result, target)
     result["step"] = reading.ran
+    params = {id(p) for p in model.parameters()}
+    if optimizer is None:  # the optimizer that steps in the caller's code, when all its parameters are the model's
+        optimizer = next((o for o, _ in reading.optimizers
+                          if all(id(p) in params for g in o.param_groups for p in g["params"])), None)
+    steps = {id(o): site for o, site in reversed(reading.optimizers)}  # the nearest frame's line
+    found = _findings(model, groups, devices if target is None else [], devices, result, optimizer,
+                      steps.get(id(optimizer)))
     forward = None
     if args and step is None and not reading.model_ran and reading.ran != "device mismatch":
         forward = dry_run.run((model, args, {}), model, [], result, target, kind="mismatch") or dry_run.StepRun()
@@ -140,13 +145,6 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
             forward = real
     result["forward"] = forward.ran if forward else "not run: " + ("the step ran it" if reading.model_ran else
                                                                    "the step was given" if step else "no inputs given")
-    params = {id(p) for p in model.parameters()}
-    if optimizer is None:  # the optimizer that steps in the caller's code, when all its parameters are the model's
-        optimizer = next((o for o, _ in reading.optimizers
-                          if all(id(p) in params for g in o.param_groups for p in g["params"])), None)
-    if optimizer is not None:
-        steps = {id(o): site for o, site in reversed(reading.optimizers)}  # the nearest frame's line
-        found += _optimizer(model, optimizer, result, steps.get(id(optimizer)))
     runs = [r for r in (reading, forward) if r is not None]
     problems = result["problems"] = _judge(found, runs) + [p for r in runs for p in r.problems]
     if reading.ran.startswith("not run") and not any(r.model_ran or r.ran == "device mismatch" for r in runs):
@@ -187,28 +185,26 @@ def describe(tensor: torch.Tensor) -> dict[str, Any]:
             "shape": list(tensor.shape)}
 
 
-def _placement(model: torch.nn.Module, groups: list[Any], devices: list[str]) -> list[Finding]:
-    """A module with its own tensors on several devices, a model that spans devices."""
-    own_split = Counter(g.module for g in groups if g.own)
+def _findings(model: torch.nn.Module, groups: list[Any], split: list[str], devices: list[str], result: dict[str, Any],
+              optimizer: torch.optim.Optimizer | None, site: str | None) -> list[Finding]:
+    """What looks odd in where tensors sit (torch judges: _judge): a module with its own tensors on several
+    devices and a model that spans SPLIT, plain tensor attributes (model.to() skips them), inputs elsewhere than
+    the model (0-dim CPU ones aside), the optimizer's state elsewhere than its parameter (SITE: the user's line
+    where it steps) and parameters not the model's; RESULT gets the optimizer's table."""
+    own_split, inner = Counter(g.module for g in groups if g.own), unwrap(model)
     found = []
-    for name, module in model.named_modules():
+    for name, module in inner.named_modules() if split else ():
         path = f"model.{name}" if name else "model"
         if own_split.get(path, 0) > 1:
             where = ", ".join(f"{key} on {t.device}" for _, key, t in own_tensors(module))
             found.append(("split-module", path, f"{path} ({type(module).__name__}) has its own tensors on different "
                           f"devices: its forward will fail. Fix: move the whole module: {path}.to(device).\nIts "
                           f"tensors: {where}."))
-    if len(devices) > 1:
+    if len(split) > 1:
         parts = "; ".join(f"{g.module} on {g.device}" for g in groups[:8])
-        found.append(("model-split", "model", f"the model spans {', '.join(devices)} (fine if deliberate: a pipeline, "
+        found.append(("model-split", "model", f"the model spans {', '.join(split)} (fine if deliberate: a pipeline, "
                       f"torchplace.place). Fix: call model.to(device) once it is built.\nWhere: {parts}. A submodule "
                       "added or replaced after the move stays behind."))
-    return found
-
-
-def _sitting(devices: list[str], result: dict[str, Any]) -> list[Finding]:
-    """Plain tensor attributes (model.to() skips them), inputs elsewhere than the model (0-dim CPU ones aside)."""
-    found = []
     for a in result["plain_attributes"]:
         elsewhere = f" (the model on {', '.join(devices)})" if devices and a["device"] not in devices else ""
         found.append(("plain-attribute", a["name"], f"{a['name']} is a plain tensor attribute on {a['device']}"
@@ -219,13 +215,8 @@ def _sitting(devices: list[str], result: dict[str, Any]) -> list[Finding]:
             found.append(("input-device", i["path"], f"{i['path']} is on {i['device']}, but the model is on "
                           f"{', '.join(devices)}. Fix: move the batch first: torchplace.to_device(batch, "
                           f"{devices[0]!r})."))
-    return found
-
-
-def _optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, result: dict[str, Any],
-               site: str | None) -> list[Finding]:
-    """The optimizer's state by device (SITE: the user's line where it steps); state elsewhere than its
-    parameter, parameters that are not the model's."""
+    if optimizer is None:
+        return found
     names = {id(p) for p in model.parameters()}
     params = [p for group in optimizer.param_groups for p in group["params"]]
     foreign = [p for p in params if id(p) not in names]
@@ -235,7 +226,6 @@ def _optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer, result:
     result["optimizer"] = {"type": type(optimizer).__name__, "parameters": len(params),
                            "foreign_parameters": len(foreign), "state_devices": dict(sorted(by_device.items())),
                            "misplaced_state": wrong}
-    found = []
     if wrong:
         shown = "; ".join(wrong[:4]) + (f"; and {len(wrong) - 4} more" if len(wrong) > 4 else "")
         found.append(("optimizer-state-device", "optimizer", f"{len(wrong)} optimizer state tensor(s) are on another "
