@@ -515,8 +515,6 @@ def _user_site() -> str | None:
 
 def _stopped_at(exc: BaseException) -> str | None:
     """The user's innermost line in EXC's traceback."""
-    entries = [e for e in fr.traceback_entries(exc.__traceback__) if fr.is_user(e[0].f_code.co_filename)]
-    if not entries:
-        return None
-    frame, line, _ = entries[-1]
-    return f"{fr.short_path(frame.f_code.co_filename)}:{line}"
+    entries = [(f.f_code.co_filename, n) for f, n, _ in fr.traceback_entries(exc.__traceback__)
+               if fr.is_user(f.f_code.co_filename)]
+    return f"{fr.short_path(entries[-1][0])}:{entries[-1][1]}" if entries else None

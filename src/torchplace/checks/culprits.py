@@ -205,16 +205,6 @@ def trace_assignment(info: Operand, op_frame: FrameType, user: tuple[FrameType, 
             return
 
 
-def stepping_optimizer_state(entries: list[tuple[FrameType, int, int]], root: torch.nn.Module | None,
-                     root_label: str) -> list[str]:
-    """State tensors of an optimizer that is stepping, on another device than their parameter."""
-    optimizer = next((e[0].f_locals.get("self") for e in entries
-                      if isinstance(e[0].f_locals.get("self"), torch.optim.Optimizer)), None)
-    if optimizer is None:
-        return []
-    return misplaced_state(optimizer, root, root_label)
-
-
 def misplaced_state(optimizer: torch.optim.Optimizer, root: torch.nn.Module | None,
                     root_label: str = "model") -> list[str]:
     """`model.fc.weight['exp_avg'] on cpu (parameter on cuda:0)` for each state tensor elsewhere than its
@@ -224,9 +214,8 @@ def misplaced_state(optimizer: torch.optim.Optimizer, root: torch.nn.Module | No
     for group in optimizer.param_groups:
         for param in group["params"]:
             for key, value in optimizer.state.get(param, {}).items():
-                if not isinstance(value, torch.Tensor) or value.device == param.device:
-                    continue
-                if value.device.type == "cpu" and value.dim() == 0:
+                if not isinstance(value, torch.Tensor) or value.device == param.device or (
+                        value.device.type == "cpu" and value.dim() == 0):
                     continue
                 out.append(f"{names.get(id(param), 'a parameter')}[{key!r}] on {value.device} "
                            f"(parameter on {param.device})")

@@ -27,12 +27,12 @@ from .culprits import (
     ModuleNames,
     Operand,
     contains,
+    misplaced_state,
     module_path,
     operands,
     origins_of,
     reported,
     root_of,
-    stepping_optimizer_state,
     trace_assignment,
 )
 from .layout import model_devices, module_groups, own_tensors
@@ -310,7 +310,9 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
                 t.scalar, t.refused_scalar = False, True
     for t in report.culprits if not traced else ():
         trace_assignment(t, op_frame, user, list(reversed(user_frames)))
-    report.optimizer_state = stepping_optimizer_state(entries, root, root_label)
+    stepping = next((e[0].f_locals["self"] for e in entries  # an optimizer's state elsewhere than its parameter
+                     if isinstance(e[0].f_locals.get("self"), torch.optim.Optimizer)), None)
+    report.optimizer_state = misplaced_state(stepping, root, root_label) if stepping is not None else []
     report.meta = meta.mismatch_note(report.tensors, root, root_label)
     if root is not None and len(model_devices(root)) > 1:
         report.model_split = [f"{g.module} on {g.device}" for g in module_groups(root, root_label)][:6]
