@@ -114,16 +114,12 @@ def _call_of(frame: FrameType) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | 
     varargs = code.co_varnames[n] if code.co_flags & inspect.CO_VARARGS else None
     varkw = code.co_varnames[n + bool(varargs)] if code.co_flags & inspect.CO_VARKEYWORDS else None
     wanted = [*names, *kwonly, *(v for v in (varargs, varkw) if v)]
-    if any(name not in local for name in wanted) or _rebound(code, frame.f_lasti, set(wanted)):
+    stored = {i.argval for i in dis.get_instructions(code)
+              if i.opname in ("STORE_FAST", "STORE_DEREF", "DELETE_FAST") and i.offset < frame.f_lasti}
+    if any(name not in local or name in stored for name in wanted):
         return None  # an argument the function reassigned before this line: its value at the call is lost
     args = tuple(local[a] for a in names) + tuple(local[varargs] if varargs else ())
     return func, args, {**{k: local[k] for k in kwonly}, **(local[varkw] if varkw else {})}
-
-
-def _rebound(code: types.CodeType, before: int, names: set[str]) -> bool:
-    """Whether the function stores to one of NAMES before bytecode offset BEFORE."""
-    return any(i.opname in ("STORE_FAST", "STORE_DEREF", "DELETE_FAST") and i.argval in names and i.offset < before
-               for i in dis.get_instructions(code))
 
 
 _A = torch.ops.aten
