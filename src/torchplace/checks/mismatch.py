@@ -156,12 +156,10 @@ class MismatchReport:
     def brief(self) -> str:
         """One line for a table cell: the culprits and the first fix."""
         bad = self.culprits
-        if not bad or not self.expected_device or (self.optimizer_state and not bad):
+        if not bad or not self.expected_device:
             return f"{self._summary()}. Fix: {self.fixes()[0].fix}."
-        by_device: dict[str, list[str]] = {}
-        for t in bad:
-            by_device.setdefault(t.device, []).append(t.label)
-        names = "; ".join(f"{', '.join(labels)} on {device}" for device, labels in by_device.items())
+        names = "; ".join(f"{', '.join(t.label for t in bad if t.device == device)} on {device}"
+                          for device in dict.fromkeys(t.device for t in bad))
         return f"{names} (the rest on {self.expected_device}). Fix: {self.fixes()[0].fix}." if len(names) < 40 else \
             f"{names}. Fix: {self.fixes()[0].fix}."
 
