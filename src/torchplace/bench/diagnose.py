@@ -40,9 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="the cpu-meta pair only, on any machine: a smoke test of the corpus (seconds)")
     parser.add_argument("--fake-gpu", action="store_true",
-                        help="also score the cuda-cpu pair where this machine has no GPU: strict() and watch() run the "
-                             "cases on a fake cuda:0 (torch's fake tensors), explain()'s dry run puts what is built "
-                             "on meta there")
+                        help="also score the cuda-cpu pair where this machine has no GPU: the cases are built and "
+                             "judged on a fake cuda:0 (torch's fake tensors)")
 
 
 @dataclass
@@ -101,25 +100,24 @@ def available_pairs() -> list[str]:
 
 
 def score(case: Any, pair: str, tool: str, corpus: Any) -> Outcome:
-    """Build CASE for PAIR and judge TOOL on it. The cuda-cpu pair without a GPU: strict() and watch() on a fake
-    cuda:0 (bench/_fake_cuda.py); explain() on the case built on meta vs cpu, what is on meta relocated to a fake
-    cuda:0 by its dry run."""
+    """Build CASE for PAIR and judge TOOL on it. The cuda-cpu pair without a GPU: built and judged on a fake
+    cuda:0 (checks/_dry_run.py's fake_cuda())."""
     import contextlib
 
     import torch
 
-    from . import _fake_cuda
+    from ..checks._dry_run import fake_cuda
 
     fake = pair == _FAKE_PAIR and not torch.cuda.is_available()
-    world = _fake_cuda.world() if fake and tool != "explain" else contextlib.nullcontext()
-    main, other = (torch.device(d) for d in corpus.PAIRS["cpu-meta" if fake and tool == "explain" else pair])
+    world = fake_cuda() if fake else contextlib.nullcontext()
+    main, other = (torch.device(d) for d in corpus.PAIRS[pair])
     if torch.cuda.is_available():
         torch.cuda.set_device(0)
     out = Outcome(case.name, case.kind, pair, tool)
     torch.manual_seed(0)
     try:
         with world:
-            _build_and_judge(case, main, other, tool, fake, out)
+            _build_and_judge(case, main, other, tool, out)
     except Exception as exc:  # what fake tensors cannot run (an output that depends on data, a copy out of meta)
         if not fake:
             raise
@@ -134,15 +132,10 @@ def score(case: Any, pair: str, tool: str, corpus: Any) -> Outcome:
     return out
 
 
-def _build_and_judge(case: Any, main: Any, other: Any, tool: str, fake: bool, out: Outcome) -> None:
-    import contextlib
-
-    from ..checks import _dry_run
-
+def _build_and_judge(case: Any, main: Any, other: Any, tool: str, out: Outcome) -> None:
     program = case.build(main, other)
     if tool == "explain":
-        with _dry_run.relocated({"meta": "cuda:0"}) if fake else contextlib.nullcontext():
-            result = program.explain() if program.explain else _explain(program)
+        result = program.explain() if program.explain else _explain(program)
         found = [p for p in result.problems if p["severity"] in ("error", "warning")]
         out.text = "\n".join(f"[{p['severity']}] {p['kind']} {p['where']}: {p['message']}" for p in found)
         out.alarm = bool(found)

@@ -16,7 +16,6 @@ import io
 import linecache
 import logging
 import os
-import re
 import sysconfig
 import types
 import warnings
@@ -26,20 +25,27 @@ from types import FrameType
 from typing import Any
 
 import torch
+from torch._subclasses import fake_tensor as ft
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten, tree_map_only
 
-from ..errors import DeviceMismatchError
+from ..errors import DeviceMismatchError, MetaTensorError
 from . import frames as fr
 from ._fixes import failed
 from .culprits import BIRTHS, note_birth
 from .implicit_device import FACTORIES
+from .mismatch import is_device_mismatch
+from .watch import watch
 
 _FRAMES = 3  # the function that called explain() and the two that called it
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _RUNNING: contextvars.ContextVar[Any] = contextvars.ContextVar("torchplace_dry_run", default=None)
-_MOVED: contextvars.ContextVar[dict[str, torch.device] | None] = contextvars.ContextVar("torchplace_moved",
-                                                                                       default=None)
+_WORLD: contextvars.ContextVar[FakeDevices | None] = contextvars.ContextVar("torchplace_fake_cuda", default=None)
 
 
 @dataclass
@@ -56,21 +62,9 @@ class _Stop(BaseException):
     """The model was called a second time: one step has been seen."""
 
 
-@contextlib.contextmanager
-def relocated(devices: dict[str, str]) -> Any:
-    """Runs in the block put every tensor on a device of DEVICES' keys, and every device the code names that
-    is one of them, on its value: {"meta": "cuda:0"} runs code built on meta as if it had been built on cuda:0
-    (how the CPU scores the corpus on the GPU pairs)."""
-    token = _MOVED.set({k: torch.device(v) for k, v in devices.items()})
-    try:
-        yield
-    finally:
-        _MOVED.reset(token)
-
-
-def relocating() -> bool:
-    """Inside relocated(): the real tensors stand for others, so the real forward is no fallback."""
-    return bool(_MOVED.get())
+def faking() -> bool:
+    """Inside fake_cuda(): its tensors are fake, so the real forward is no fallback."""
+    return _WORLD.get() is not None
 
 
 def running() -> Any:
@@ -120,16 +114,12 @@ def _call_of(frame: FrameType) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | 
     varargs = code.co_varnames[n] if code.co_flags & inspect.CO_VARARGS else None
     varkw = code.co_varnames[n + bool(varargs)] if code.co_flags & inspect.CO_VARKEYWORDS else None
     wanted = [*names, *kwonly, *(v for v in (varargs, varkw) if v)]
-    if any(name not in local for name in wanted) or _rebound(code, frame.f_lasti, set(wanted)):
+    stored = {i.argval for i in dis.get_instructions(code)
+              if i.opname in ("STORE_FAST", "STORE_DEREF", "DELETE_FAST") and i.offset < frame.f_lasti}
+    if any(name not in local or name in stored for name in wanted):
         return None  # an argument the function reassigned before this line: its value at the call is lost
     args = tuple(local[a] for a in names) + tuple(local[varargs] if varargs else ())
     return func, args, {**{k: local[k] for k in kwonly}, **(local[varkw] if varkw else {})}
-
-
-def _rebound(code: types.CodeType, before: int, names: set[str]) -> bool:
-    """Whether the function stores to one of NAMES before bytecode offset BEFORE."""
-    return any(i.opname in ("STORE_FAST", "STORE_DEREF", "DELETE_FAST") and i.argval in names and i.offset < before
-               for i in dis.get_instructions(code))
 
 
 _A = torch.ops.aten
@@ -159,13 +149,7 @@ class _EagerChecks(TorchDispatchMode):
         elif func is torch.ops.aten.index.Tensor and args and args[0].device.type == "cpu":
             if any(isinstance(i, torch.Tensor) and i.device.type != "cpu" for i in args[1]):
                 raise RuntimeError("indices should be either on cpu or on the same device as the indexed tensor (cpu)")
-        try:
-            return func(*args, **kwargs)
-        except RuntimeError as exc:  # torch before 2.12 words fake tensors' device check its own way
-            found = _OLD_FAKE_MISMATCH.search(str(exc))
-            if found is None:
-                raise
-            raise RuntimeError(_TWO.format(found[1], found[2])) from None
+        return func(*args, **kwargs)
 
 
 _TWO = "Expected all tensors to be on the same device, but found at least two devices, {} and {}!"  # torch's words
@@ -181,59 +165,105 @@ def _one_device(tensors: Any, cpu_scalars: bool = True) -> str | None:
     return devices[0] if devices else None
 
 
-# FakeTensorMode's device check in torch < 2.12 (2.12 raises FakeTensorDeviceMismatchError with the eager text)
-_OLD_FAKE_MISMATCH = re.compile(r"Unhandled FakeTensor Device Propagation for \S+, found two different devices "
-                                r"([\w:]+), ([\w:]+)")
+class FakeDevices(TorchFunctionMode):
+    """Devices as a run on fake tensors sees them: the one home of "run this on fake devices". With SWAP
+    (explain()'s dry run) every tensor a torch call reaches is its fake copy; without (fake_cuda()) what the code
+    puts on cuda is fake there, the rest real. Without a TARGET, a device this machine lacks fails the run as the
+    real step would, before a fake tensor is made there (torch aborts the process for a device it was built
+    without). With one, every device exists, "cuda" is cuda:0, and where this torch has no cuda code an op is
+    worked out on meta without autograd, a backward pass simulated (a gradient for each leaf the ops used) and
+    pinning skipped: torch's device rules kept, its kernels skipped."""
 
-
-class _Reachable(TorchFunctionMode):
-    """Devices as the run sees them. Without a target device: one this machine lacks (cuda on a CPU-only torch,
-    cuda:1 with one GPU) fails the run as the real step would, before a fake tensor is made there (torch aborts
-    the process for a device it was built without). With one (a dry run for another machine): every device
-    exists, "cuda" without an index is cuda:0 (torch's current device when nothing set another), and where this
-    torch has no code for the device, an op is worked out on meta (_on_meta) and the backward pass is simulated
-    (each parameter gets a gradient on its own device): torch's device rules are kept, its kernels skipped."""
-
-    def __init__(self, target: torch.device | None, swap: _Swap) -> None:
+    def __init__(self, target: torch.device | None, swap: _Swap | None = None) -> None:
         super().__init__()
         self.target, self.swap = target, swap
+        self.fake = swap.mode if swap is not None else FakeTensorMode(allow_non_fake_inputs=True)
         self.simulated = target is not None and target.type == "cuda" and not _has(target)
+        self.leaves: dict[int, torch.Tensor] = {}  # not weak: a weak reference stops Module.to() swapping a fake
 
     def __torch_function__(self, func: Any, types_: Any, args: Any = (), kwargs: Any = None) -> Any:
-        from torch.utils._pytree import tree_map_only
-
-        # a tensor of the user's the run did not reach through the step's arguments (a global, a closure): its
-        # fake copy, so the run reads it where it is and never writes into it
-        args, kwargs = tree_map_only(torch.Tensor, self.swap.tensor, (tuple(args), dict(kwargs or {})))
+        args, kwargs = tuple(args), dict(kwargs or {})
+        if self.swap is not None:  # a tensor of the user's the run did not reach through the step's arguments (a
+            # global, a closure): its fake copy, so the run reads it where it is and never writes into it
+            args, kwargs = tree_map_only(torch.Tensor, self.swap.tensor, (args, kwargs))
         name = getattr(func, "__name__", "")
+        specs = [*(args[1:] if name in ("to", "cuda") else ()), kwargs.get("device")]
+        fake = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, FakeTensor)]
+        if self.swap is None and not (name == "cuda" or fake or any(map(_names_cuda, specs))):
+            return func(*args, **kwargs)  # nothing on cuda: the real op
         if self.target is None:
-            specs = [*(args[1:] if name in ("to", "cuda") else ()), kwargs.get("device")]
             if name == "cuda" and not any(isinstance(v, (int, str, torch.device)) for v in specs[:-1]):
                 specs.append("cuda")
             for spec in specs:
-                if isinstance(spec, (str, torch.device)) and str(spec).startswith("cuda") and not _has(spec):
+                if _names_cuda(spec) and not _has(spec):
                     raise _Unreachable(f"{spec} is not a device of this machine")
         elif name == "cuda":  # tensor.cuda(), tensor.cuda(1): a .to() with the index made explicit
             spec = args[1] if len(args) > 1 else kwargs.pop("device", None)
             index = spec.index if isinstance(spec, torch.device) else spec if isinstance(spec, int) else None
-            return args[0].to(torch.device("cuda", index or 0), **kwargs)
+            func, args = torch.Tensor.to, (args[0], torch.device("cuda", index or 0))
         else:
             args = tuple(_indexed(a) for a in args)
             kwargs.update({"device": _indexed(kwargs["device"])} if "device" in kwargs else {})
-        if self.simulated and name == "backward":
-            for _, p in self.swap.fakes.values():  # what a backward pass leaves: a gradient per parameter
-                if isinstance(p, torch.nn.Parameter) and p.requires_grad:
-                    p.grad = torch.empty_like(p)
-            return None
-        try:
-            out = func(*args, **kwargs)
-        except RuntimeError as exc:
-            if not (self.simulated and "not linked with support for cuda" in str(exc)):
-                raise
-            out = _on_meta(func, args, kwargs)
+        self.leaves.update({id(t): t for t in fake if t.requires_grad and t.is_leaf})  # what a backward reaches
+        if self.simulated and name in ("backward", "pin_memory"):  # no cuda code for either here
+            return self._backward() if name == "backward" else args[0]
+        outside = (self.fake, _EagerChecks()) if self.swap is None else ()
+        with contextlib.ExitStack() as stack:
+            for mode in (*outside, *((torch.no_grad(),) if self.simulated else ())):
+                stack.enter_context(mode)  # autograd needs the device's code
+            try:
+                out = func(*args, **kwargs)
+            except RuntimeError as exc:  # no cuda code for this op here: worked out on meta
+                if not (self.simulated and "not linked with support for cuda" in str(exc)):
+                    raise
+                out = _on_meta(func, args, kwargs)
+        if name in ("to", "requires_grad_"):  # Module.to() swaps the parameter for the moved one (a Parameter made
+            self._forget()  # of it): a weak reference to either from fake tensors' caches would refuse that
         if func in FACTORIES and isinstance(out, torch.Tensor):  # where it was made, should it be a culprit
             note_birth(out, FACTORIES[func], kwargs.get("device"))
         return out
+
+    def _backward(self) -> None:
+        """What a backward pass leaves: a gradient (zeros) for each fake leaf an op used that wants one."""
+        with self.fake:
+            for leaf in self.leaves.values():
+                if leaf.requires_grad and leaf.grad is None:
+                    leaf.grad = torch.zeros_like(leaf)
+
+    def _forget(self) -> None:
+        """Empty fake tensors' caches of the tensors they converted (weak references to the real and the fake)."""
+        converter = getattr(self.fake.fake_tensor_converter, "meta_converter", None)
+        for memo in (getattr(converter, "tensor_memo", None), getattr(converter.describer, "lookup_tensor", None)
+                     if converter is not None else None):
+            if memo is not None:
+                memo.clear()
+
+
+@contextlib.contextmanager
+def fake_cuda() -> Any:
+    """The block builds and runs as if this machine had a cuda:0 (`bench diagnose --fake-gpu`: strict() and
+    watch() judged on cuda vs cpu): what it puts there is fake, torch's own device checks raise torch's errors."""
+    from ..hardware.visible import map_visible
+    from ..policy.devices import ASSUMED, Machine
+
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)  # a parameter moved there stays the same object,
+    with FakeDevices(torch.device("cuda", 0)) as mode:  # as Module.to's `.data =` keeps it on a GPU: the optimizer's
+        tokens = _WORLD.set(mode), ASSUMED.set(Machine(1, map_visible()))  # torchplace.device() resolves cuda:0
+        try:
+            yield mode
+        finally:
+            _WORLD.reset(tokens[0])
+            ASSUMED.reset(tokens[1])
+            torch.__future__.set_swap_module_params_on_conversion(swap)
+
+
+def _names_cuda(spec: Any) -> bool:
+    """Whether SPEC names a cuda device."""
+    try:
+        return isinstance(spec, (str, torch.device)) and torch.device(spec).type == "cuda"
+    except RuntimeError:
+        return False
 
 
 def _has(spec: Any) -> bool:
@@ -243,18 +273,15 @@ def _has(spec: Any) -> bool:
 
 
 def _indexed(spec: Any) -> Any:
-    """"cuda" or torch.device("cuda") as cuda:0, a relocated device as where it goes; anything else as it is."""
-    if isinstance(spec, (str, torch.device)) and str(spec) == "cuda":
-        return torch.device("cuda", 0)
-    return (_MOVED.get() or {}).get(str(spec), spec) if isinstance(spec, (str, torch.device)) else spec
+    """"cuda" or torch.device("cuda") as cuda:0 (torch's current device when nothing set another); anything else
+    as it is."""
+    return torch.device("cuda", 0) if isinstance(spec, (str, torch.device)) and str(spec) == "cuda" else spec
 
 
 def _on_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """FUNC for fake cuda tensors where this torch has no cuda code for it (a composite op such as cross_entropy,
     indexing): torch's device rule checked (one device, 0-dim CPU tensors and CPU indices aside), the result
     worked out on meta and made on that device."""
-    from torch.utils._pytree import tree_flatten, tree_map_only
-
     index = getattr(func, "__name__", "") in ("__getitem__", "__setitem__")  # CPU index tensors are fine
     tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
     device = _one_device([t for t in tensors if not (index and t is not args[0] and t.device.type == "cpu")])
@@ -270,20 +297,15 @@ def _on_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Module, companions: list[Any],
         current: Any, device: torch.device | None = None, must_call_model: bool = False,
-        kind: str = "step-device") -> StepRun | None:
+        kind: str = "step-device", real: bool = False) -> StepRun | None:
     """Run CALL (function, args, kwargs) on fake tensors and say what torch did. DEVICE: the model's parameters
     and buffers are made there (as model.to(device) would put them); everything else keeps its device. With
-    MUST_CALL_MODEL, None when the call is not the step (it failed before calling the model, or never did)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.nn.parallel import DistributedDataParallel
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-    from .mismatch import is_device_mismatch
-    from .watch import watch
-
+    MUST_CALL_MODEL, None when the call is not the step (it failed before calling the model, or never did).
+    REAL: on the real tensors instead (where fake tensors cannot run an op), without autograd, the model's
+    buffers and the random streams put back after."""
     wrapped = [type(m).__name__ for m in model.modules() if isinstance(m, DistributedDataParallel)
                or type(m).__name__ == "OptimizedModule"]
-    if wrapped:  # their communication and compilation are not for fake tensors
+    if wrapped and not real:  # their communication and compilation are not for fake tensors
         return StepRun(ran=f"not run: a {wrapped[0]} is not run on fake tensors")
     func, args, kwargs = call
     reading = StepRun()
@@ -303,39 +325,51 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
         if site:
             reading.optimizers.append((optimizer, site))
 
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    world = _WORLD.get()  # inside fake_cuda(): its fake tensors and their mode
+    mode = world.fake if world is not None else FakeTensorMode(allow_non_fake_inputs=True)
     swap = _Swap(mode, device)
+    saved = [(b, b.detach().clone()) for b in model.buffers()] if real else []
     handles = [model.register_forward_pre_hook(before_model), model.register_forward_hook(after_model)]
-    handles.append(register_optimizer_step_pre_hook(before_step))
+    handles += [] if real else [register_optimizer_step_pre_hook(before_step)]
     token, births = _RUNNING.set(current), BIRTHS.set({})
     quiet = io.StringIO()
     try:
-        swap.value(model, move=True)
-        for companion in companions:
-            swap.value(companion)
-        fake_args, fake_kwargs = swap.value(args), swap.value(kwargs)
-        target = device or next(iter((_MOVED.get() or {}).values()), None)
-        devices = _Reachable(target, swap)
-        grad = torch.no_grad() if devices.simulated else contextlib.nullcontext()  # autograd needs the device's code
-        with (warnings.catch_warnings(), contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet),
-              _quiet_log("torch._subclasses.fake_tensor"), mode, _EagerChecks(), devices, grad, watch(model)):
+        if real:  # its dropout draws from generators of its own: the training's random streams stay as they were
+            cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+            modes: list[Any] = [torch.no_grad(), torch.random.fork_rng(devices=cuda)]
+        else:
+            swap.value(model, move=True)
+            for companion in companions:
+                swap.value(companion)
+            args, kwargs = swap.value(args), swap.value(kwargs)
+            modes = [_quiet_log("torch._subclasses.fake_tensor"), mode, _EagerChecks(),
+                     FakeDevices(device or (world.target if world else None), swap)]
+        with contextlib.ExitStack() as stack:
+            for entered in (warnings.catch_warnings(), contextlib.redirect_stdout(quiet),
+                            contextlib.redirect_stderr(quiet), *modes, watch(model)):
+                stack.enter_context(entered)
             warnings.simplefilter("ignore")
-            func(*fake_args, **fake_kwargs)
+            func(*args, **kwargs)
         reading.ran = "ran"
     except _Stop:
         reading.ran = "ran"
-    except DeviceMismatchError as exc:
-        reading.ran = "device mismatch"
+    except (DeviceMismatchError, MetaTensorError) as exc:  # a meta tensor used for its data: named as watch() does
+        no_data = isinstance(exc, MetaTensorError)
+        reading.ran = "meta tensor used for its data" if no_data else "device mismatch"
         report = getattr(exc, "report", None)
         names = [(t.origin or t.label).split(" at ")[0].split(" in ")[0] for t in getattr(report, "culprits", [])]
         where = getattr(report, "module", None) or ", ".join(dict.fromkeys(names)) or "step"
         what = "the forward fails" if kind == "mismatch" else "the step fails (run on fake tensors)"
-        reading.problems.append({"kind": kind, "where": where, "severity": "error", "message": failed(what, exc)})
+        reading.problems.append({"kind": "meta-tensor" if no_data else kind, "where": where, "severity": "error",
+                                 "message": failed(what, exc)})
     except Exception as exc:  # an op fake tensors cannot run, or the step's own error: said, not guessed past
         if must_call_model and not calls[0] and not is_device_mismatch(exc) and not isinstance(exc, _NO_FAKE):
             return None  # it failed before reaching the model: not the step (a function around explain())
         at = _stopped_at(exc)
         what = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}" if str(exc) else type(exc).__name__
+        if real:  # inputs the forward does not take (a whole batch): the static findings stand
+            reading.ran = f"not run: model(*inputs) raised {what}"
+            return reading
         reading.ran = f"stopped{' at ' + at if at else ''}: {what}"
         reading.problems.append({"kind": "step-not-checked", "where": "step", "severity": "note",
                                  "message": f"fake tensors ran the step up to {at or 'an op'} and stopped there "
@@ -346,6 +380,10 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
         for handle in handles:
             handle.remove()
         swap.restore()
+        with torch.no_grad():
+            for buffer, value in saved:
+                if buffer.device == value.device and buffer.shape == value.shape:
+                    buffer.copy_(value)
     return reading if calls[0] > 0 or reading.ran != "ran" or not must_call_model else None
 
 
@@ -364,16 +402,9 @@ class _Unreachable(RuntimeError):
     """The run met a device this machine lacks."""
 
 
-def _no_fake() -> tuple[type[BaseException], ...]:
-    """What fake tensors raise for an op they cannot run (its output depends on data), and _Unreachable."""
-    from torch._subclasses import fake_tensor as ft
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-
-    return (_Unreachable, ft.DataDependentOutputException, ft.DynamicOutputShapeException,
+# what fake tensors raise for an op they cannot run (its output depends on data), and _Unreachable
+_NO_FAKE = (_Unreachable, ft.DataDependentOutputException, ft.DynamicOutputShapeException,
             ft.UnsupportedOperatorException, GuardOnDataDependentSymNode)
-
-
-_NO_FAKE = _no_fake()
 
 
 class _Swap:
@@ -389,12 +420,10 @@ class _Swap:
         self.seen: set[int] = set()
 
     def tensor(self, t: torch.Tensor, move: bool = False) -> torch.Tensor:
-        from torch._subclasses.fake_tensor import FakeTensor
-
         if isinstance(t, FakeTensor):
             return t
         if id(t) not in self.fakes:
-            to = (_MOVED.get() or {}).get(str(t.device)) or (self.device if move else None)
+            to = self.device if move else None
             if t.numel() == 1 and t.device.type == "cpu" and to is None:  # a CPU scalar keeps (a copy of) its value:
                 with _disable_current_modes(), torch._C.DisableTorchFunction():  # code reading it (a step count) runs
                     fake = self.mode.fake_tensor_converter.from_real_tensor(self.mode, t.detach().clone(), True)
@@ -433,13 +462,9 @@ class _Swap:
         return v
 
     def _module(self, m: torch.nn.Module, depth: int, move: bool = False) -> None:
-        registries: tuple[dict[str, Any], ...] = (m._parameters, m._buffers)
-        for registry in registries:
-            old = dict(registry)
-            self.undo.append((registry, old))
-            for k, t in old.items():
-                if t is not None:
-                    registry[k] = self.tensor(t, move)
+        for registry in (vars(m)["_parameters"], vars(m)["_buffers"]):
+            self.undo.append((registry, dict(registry)))
+            registry.update({k: self.tensor(t, move) for k, t in registry.items() if t is not None})
         self._attributes(m, {k: v for k, v in vars(m).items() if k not in _MODULE_STATE}, depth)
 
     def _attributes(self, owner: Any, attributes: dict[str, Any], depth: int) -> None:
@@ -486,8 +511,6 @@ def _user_site() -> str | None:
 
 def _stopped_at(exc: BaseException) -> str | None:
     """The user's innermost line in EXC's traceback."""
-    entries = [e for e in fr.traceback_entries(exc.__traceback__) if fr.is_user(e[0].f_code.co_filename)]
-    if not entries:
-        return None
-    frame, line, _ = entries[-1]
-    return f"{fr.short_path(frame.f_code.co_filename)}:{line}"
+    entries = [(f.f_code.co_filename, n) for f, n, _ in fr.traceback_entries(exc.__traceback__)
+               if fr.is_user(f.f_code.co_filename)]
+    return f"{fr.short_path(entries[-1][0])}:{entries[-1][1]}" if entries else None

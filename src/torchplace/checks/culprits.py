@@ -19,7 +19,7 @@ import torch
 from ..shared.tree import tensors_with_paths
 from ..shared.wrappers import unwrap
 from . import frames as fr
-from .layout import own_tensors, plain_attributes
+from .layout import MODULE_INTERNALS, own_tensors, plain_attributes
 
 ErrorT = TypeVar("ErrorT", bound=Exception)
 
@@ -77,12 +77,8 @@ def reported(error: type[ErrorT], diagnose: Callable[..., Any], fallback: Callab
 
 
 def module_path(chain: list[torch.nn.Module], root: torch.nn.Module | None, root_label: str) -> str:
-    """`model.encoder.layers.3.attn`: the innermost called module, named from the root."""
-    target = chain[-1]
-    if root is not None:
-        for name, module in root.named_modules(remove_duplicate=False):
-            if module is target:
-                return f"{root_label}.{name}" if name else root_label
+    """`Outer.encoder.attn`: the innermost called module, named along the chain of calls (where ModuleNames
+    finds no name for it)."""
     parts = [root_label if chain[0] is root else type(chain[0]).__name__]
     for parent, child in zip(chain, chain[1:]):
         name = next((n for n, m in parent.named_modules(remove_duplicate=False) if m is child and n), None)
@@ -136,9 +132,6 @@ def user_modules(user_frames: list[FrameType], root: torch.nn.Module | None,
                             yield f"{name}.{key}", held
 
 
-_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
-
-
 def _find_module(root: torch.nn.Module, label: str, target: torch.nn.Module) -> str | None:
     """The path of `target` under `root`, through registered submodules or plain lists, tuples and dicts."""
     for name, module in root.named_modules(remove_duplicate=False):
@@ -148,7 +141,7 @@ def _find_module(root: torch.nn.Module, label: str, target: torch.nn.Module) -> 
     for name, module in root.named_modules():
         prefix = f"{label}.{name}" if name else label
         for key, value in vars(module).items():
-            if key in _MODULE_INTERNALS or not isinstance(value, (list, tuple, dict)):
+            if key in MODULE_INTERNALS or not isinstance(value, (list, tuple, dict)):
                 continue
             items = value.items() if isinstance(value, dict) else enumerate(value)
             for index, item in list(items)[:256]:
@@ -212,16 +205,6 @@ def trace_assignment(info: Operand, op_frame: FrameType, user: tuple[FrameType, 
             return
 
 
-def stepping_optimizer_state(entries: list[tuple[FrameType, int, int]], root: torch.nn.Module | None,
-                     root_label: str) -> list[str]:
-    """State tensors of an optimizer that is stepping, on another device than their parameter."""
-    optimizer = next((e[0].f_locals.get("self") for e in entries
-                      if isinstance(e[0].f_locals.get("self"), torch.optim.Optimizer)), None)
-    if optimizer is None:
-        return []
-    return misplaced_state(optimizer, root, root_label)
-
-
 def misplaced_state(optimizer: torch.optim.Optimizer, root: torch.nn.Module | None,
                     root_label: str = "model") -> list[str]:
     """`model.fc.weight['exp_avg'] on cpu (parameter on cuda:0)` for each state tensor elsewhere than its
@@ -231,9 +214,8 @@ def misplaced_state(optimizer: torch.optim.Optimizer, root: torch.nn.Module | No
     for group in optimizer.param_groups:
         for param in group["params"]:
             for key, value in optimizer.state.get(param, {}).items():
-                if not isinstance(value, torch.Tensor) or value.device == param.device:
-                    continue
-                if value.device.type == "cpu" and value.dim() == 0:
+                if not isinstance(value, torch.Tensor) or value.device == param.device or (
+                        value.device.type == "cpu" and value.dim() == 0):
                     continue
                 out.append(f"{names.get(id(param), 'a parameter')}[{key!r}] on {value.device} "
                            f"(parameter on {param.device})")

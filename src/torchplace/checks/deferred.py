@@ -18,8 +18,7 @@ import torch
 Callback = Callable[[torch.nn.Module, tuple[Any, ...]], bool]
 
 _lock = threading.Lock()
-_pending: dict[int, list[Callback]] = {}
-_keys: dict[int, dict[Any, Callback]] = {}
+_pending: dict[int, dict[Any, Callback]] = {}  # thread -> key (the callback's own id without one) -> callback
 _handle: Any = None
 
 
@@ -30,28 +29,20 @@ def request(callback: Callback, key: Any = None) -> None:
     again and again (autocast entered every step) never piles callbacks up.
     """
     global _handle
-    tid = threading.get_ident()
     with _lock:
-        callbacks = _pending.setdefault(tid, [])
-        if key is not None:
-            old = _keys.setdefault(tid, {}).get(key)
-            if old in callbacks:
-                callbacks.remove(old)
-            _keys[tid][key] = callback
-        callbacks.append(callback)
+        callbacks = _pending.setdefault(threading.get_ident(), {})
+        key = id(callback) if key is None else key
+        callbacks.pop(key, None)  # the new one runs last, as the latest request
+        callbacks[key] = callback
         if _handle is None:
             _handle = torch.nn.modules.module.register_module_forward_pre_hook(_hook)
 
 
 def cancel(callback: Callback) -> None:
     with _lock:
-        tid = threading.get_ident()
-        callbacks = _pending.get(tid, [])
-        if callback in callbacks:
-            callbacks.remove(callback)
-        keys = _keys.get(tid, {})
-        for key in [k for k, cb in keys.items() if cb is callback]:
-            del keys[key]
+        callbacks = _pending.get(threading.get_ident(), {})
+        for key in [k for k, cb in callbacks.items() if cb is callback]:
+            del callbacks[key]
         _drop_empty()
 
 
@@ -59,7 +50,6 @@ def cancel_all() -> None:
     """Drop every check pending for this thread (strict mode ended for it)."""
     with _lock:
         _pending.pop(threading.get_ident(), None)
-        _keys.pop(threading.get_ident(), None)
         _drop_empty()
 
 
@@ -72,7 +62,7 @@ def _hook(module: torch.nn.Module, args: tuple[Any, ...]) -> None:
     callbacks = _pending.get(threading.get_ident())
     if not callbacks:
         return
-    for callback in list(callbacks):
+    for callback in list(callbacks.values()):
         try:
             done = callback(module, args)
         except BaseException:
@@ -86,7 +76,6 @@ def _drop_empty() -> None:
     global _handle
     for tid in [t for t, cbs in _pending.items() if not cbs]:
         del _pending[tid]
-        _keys.pop(tid, None)
     if not _pending and _handle is not None:
         _handle.remove()
         _handle = None

@@ -21,12 +21,9 @@ import torch
 from ..shared.tree import tensors_with_paths
 from ..shared.wrappers import unwrap
 from . import _dry_run as dry_run
-from ._fixes import failed
 from .culprits import misplaced_state
 from .layout import model_devices, module_groups, own_tensors, plain_attributes
 from .meta import annotate as annotate_meta
-
-_CPU = torch.device("cpu")
 
 
 class Explanation(dict):
@@ -102,77 +99,76 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
     if dry_run.running() is not None:  # explain()'s own re-run of the step that called it: the report being made
         return dry_run.running()  # type: ignore[no-any-return]
     target = torch.device(device) if device is not None else None
-    problems: list[dict[str, str]] = []
     inner = unwrap(model)  # through DDP, DataParallel, torch.compile, Fabric: the paths the user's class has
     devices = [str(target)] if target is not None else model_devices(inner)
     groups = module_groups(inner, "model")
+    near = [v for v in inputs if _is_companion(v)]  # a loss, a metric: swapped for the run too
+    args = tuple(v for v in inputs if not _is_companion(v))
     result = Explanation(
         model={"type": type(inner).__name__, "devices": model_devices(inner),
                "parameters": sum(g.elements for g in groups if g.parameters),
                "bytes": sum(g.bytes for g in groups)},
         modules=[g.to_dict() for g in groups],
-        plain_attributes=[],
-        inputs=[],
+        plain_attributes=[{"name": path, **describe(t)} for path, t in plain_attributes(inner)],
+        inputs=[{"path": p, **describe(t)} for p, t in tensors_with_paths(list(args), "inputs", depth=4, items=256)],
         optimizer=None,
-        problems=problems,
+        problems=[],
     )
     if target is not None:
         result["device"] = str(target)
-    near = [v for v in inputs if _is_companion(v)]  # a loss, a metric: swapped for the run too
-    args = tuple(v for v in inputs if not _is_companion(v))
-    if target is None:
-        _check_modules(inner, groups, devices, problems)
-    result["plain_attributes"] = _check_attributes(inner, devices, problems)
-    result["inputs"] = _check_inputs(args, devices, problems)
     if step is not None:
         reading = dry_run.run((step, inputs, {}), model, near, result, target) or dry_run.StepRun()
     else:
         reading = dry_run.read_callers(sys._getframe(1), model, near, result, target)
     result["step"] = reading.ran
-    forward = None
-    if args and step is None and not reading.model_ran and reading.ran != "device mismatch":
-        forward = dry_run.run((model, args, {}), model, [], result, target, kind="mismatch") or dry_run.StepRun()
-        if forward.ran.startswith(("stopped", "not run")) and target is None and not dry_run.relocating():
-            # an op fake tensors cannot run, or a wrapper they do not run (torch.compile): the real forward
-            forward = _run_forward(model, args, forward)
-    if (args and target is None and not dry_run.relocating() and any(p["severity"] != "note" for p in problems)
-            and not any(r.ran == "device mismatch" for r in (reading, forward) if r is not None)):
-        # fake tensors accepted what placement calls odd (they let a CPU index into a CUDA index_add): the real
-        # forward asks torch itself, and only a failure there counts
-        real = _run_forward(model, args, dry_run.StepRun())
-        if real.ran == "device mismatch":
-            forward = real
-    result["forward"] = forward.ran if forward else "not run: " + ("the step ran it" if reading.model_ran else
-                                                                   "the step was given" if step else "no inputs given")
     params = {id(p) for p in model.parameters()}
-    steps = {id(o): site for o, site in reversed(reading.optimizers)}  # the nearest frame's line
     if optimizer is None:  # the optimizer that steps in the caller's code, when all its parameters are the model's
         optimizer = next((o for o, _ in reading.optimizers
                           if all(id(p) in params for g in o.param_groups for p in g["params"])), None)
-    if optimizer is not None:
-        result["optimizer"] = _check_optimizer(model, optimizer, problems)
-    for p in problems:  # the user's line where the optimizer steps
-        if p["kind"] == "optimizer-state-device" and id(optimizer) in steps:
-            p["message"] += f"\nThe optimizer steps at {steps[id(optimizer)]}."
+    steps = {id(o): site for o, site in reversed(reading.optimizers)}  # the nearest frame's line
+    found = _findings(model, groups, devices if target is None else [], devices, result, optimizer,
+                      steps.get(id(optimizer)))
+    forward = None
+    if args and step is None and not reading.model_ran and reading.ran != "device mismatch":
+        forward = dry_run.run((model, args, {}), model, [], result, target, kind="mismatch") or dry_run.StepRun()
+    stopped = forward is not None and forward.ran.startswith(("stopped", "not run"))
+    failing = any(r.ran == "device mismatch" for r in (reading, forward) if r is not None)
+    if args and target is None and not dry_run.faking() and (stopped or (found and not failing)):
+        # the real forward: fake tensors stopped at an op that needs data or a wrapper they do not run
+        # (torch.compile), or accepted what placement calls odd (a CPU index into a CUDA index_add): torch judges
+        real = dry_run.run((model, args, {}), model, [], result, kind="mismatch", real=True) or dry_run.StepRun()
+        if stopped and real.ran == "ran" and forward is not None:
+            real.problems = [{**p, "message": p["message"].replace("the rest was not checked",
+                                                                   "the forward ran on the real tensors")}
+                             for p in forward.problems]
+        if stopped or real.ran == "device mismatch":
+            forward = real
+    result["forward"] = forward.ran if forward else "not run: " + ("the step ran it" if reading.model_ran else
+                                                                   "the step was given" if step else "no inputs given")
     runs = [r for r in (reading, forward) if r is not None]
-    _judge(problems, runs)
-    problems += [p for r in runs for p in r.problems]
+    problems = result["problems"] = _judge(found, runs) + [p for r in runs for p in r.problems]
     if reading.ran.startswith("not run") and not any(r.model_ran or r.ran == "device mismatch" for r in runs):
-        _problem(problems, "not-checked", "step", "note",
-                 f"could not check this ({reading.ran}; forward {result['forward']}): only where tensors sit was "
-                 f"looked at. Give me the step: explain(model, batch, step=train_step), or call explain() in it.")
+        problems.append({"kind": "not-checked", "where": "step", "severity": "note", "message":
+                         f"could not check this ({reading.ran}; forward {result['forward']}): only where tensors sit "
+                         "was looked at. Give me the step: explain(model, batch, step=train_step), or call explain() "
+                         "in it."})
     annotate_meta(inner, problems)
     return result
 
 
-def _judge(problems: list[dict[str, str]], runs: list[Any]) -> None:
+Finding = tuple[str, str, str]  # (kind, where, message: what and the fix on its first line, the details after)
+_MAYBE_DELIBERATE = frozenset({"model-split", "optimizer-foreign-parameters"})
+
+
+def _judge(found: list[Finding], runs: list[Any]) -> list[dict[str, str]]:
     """Where tensors sit is a hint, never an error by itself: torch judges (it accepts CPU indices, lengths,
-    0-dim scalars, host-only values, a deliberate split). A finding that names a culprit of a failure torch
-    raised stays beside that failure, as its explanation."""
+    0-dim scalars, host-only values, a deliberate split), so a finding is a note. One that names a culprit of a
+    failure torch raised stays beside that failure as its explanation: an error (a warning where the layout
+    may be deliberate)."""
     failure = " ".join(p["message"] for r in runs for p in r.problems if p["severity"] == "error")
-    for p in problems:
-        if not (failure and p["where"] in failure):
-            p["severity"] = "note"
+    return [{"kind": kind, "where": where, "message": message,
+             "severity": "note" if not (failure and where in failure) else
+             "warning" if kind in _MAYBE_DELIBERATE else "error"} for kind, where, message in found]
 
 
 def _is_companion(value: Any) -> bool:
@@ -184,117 +180,62 @@ def _is_companion(value: Any) -> bool:
     return any(isinstance(v, torch.Tensor) for v in vars(value).values())
 
 
-def _run_forward(model: torch.nn.Module, args: tuple[Any, ...], fake: Any) -> Any:
-    """The forward on the real tensors (under torch.no_grad(), buffers put back), where fake tensors stopped at
-    an op that needs data: a device mismatch or a meta tensor read for its data becomes the run's problem."""
-    from ..errors import DeviceMismatchError, MetaTensorError
-    from .watch import watch
-
-    saved = [(b, b.detach().clone()) for b in model.buffers()]
-    real = dry_run.StepRun(problems=fake.problems)
-    cuda = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
-    try:
-        # its dropout draws from generators of its own: the training's random streams stay as they were
-        with torch.no_grad(), torch.random.fork_rng(devices=cuda), watch(model):
-            model(*args)
-        real.ran, real.model_ran = "ran", True
-        for p in real.problems:
-            p["message"] = p["message"].replace("the rest was not checked", "the forward ran on the real tensors")
-    except (DeviceMismatchError, MetaTensorError) as exc:  # a meta tensor used for its data: named as watch() does
-        report = getattr(exc, "report", None)
-        no_data = isinstance(exc, MetaTensorError)
-        real.problems = [{"kind": "meta-tensor" if no_data else "mismatch", "severity": "error",
-                          "where": getattr(report, "module", None) or "model",
-                          "message": failed("the forward fails", exc)}]
-        real.ran = "meta tensor used for its data" if no_data else "device mismatch"
-    except Exception as exc:  # inputs the forward does not take (a whole batch): the static findings stand
-        real.ran = f"not run: model(*inputs) raised {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-        real.problems = []
-    finally:
-        with torch.no_grad():
-            for buffer, value in saved:
-                if buffer.device == value.device and buffer.shape == value.shape:
-                    buffer.copy_(value)
-    return real
-
-
 def describe(tensor: torch.Tensor) -> dict[str, Any]:
     return {"device": str(tensor.device), "dtype": str(tensor.dtype).removeprefix("torch."),
             "shape": list(tensor.shape)}
 
 
-def _problem(problems: list[dict[str, str]], kind: str, where: str, severity: str, message: str) -> None:
-    """MESSAGE: what and the fix on its first line (a table cell), the details on the lines after it."""
-    problems.append({"kind": kind, "where": where, "severity": severity, "message": message})
-
-
-
-def _check_modules(model: torch.nn.Module, groups: list[Any], devices: list[str],
-                   problems: list[dict[str, str]]) -> None:
-    own_split = Counter(g.module for g in groups if g.own)
-    for name, module in model.named_modules():
+def _findings(model: torch.nn.Module, groups: list[Any], split: list[str], devices: list[str], result: dict[str, Any],
+              optimizer: torch.optim.Optimizer | None, site: str | None) -> list[Finding]:
+    """What looks odd in where tensors sit (torch judges: _judge): a module with its own tensors on several
+    devices and a model that spans SPLIT, plain tensor attributes (model.to() skips them), inputs elsewhere than
+    the model (0-dim CPU ones aside), the optimizer's state elsewhere than its parameter (SITE: the user's line
+    where it steps) and parameters not the model's; RESULT gets the optimizer's table."""
+    own_split, inner = Counter(g.module for g in groups if g.own), unwrap(model)
+    found = []
+    for name, module in inner.named_modules() if split else ():
         path = f"model.{name}" if name else "model"
-        if own_split.get(path, 0) < 2:
-            continue
-        where = ", ".join(f"{key} on {t.device}" for _, key, t in own_tensors(module))
-        _problem(problems, "split-module", path, "error",
-                 f"{path} ({type(module).__name__}) has its own tensors on different devices: its forward will fail. "
-                 f"Fix: move the whole module: {path}.to(device).\nIts tensors: {where}.")
-    if len(devices) > 1:
+        if own_split.get(path, 0) > 1:
+            where = ", ".join(f"{key} on {t.device}" for _, key, t in own_tensors(module))
+            found.append(("split-module", path, f"{path} ({type(module).__name__}) has its own tensors on different "
+                          f"devices: its forward will fail. Fix: move the whole module: {path}.to(device).\nIts "
+                          f"tensors: {where}."))
+    if len(split) > 1:
         parts = "; ".join(f"{g.module} on {g.device}" for g in groups[:8])
-        _problem(problems, "model-split", "model", "warning",
-                 f"the model spans {', '.join(devices)} (fine if deliberate: a pipeline, torchplace.place). Fix: "
-                 f"call model.to(device) once it is built.\nWhere: {parts}. A submodule added or replaced after "
-                 "the move stays behind.")
-
-
-def _check_attributes(model: torch.nn.Module, devices: list[str],
-                      problems: list[dict[str, str]]) -> list[dict[str, Any]]:
-    out = []
-    for path, tensor in plain_attributes(model):
-        entry = {"name": path, **describe(tensor)}
-        out.append(entry)
-        elsewhere = bool(devices) and str(tensor.device) not in devices
-        _problem(problems, "plain-attribute", path, "error" if elsewhere else "warning",
-                 f"{path} is a plain tensor attribute on {tensor.device}"
-                 + (f" (the model on {', '.join(devices)})" if elsewhere else "")
-                 + ": model.to() skips it. Fix: self.register_buffer(name, tensor, persistent=False).\nRegister it in "
-                 "__init__; persistent=True puts it in the state_dict too.")
-    return out
-
-
-def _check_inputs(inputs: tuple[Any, ...], devices: list[str], problems: list[dict[str, str]]) -> list[dict[str, Any]]:
-    out = []
-    for path, tensor in tensors_with_paths(list(inputs), "inputs", depth=4, items=256):
-        entry = {"path": path, **describe(tensor)}
-        out.append(entry)
-        scalar = tensor.device == _CPU and tensor.dim() == 0
-        if devices and not scalar and str(tensor.device) not in devices:
-            _problem(problems, "input-device", path, "error",
-                     f"{path} is on {tensor.device}, but the model is on {', '.join(devices)}. Fix: move the batch "
-                     f"first: torchplace.to_device(batch, {devices[0]!r}).")
-    return out
-
-
-def _check_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                     problems: list[dict[str, str]]) -> dict[str, Any]:
-    names = {id(p): f"model.{n}" for n, p in model.named_parameters(remove_duplicate=False)}
+        found.append(("model-split", "model", f"the model spans {', '.join(split)} (fine if deliberate: a pipeline, "
+                      f"torchplace.place). Fix: call model.to(device) once it is built.\nWhere: {parts}. A submodule "
+                      "added or replaced after the move stays behind."))
+    for a in result["plain_attributes"]:
+        elsewhere = f" (the model on {', '.join(devices)})" if devices and a["device"] not in devices else ""
+        found.append(("plain-attribute", a["name"], f"{a['name']} is a plain tensor attribute on {a['device']}"
+                      f"{elsewhere}: model.to() skips it. Fix: self.register_buffer(name, tensor, persistent=False)."
+                      "\nRegister it in __init__; persistent=True puts it in the state_dict too."))
+    for i in result["inputs"]:
+        if devices and i["device"] not in devices and not (i["device"] == "cpu" and not i["shape"]):
+            found.append(("input-device", i["path"], f"{i['path']} is on {i['device']}, but the model is on "
+                          f"{', '.join(devices)}. Fix: move the batch first: torchplace.to_device(batch, "
+                          f"{devices[0]!r})."))
+    if optimizer is None:
+        return found
+    names = {id(p) for p in model.parameters()}
     params = [p for group in optimizer.param_groups for p in group["params"]]
     foreign = [p for p in params if id(p) not in names]
     by_device = Counter(str(v.device) for p in params for v in optimizer.state.get(p, {}).values()
                         if isinstance(v, torch.Tensor))
     wrong = misplaced_state(optimizer, model)
+    result["optimizer"] = {"type": type(optimizer).__name__, "parameters": len(params),
+                           "foreign_parameters": len(foreign), "state_devices": dict(sorted(by_device.items())),
+                           "misplaced_state": wrong}
     if wrong:
         shown = "; ".join(wrong[:4]) + (f"; and {len(wrong) - 4} more" if len(wrong) > 4 else "")
-        _problem(problems, "optimizer-state-device", "optimizer", "error",
-                 f"{len(wrong)} optimizer state tensor(s) are on another device than their parameter. Fix: move the "
-                 f"model before the first step.\nFirst: {shown}. The optimizer stepped (or loaded a state_dict) "
-                 "before model.to(device), which moves parameters, not the optimizer's state. Or load the "
-                 "optimizer's state_dict after the move (it follows each parameter).")
+        found.append(("optimizer-state-device", "optimizer", f"{len(wrong)} optimizer state tensor(s) are on another "
+                      f"device than their parameter. Fix: move the model before the first step.\nFirst: {shown}. The "
+                      "optimizer stepped (or loaded a state_dict) before model.to(device), which moves parameters, "
+                      "not the optimizer's state. Or load the optimizer's state_dict after the move (it follows each "
+                      "parameter)." + (f"\nThe optimizer steps at {site}." if site else "")))
     if foreign:
-        _problem(problems, "optimizer-foreign-parameters", "optimizer", "warning",
-                 f"the optimizer updates {len(foreign)} of {len(params)} tensor(s) that are not this model's. Fix: "
-                 "build the optimizer from model.parameters() once the model is final.\nA model rebuilt or "
-                 "replaced after the optimizer was made is not trained.")
-    return {"type": type(optimizer).__name__, "parameters": len(params), "foreign_parameters": len(foreign),
-            "state_devices": dict(sorted(by_device.items())), "misplaced_state": wrong}
+        found.append(("optimizer-foreign-parameters", "optimizer", f"the optimizer updates {len(foreign)} of "
+                      f"{len(params)} tensor(s) that are not this model's. Fix: build the optimizer from "
+                      "model.parameters() once the model is final.\nA model rebuilt or replaced after the optimizer "
+                      "was made is not trained."))
+    return found

@@ -68,10 +68,6 @@ def short_path(filename: str) -> str:
     return filename if rel.startswith(".." + os.sep) else rel
 
 
-def in_torch(filename: str) -> bool:
-    return filename.startswith(TORCH_DIR)
-
-
 def is_internal(filename: str) -> bool:
     """torch's own op machinery (decompositions, refs, prims, dispatch): below the op call."""
     if not filename.startswith(TORCH_DIR):
@@ -94,8 +90,10 @@ def is_library(filename: str) -> bool:
     return filename.startswith(TORCH_DIR) or filename.startswith(_CHECKS_DIR)
 
 
-_FACTORIES = frozenset({"tensor", "as_tensor", "asarray", "empty", "zeros", "ones", "full", "rand", "randn", "randint",
-                        "randperm", "arange", "linspace", "logspace", "eye", "from_numpy", "scalar_tensor"})
+# torch's factories that take a device (implicit_device.py watches them), and from_numpy, always on the CPU
+FACTORY_NAMES = ("tensor", "as_tensor", "asarray", "empty", "zeros", "ones", "full", "rand", "randn", "randint",
+                 "randperm", "arange", "linspace", "logspace", "eye", "empty_strided", "scalar_tensor")
+_FACTORIES = frozenset({*FACTORY_NAMES, "from_numpy"})
 
 
 def is_users_own(filename: str) -> bool:

@@ -88,7 +88,7 @@ def _wrap_cuda(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def user_called(frame: Any) -> bool:
     """False for torch's own calls (Module.to moving each parameter, optimizers' step counters)."""
-    return frame is not None and not fr.in_torch(frame.f_code.co_filename)
+    return frame is not None and not frame.f_code.co_filename.startswith(fr.TORCH_DIR)
 
 
 def report_implicit(action: str, device: torch.device, call: str) -> None:
@@ -106,10 +106,8 @@ def report_implicit(action: str, device: torch.device, call: str) -> None:
 
 # --------------------------------------------------------------------------- factory calls
 
-_NAMES = ("tensor", "as_tensor", "asarray", "empty", "zeros", "ones", "full", "rand", "randn", "randint",
-          "randperm", "arange", "linspace", "logspace", "eye", "empty_strided", "scalar_tensor")
 _LIKE_NAMES = ("empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "randint_like")
-FACTORIES = {getattr(torch, n): n for n in _NAMES if hasattr(torch, n)}
+FACTORIES = {getattr(torch, n): n for n in fr.FACTORY_NAMES if hasattr(torch, n)}
 LIKE = {getattr(torch, n): n for n in _LIKE_NAMES if hasattr(torch, n)}  # no device: follows the input
 
 

@@ -104,7 +104,7 @@ def model_devices(root: torch.nn.Module) -> list[str]:
     return sorted(subtree_devices(root)[id(root)])
 
 
-_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))  # _parameters, _buffers, hooks: torch's own
+MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))  # _parameters, _buffers, hooks: torch's own
 
 
 def plain_attributes(root: torch.nn.Module, label: str = "model") -> Iterator[tuple[str, torch.Tensor]]:
@@ -112,7 +112,7 @@ def plain_attributes(root: torch.nn.Module, label: str = "model") -> Iterator[tu
     for name, module in root.named_modules():
         prefix = f"{label}.{name}" if name else label
         for key, value in vars(module).items():
-            if key in _MODULE_INTERNALS:
+            if key in MODULE_INTERNALS:
                 continue
             for path, tensor in tensors_with_paths(value, f"{prefix}.{key}", depth=1, items=256):
                 if not isinstance(tensor, torch.nn.Parameter):

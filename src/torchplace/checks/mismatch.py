@@ -27,12 +27,12 @@ from .culprits import (
     ModuleNames,
     Operand,
     contains,
+    misplaced_state,
     module_path,
     operands,
     origins_of,
     reported,
     root_of,
-    stepping_optimizer_state,
     trace_assignment,
 )
 from .layout import model_devices, module_groups, own_tensors
@@ -44,11 +44,12 @@ _MISMATCH = re.compile(
     r"|different from other tensors on|Expected object of device type|should be either on cpu or on the same "
     r"device|(?:must|to) be on the same device|are on different devices|is on device \S+ but .* on device"
     r"|tensors are not at the same device|expected to be in the same device|device type for generator but found"
-    r"|must have its parameters and buffers on device")
+    r"|must have its parameters and buffers on device|should be a \w+ CPU \w+ tensor, but got \w+ (?!cpu )\S+"
+    r"|FakeTensor Device Propagation for \S+, found two different devices")  # fake tensors' words before torch 2.12
 _CONV_TYPES = re.compile(r"Input type \((torch\.[\w.]+)\) and weight type \((torch\.[\w.]+)\) should be the same")
 _EXPECTED = re.compile(r"not on the expected device (\S+?)!|different from other tensors on (\S+?)[ ,)]"
-                       r"|found at least two devices, (\S+?) and |found input tensor at (\S+) and"
-                       r"|but got \(self\) (\S+?),|on device (\S+) \(device_ids\[0\]\)"
+                       r"|found (?:at least two|two different) devices,? (\S+?)(?: and|,) "
+                       r"|found input tensor at (\S+) and|but got \(self\) (\S+?),|on device (\S+) \(device_ids\[0\]\)"
                        r"|Expected a '(\w+)' device type for generator")
 _METHOD = re.compile(r"in method (?:wrapper_(?:[A-Za-z0-9]+_)?_?)?(\w+)")
 
@@ -62,17 +63,6 @@ def is_device_mismatch(exc: BaseException) -> bool:
         return True
     conv = _CONV_TYPES.search(text)
     return conv is not None and (".cuda." in conv.group(1)) != (".cuda." in conv.group(2))
-
-
-def device_named_in(text: str) -> str | None:
-    """The device PyTorch's message says the op expected ("not on the expected device cuda:0!"), if any."""
-    match = _EXPECTED.search(text)
-    return next((g for g in match.groups() if g), None) if match else None
-
-
-def op_from_message(text: str) -> str | None:
-    match = _METHOD.search(text)
-    return match.group(1) if match else None
 
 
 _BINOPS = {"Add": "add", "Sub": "sub", "Mult": "mul", "Div": "div", "MatMult": "matmul", "Pow": "pow"}
@@ -100,7 +90,8 @@ def expected_device(tensors: list[Operand], root: torch.nn.Module | None, text: 
             device = weight.most_common(1)[0][0]
             if device in present:
                 return device
-    said = device_named_in(text)
+    match = _EXPECTED.search(text)  # the device torch's message says the op expected ("not on the expected device")
+    said = next((g for g in match.groups() if g), None) if match else None
     if said in present:
         return said
     counts = Counter(t.device for t in tensors if not t.scalar)
@@ -165,12 +156,10 @@ class MismatchReport:
     def brief(self) -> str:
         """One line for a table cell: the culprits and the first fix."""
         bad = self.culprits
-        if not bad or not self.expected_device or (self.optimizer_state and not bad):
+        if not bad or not self.expected_device:
             return f"{self._summary()}. Fix: {self.fixes()[0].fix}."
-        by_device: dict[str, list[str]] = {}
-        for t in bad:
-            by_device.setdefault(t.device, []).append(t.label)
-        names = "; ".join(f"{', '.join(labels)} on {device}" for device, labels in by_device.items())
+        names = "; ".join(f"{', '.join(t.label for t in bad if t.device == device)} on {device}"
+                          for device in dict.fromkeys(t.device for t in bad))
         return f"{names} (the rest on {self.expected_device}). Fix: {self.fixes()[0].fix}." if len(names) < 40 else \
             f"{names}. Fix: {self.fixes()[0].fix}."
 
@@ -272,7 +261,8 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
     `outer`: when the error is caught inside the program (at a module boundary), the live
     frames from `outer` up, which the traceback does not reach, are read too.
     """
-    report = MismatchReport(torch_message=str(exc), op=op_from_message(str(exc)))
+    method = _METHOD.search(str(exc))
+    report = MismatchReport(torch_message=str(exc), op=method.group(1) if method else None)
     entries = fr.stack_entries(outer) + fr.traceback_entries(exc.__traceback__)
     if not entries:
         return report
@@ -318,7 +308,9 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
                 t.scalar, t.refused_scalar = False, True
     for t in report.culprits if not traced else ():
         trace_assignment(t, op_frame, user, list(reversed(user_frames)))
-    report.optimizer_state = stepping_optimizer_state(entries, root, root_label)
+    stepping = next((e[0].f_locals["self"] for e in entries  # an optimizer's state elsewhere than its parameter
+                     if isinstance(e[0].f_locals.get("self"), torch.optim.Optimizer)), None)
+    report.optimizer_state = misplaced_state(stepping, root, root_label) if stepping is not None else []
     report.meta = meta.mismatch_note(report.tensors, root, root_label)
     if root is not None and len(model_devices(root)) > 1:
         report.model_split = [f"{g.module} on {g.device}" for g in module_groups(root, root_label)][:6]
@@ -343,7 +335,11 @@ def _op_index(entries: list[tuple[FrameType, int, int]]) -> int:
         if fr.is_plumbing(entries[i][0]) and entries[i - 1][0].f_code.co_filename == _OVERRIDES \
                 and not all(fr.is_plumbing(e[0]) for e in entries[i:]):  # raised in the mode itself: the call is the op
             first = i + 1
-    limit = next((i for i in range(first, len(entries)) if fr.is_internal(entries[i][0].f_code.co_filename)),
+    # torch's machinery below the innermost code not torch's own (a custom autograd Function's backward, a forward
+    # torch.compile traced, run by torch): the op it called
+    own = max((i for i in range(first, len(entries)) if not fr.is_library(entries[i][0].f_code.co_filename)),
+              default=first)
+    limit = next((i for i in range(own, len(entries)) if fr.is_internal(entries[i][0].f_code.co_filename)),
                  len(entries))
     for i in range(limit - 1, -1, -1):
         if not fr.is_plumbing(entries[i][0]):

@@ -37,8 +37,8 @@ from ..errors import TorchplaceError
 from ..shared import setters, strict_switch
 from ..shared.strict_switch import ACTIONS, Action, StrictConfig
 from . import autocast as autocast_check
-from . import boundary, deferred, device_leaks, implicit_device, meta
-from .mismatch import is_device_mismatch, to_error
+from . import boundary, deferred, device_leaks, implicit_device
+from .watch import Watch
 
 ENV = "TORCHPLACE_STRICT"
 Check = bool | str | None
@@ -136,11 +136,7 @@ class Strict(ContextDecorator):
             setters.unwatch(device_leaks.on_set)
             if strict_switch.active() is None:
                 deferred.cancel_all()  # an autocast block that never reached a module: no one to check now
-        if exc is not None and is_device_mismatch(exc):
-            raise to_error(exc, self.config.model) from exc
-        if exc is not None and meta.is_meta_error(exc):
-            raise meta.to_error(exc, self.config.model) from exc
-        return False
+        return Watch(self.config.model).__exit__(exc_type, exc, tb)  # a mismatch named as watch() names it
 
 
 def strict(action: Action = "error", *, model: torch.nn.Module | None = None, placement: Check = True,

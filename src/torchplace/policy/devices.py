@@ -7,6 +7,7 @@ counts, the visible map, LOCAL_RANK), so tests run it on snapshots of real machi
 
 from __future__ import annotations
 
+import contextvars
 import numbers
 import re
 import sys
@@ -126,7 +127,11 @@ def device(spec: DeviceSpec = "auto", *, machine: Machine | Facts | None = None)
     """
     if isinstance(machine, Facts):
         machine = Machine.from_facts(machine)
-    return resolve(spec, machine or Machine.live())
+    return resolve(spec, machine or ASSUMED.get() or Machine.live())
+
+
+# the machine device() resolves against in place of this one, where one is set (checks' fake_cuda(): a cuda:0)
+ASSUMED: contextvars.ContextVar[Machine | None] = contextvars.ContextVar("torchplace_machine", default=None)
 
 
 def resolve(spec: DeviceSpec, m: Machine) -> torch.device:
