@@ -169,16 +169,25 @@ def origins_of(root: torch.nn.Module | None, root_label: str, chain: list[torch.
         for path, tensor in plain_attributes(module, label):
             out.setdefault(id(tensor), ("attribute", path))
             out.setdefault(storage_key(tensor), ("attribute", path))
-    # batch keys first (`batch['x']` says more than `x`), each from the innermost frame that holds it
-    for want_container in (True, False):
-        for frame in reversed(user_frames):
-            where = _where(frame)
-            for name, value in frame.f_locals.items():
-                if name == "self" or isinstance(value, torch.Tensor) == want_container:
-                    continue
-                for path, tensor in _flatten(value, name):
-                    out.setdefault(id(tensor), ("batch" if want_container else "local", f"{path} {where}"))
+    # keyed paths first (`batch['x']` says more than `x`), then variables, then positions (`zero_tensor` says more
+    # than `word_embeddings[2]`, the list it was appended to); each from the innermost frame that holds it
+    found: list[list[tuple[int, tuple[str, str]]]] = [[], [], []]
+    for frame in reversed(user_frames):
+        where = _where(frame)
+        for name, value in frame.f_locals.items():
+            if name == "self":
+                continue
+            plain = isinstance(value, torch.Tensor)
+            for path, tensor in _flatten(value, name):
+                tier = 1 if plain else 2 if _POSITION.search(path) else 0
+                found[tier].append((id(tensor), ("local" if plain else "batch", f"{path} {where}")))
+    for tier in found:
+        for key, origin in tier:
+            out.setdefault(key, origin)
     return out
+
+
+_POSITION = re.compile(r"\[\d+\]")  # an index into a list or tuple, not a key
 
 
 def trace_assignment(info: Operand, op_frame: FrameType, user: tuple[FrameType, int, int] | None,
