@@ -275,6 +275,13 @@ def operands(op_frame: FrameType, expression: str | None, user: tuple[FrameType,
                 info = found[id(value)]
                 if info.origin is None or info.kind == "local":
                     info.origin = f"{label} at {fr.short_path(user[0].f_code.co_filename)}:{user[1]}"
+        # a tensor made in the user's call itself (`self.encoder(torch.eye(n))`): the one factory there on its device
+        made_here = fr.inline_factories(fr.expression_at(*user))
+        for info in found.values():
+            mine = [source for source, device in made_here if device == info.device]
+            if info.origin is None and info.made is None and info.kind == "value" and len(mine) == 1:
+                where = f"{fr.short_path(user[0].f_code.co_filename)}:{user[1]}"
+                info.made, info.factory = f"`{mine[0]}` at {where}", fr.factory_note(mine[0])
     tensors = {id(v): v for _, v in named if isinstance(v, torch.Tensor)}
     for key, info in found.items():
         if key in tensors and info.kind in ("local", "value", "batch"):

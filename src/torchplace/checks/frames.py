@@ -170,6 +170,11 @@ def _moved(value: ast.AST) -> bool:
     return any(isinstance(n, ast.Attribute) and n.attr in ("to", "cuda") for n in ast.walk(value))
 
 
+def factory_note(source: str) -> str | None:
+    """What the torch factory call SOURCE leaves implicit about its device (`_factory_note` of its text)."""
+    return _factory_note(parse_expression(source))
+
+
 def _factory_note(value: ast.AST | None) -> str | None:
     if value is None or _moved(value):
         return None
