@@ -13,7 +13,8 @@ matching the model's keys.
 - `convert(src, dst, weights_only=True)` writes the model's state dict alone as a plain safetensors
   file (`{"format": "pt"}` metadata, tied weights stored once each), which
   `model.load_state_dict(safetensors.torch.load_file(dst))` accepts, as do HF, timm and vLLM; under a
-  .pt/.pth/.tar/.ckpt name, as torch.save writes `model.state_dict()`, for `model.load_state_dict(torch.load(dst))`.
+  torch.save name (.pt/.pth/.tar/.ckpt/.bin), as torch.save writes `model.state_dict()`, for
+  `model.load_state_dict(torch.load(dst))`.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class Converted:
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, trust_pickle: bool = False,
             weights_only: bool = False, progress: ProgressFn | None = None) -> Converted:
     """Convert the checkpoint at SRC into a torchplace checkpoint at DST (written atomically; under a
-    .pt/.pth/.tar/.ckpt name, the torch.save file torchplace.save writes there); with WEIGHTS_ONLY, into a
+    .pt/.pth/.tar/.ckpt/.bin name, the torch.save file torchplace.save writes there); with WEIGHTS_ONLY, into a
     plain safetensors state dict of the model's weights. PROGRESS, if given,
     hears the reading and the writing (see torchplace.progress)."""
     with reporting(progress):
