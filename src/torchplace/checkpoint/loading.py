@@ -322,6 +322,15 @@ def _load_dcp(path: Path, opts: ReadOptions, *, model: nn.Module | None, optimiz
     return Checkpoint(path, tree, fs.meta, "torchplace (sharded, torch.distributed.checkpoint)")
 
 
+TORCH_LOAD_ARGS = {  # torch.load's keywords, and what torchplace.load takes instead
+    "map_location": "pass device= instead (device='cpu', device='cuda:0'); tensors then go straight there",
+    "weights_only": "leave it out: torchplace.load never runs code from the file unless trust_pickle=True",
+    "mmap": "leave it out: torchplace.load reads tensors straight onto their device",
+    "pickle_module": "leave it out: torchplace.load reads with torch's restricted unpickler (trust_pickle=True "
+                     "for files from someone you trust)",
+}
+
+
 def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.Module | None = None,
          optimizer: Any = None, scheduler: Any = None, scaler: Any = None, strict: bool = True,
          restore_rng: bool = True, trust_pickle: bool = False, prefix: str | None = None,
@@ -387,6 +396,9 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
     state_dicts.module_to_fill(model)
     objects = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, **more_state}
     for name, obj in objects.items():
+        if name in TORCH_LOAD_ARGS:  # a drop-in `torch.load(path, map_location=...)` call
+            raise TypeError(f"load() got {name}={obj!r}, an argument of torch.load, which torchplace.load does not "
+                            f"take. Fix: {TORCH_LOAD_ARGS[name]}.")
         if obj is not None and not callable(getattr(obj, "load_state_dict", None)):
             raise TypeError(f"load() got {name}={type(obj).__name__}, which has no load_state_dict(); "
                             f"pass objects to fill, and read saved values from the result (ck[{name!r}]).")
