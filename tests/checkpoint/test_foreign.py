@@ -218,6 +218,17 @@ def test_a_pre_port_training_dict_fills_objects_named_by_its_own_keys(tmp_path: 
         torchplace.load(tmp_path / "checkpoint.pth", model=fresh, swa=fresh_ema)
 
 
+def test_a_dict_of_several_models_names_its_keys_and_the_call_that_loads_one(tmp_path: Path) -> None:
+    """A GAN's torch.save({"netG": ..., "netD": ...}) with model= was said to hold only 'extra'."""
+    net_g, net_d = nn.Linear(3, 4), nn.Linear(4, 1)
+    torch.save({"netG": net_g.state_dict(), "netD": net_d.state_dict(), "epoch": 2}, tmp_path / "gan.pth")
+    with pytest.raises(torchplace.CheckpointError, match=r"holds: epoch, netD, netG\).*'.*gan.pth', netG=model\)"):
+        torchplace.load(tmp_path / "gan.pth", model=nn.Linear(3, 4))
+    fresh = nn.Linear(3, 4)
+    torchplace.load(tmp_path / "gan.pth", netG=fresh)  # the call the message gives
+    assert torch.equal(fresh.weight, net_g.weight)
+
+
 @pytest.mark.parametrize("member", ["data.pkl", "data/0"])
 def test_a_torch_save_member_that_fails_its_crc_is_refused_whatever_torch_makes_of_it(tmp_path: Path, member) -> None:
     """The CRC-32s are checked while torch reads (in a helper thread): the damage is still what is reported,

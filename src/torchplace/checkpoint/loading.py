@@ -175,8 +175,13 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
                 sd = state["model"] = named
                 ck.notes.append(f"model weights: taken from the saved entry {key!r}, the model's state dict")
         if not isinstance(sd, Mapping):
-            raise CheckpointError(f"{path} holds no model weights (it holds: {fitting.holds(state)}). "
-                                  "Fix: load it without model=, or point at the checkpoint that has them.")
+            own = [k for k, v in (ck.source or {}).items()  # a GAN's netG, netD
+                   if isinstance(v, Mapping) and str(k).isidentifier() and k not in ("optimizer", "scheduler")]
+            by_key = (f" Or pass the model by the file's key of its weights: load({str(path)!r}, {own[0]}=model)."
+                      if own else "")
+            raise CheckpointError(f"{path} holds no model weights under a name load knows (it holds: "
+                                  f"{fitting.holds(dict(ck.source or {}) or state)}). Fix: load it without model=, "
+                                  f"or point at the checkpoint that has them.{by_key}")
         target = unwrap(model)
         if prefix:
             sd = _under_prefix(ck, sd, prefix)
