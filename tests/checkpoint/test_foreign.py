@@ -179,6 +179,7 @@ def test_a_pre_port_training_dict_keeps_its_own_keys(tmp_path: Path) -> None:
     ck = torchplace.load(tmp_path / "checkpoint.pth.tar", device="cpu", model=fresh, optimizer=fresh_opt)
     assert ck["epoch"] == 4 and ck["arch"] == "resnet18" and float(ck["best_acc1"]) == 71.5
     assert "epoch" in ck and ck.get("arch") == "resnet18" and ck.get("nope", 3) == 3
+    assert list(ck) == ck.keys() == ["epoch", "arch", "state_dict", "best_acc1", "optimizer", "model", "extra"]
     fresh.load_state_dict(ck["state_dict"])  # the pre-port code's own line: 'module.' keys, as they were
     fresh_opt.load_state_dict(ck["optimizer"])
     assert torch.equal(fresh.module.weight, model.module.weight)

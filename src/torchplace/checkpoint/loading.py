@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,14 @@ class Checkpoint:
 
     def get(self, name: str, default: Any = None) -> Any:
         return self[name] if name in self else default
+
+    def __iter__(self) -> Iterator[str]:
+        """The names `ck[name]` reads, the file's own first (without it, iterating asked for ck[0])."""
+        return iter(dict.fromkeys([*(self.source or {}), *self.state]))
+
+    def keys(self) -> list[str]:
+        """The names `ck[name]` reads, as `checkpoint.keys()` of what torch.load gave."""
+        return list(self)
 
     def _where(self, name: str) -> str:
         """The KeyError's message for NAME: where it went (extra=, a named value), or what the file holds."""
