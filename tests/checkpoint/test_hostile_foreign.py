@@ -162,6 +162,15 @@ def test_an_index_naming_a_missing_shard_names_it(tmp_path: Path) -> None:
     assert not (tmp_path / "out.safetensors").exists()
 
 
+def test_inspect_reads_the_shards_an_index_lists_as_load_does(tmp_path: Path) -> None:
+    """`torchplace ckpt inspect folder/model.safetensors.index.json`, which load and convert read, was refused as
+    'not a checkpoint torchplace recognises'; a shard not there is named in its contents."""
+    folder = _sharded(tmp_path / "m", {"weight": "model-00001.safetensors", "bias": "model-00009.safetensors"})
+    info = inspect(folder / "model.safetensors.index.json")
+    assert [t.key for t in info.tensors] == ["model-00001.safetensors/weight"]
+    assert "model-00009.safetensors" in info.contents and "missing" in info.contents["model-00009.safetensors"]
+
+
 @pytest.mark.parametrize("name", ["model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
                                   "optimizer.bin"])
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "dangling"])

@@ -366,7 +366,7 @@ def _accelerate_model(path: Path, load_file: Callable[[Path], dict[str, Any]],
 
 def load_index(index: Path, load_file: Callable[[Path], dict[str, Any]], opts: ReadOptions) -> dict[str, Any]:
     """The model state of the shards a sharded model's index JSON lists (transformers' save_pretrained)."""
-    shards = _index_shards(index)
+    shards = index_shards(index)
     path = index.parent
     _check_zips_together(index, [path / s for s in shards if not s.endswith(".safetensors")])
     out: dict[str, Any] = {}
@@ -392,7 +392,7 @@ def _check_zips_together(index: Path, paths: list[Path]) -> None:
             "torch.load and save them again.")
 
 
-def _index_shards(index: Path) -> list[str]:
+def index_shards(index: Path) -> list[str]:
     """The shard file names a sharded model's index JSON lists (plain names in its folder only)."""
     fix = "Fix: copy the index file again from where the model was saved."
     try:

@@ -167,7 +167,7 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
                              f"{series[0].name}, {loads}; "
                              f"{len(series)} in the series, newest first: {', '.join(info.series)}")
         return info
-    kind = "unknown" if kind in ("pointer", "folder", "index") else kind
+    kind = "unknown" if kind in ("pointer", "folder") else kind
     info = CheckpointInfo(str(path), kind, _size(path))
     if kind == "safetensors":
         fd = open_for_read(path)
@@ -193,12 +193,15 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
     elif kind in ("dcp", "dcp-foreign"):
         with reporting(progress):
             _from_dcp(path, info, verify)
-    elif kind == "accelerate":
-        info.tool = foreign.folder_tool(path)
-        info.tool += " (save_state directory)" if info.tool == "accelerate" else ""
-        for name in sorted(os.listdir(path)):
-            child = path / name
+    elif kind in ("accelerate", "index"):  # a folder of files, or the shards a sharded model's index lists
+        info.tool = foreign.folder_tool(path.parent if kind == "index" else path)
+        info.tool += " (save_state directory)" if info.tool == "accelerate" and kind == "accelerate" else ""
+        names = foreign.index_shards(path) if kind == "index" else sorted(os.listdir(path))
+        for name in names:
+            child = (path.parent if kind == "index" else path) / name
             if not child.is_file():
+                if kind == "index":
+                    info.contents[name] = f"missing: {path.name} lists it, and {path.parent} has no such file"
                 continue
             try:
                 sub = inspect(child, trust_pickle=trust_pickle)

@@ -124,7 +124,7 @@ def read_any(path: Path, kind: str, opts: ReadOptions, *, model: nn.Module | Non
         state, notes = foreign.load_accelerate(path, load_st, opts)
         return foreign.folder_tool(path), state, {}, notes, None
     if kind == "index":  # a sharded model's index: the shards it lists
-        return "accelerate", {"model": foreign.load_index(path, load_st, opts)}, {}, [], None
+        return foreign.folder_tool(path.parent), {"model": foreign.load_index(path, load_st, opts)}, {}, [], None
     if kind == "dcp":
         raise CheckpointError(f"{path} is a sharded checkpoint (torch.distributed.checkpoint): its tensors only "
                               "exist as shards. Fix: torchplace.load it with model= (and optimizer=) in a process "
