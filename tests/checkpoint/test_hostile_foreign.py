@@ -169,6 +169,11 @@ def test_inspect_reads_the_shards_an_index_lists_as_load_does(tmp_path: Path) ->
     info = inspect(folder / "model.safetensors.index.json")
     assert [t.key for t in info.tensors] == ["model-00001.safetensors/weight"]
     assert "model-00009.safetensors" in info.contents and "missing" in info.contents["model-00009.safetensors"]
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 16}))
+    whole = inspect(folder)  # the folder: each shard once, the index and config.json named, not opened
+    assert sorted(t.key for t in whole.tensors) == ["model-00001.safetensors/weight", "model-00002.safetensors/bias"]
+    assert whole.contents["config.json"] == "not a checkpoint file" and "index" in whole.contents[
+        "model.safetensors.index.json"]
 
 
 @pytest.mark.parametrize("name", ["model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",

@@ -199,11 +199,17 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
         names = foreign.index_shards(path) if kind == "index" else sorted(os.listdir(path))
         for name in names:
             child = (path.parent if kind == "index" else path) / name
+            if name in foreign.INDEX_FILES and kind == "accelerate":  # its shards are in this folder too
+                info.contents[name] = "the index of the model's shards, which are listed beside it"
+                continue
             if not child.is_file():
                 if kind == "index":
                     info.contents[name] = f"missing: {path.name} lists it, and {path.parent} has no such file"
                 continue
             try:
+                if kind_of(child) == "unknown":  # config.json, trainer_state.json, a README beside the weights
+                    info.contents[name] = "not a checkpoint file"
+                    continue
                 sub = inspect(child, trust_pickle=trust_pickle)
             except CheckpointError as exc:
                 info.contents[name] = "not opened: needs pickle" if "trust_pickle" in str(exc) else f"not opened: {exc}"
