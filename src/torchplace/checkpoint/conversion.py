@@ -65,6 +65,14 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, trust_p
 
 def _convert(src: Path, dst: Path, opts: ReadOptions, *, weights_only: bool) -> Converted:
     check_name(dst)  # `latest` is the pointer's name, in convert as in save
+    from .saving import HF_WEIGHT_NAMES
+
+    if not weights_only and HF_WEIGHT_NAMES.fullmatch(dst.name):
+        raise CheckpointError(f"convert to {dst}: {dst.name} is the name transformers and accelerate read as a "
+                              "model's plain weights, and a torchplace checkpoint there would load none of them "
+                              "(its tensors are named 'model/...'); nothing was written. Fix: add --weights-only "
+                              "(convert(..., weights_only=True)) to write the file they read, or name OUT otherwise "
+                              "(step-000100.safetensors).")
     if dst.exists() and src.exists() and os.path.samefile(src, dst):
         raise CheckpointError(f"IN and OUT are the same file ({src} and {dst}); converting in place would "
                               "overwrite the input. Fix: write to a new name, check it with `torchplace ckpt "

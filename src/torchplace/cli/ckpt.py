@@ -108,10 +108,12 @@ def _convert(args: argparse.Namespace) -> int:
                     "stripped_prefix": result.stripped_prefix, "tensors": result.tensors,
                     "weights_only": result.weights_only, "notes": result.notes})
         return 0
+    from ..checkpoint._torchfile import is_torch_name
     from .render import console, line
 
     stripped = f", stripped {result.stripped_prefix!r}" if result.stripped_prefix else ""
-    what = "model weights (plain safetensors)" if result.weights_only else "tensors"
+    plain = "a bare torch.save state dict" if is_torch_name(result.path) else "plain safetensors"
+    what = f"model weights ({plain})" if result.weights_only else "tensors"
     console.print(f"wrote {result.path}: {result.tensors} {what} from a {result.source_tool} checkpoint, "
                   f"on the CPU{stripped}")
     for note in result.notes:
