@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights-only", action="store_true",
                    help="write only the model's state dict: a plain safetensors file that "
                         "model.load_state_dict(safetensors.torch.load_file(OUT)) accepts (HF, timm, vLLM); "
-                        "under a .pt/.pth name, what model.load_state_dict(torch.load(OUT)) takes")
+                        "under a .pt/.pth/.bin name, what model.load_state_dict(torch.load(OUT)) takes")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists (default: refuse)")
     p.set_defaults(func=_convert)
     parser.set_defaults(func=lambda args: _no_command(parser))
