@@ -451,3 +451,24 @@ def test_a_namespace_is_read_without_trust_but_other_classes_are_still_refused(t
     torch.save({"model": {"w": torch.ones(2)}, "c": fractions.Fraction(1, 3)}, tmp_path / "counter.pt")
     with pytest.raises(torchplace.CheckpointError, match=r"(?s)Fraction.*trust_pickle=True"):
         torchplace.load(tmp_path / "counter.pt")
+
+
+@pytest.mark.parametrize("packing", ["gzip", "tar"])
+def test_a_packed_checkpoint_says_to_unpack_it(tmp_path: Path, packing: str) -> None:
+    """A downloaded `model.pth.gz` or `ckpt.tar` read 'not a checkpoint torchplace recognises. Fix: check the path'."""
+    import gzip
+    import tarfile
+
+    inner = tmp_path / "model.pth"
+    torch.save({"w": torch.ones(2)}, inner)
+    packed = tmp_path / ("model.pth.gz" if packing == "gzip" else "ckpt.tar")
+    if packing == "gzip":
+        packed.write_bytes(gzip.compress(inner.read_bytes()))
+    else:
+        with tarfile.open(packed, "w") as tar:
+            tar.add(inner, arcname="model.pth")
+    fix = "gunzip" if packing == "gzip" else "tar -xf"
+    for read in (torchplace.load, inspect):
+        with pytest.raises(torchplace.CheckpointError, match=rf"is .*{packing}.*, not a checkpoint itself. Fix: "
+                                                             rf"unpack it first \({fix} "):
+            read(packed)

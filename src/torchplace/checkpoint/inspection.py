@@ -218,9 +218,7 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
             parts = "; ".join(f"{k}: {v}" for k, v in sub.contents.items())
             info.contents[name] = f"{len(sub.tensors)} tensors; {parts}"
     else:
-        raise CheckpointError(f"{path} is not a checkpoint torchplace recognises (not torchplace/safetensors, "
-                              "torch.save, Lightning, accelerate or DCP). Fix: give a checkpoint file or a "
-                              "checkpoint folder (DCP, accelerate's save_state).")
+        raise foreign.unknown(path)
     return info
 
 

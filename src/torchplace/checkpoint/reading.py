@@ -134,8 +134,7 @@ def read_any(path: Path, kind: str, opts: ReadOptions, *, model: nn.Module | Non
         raise CheckpointError(f"{path} was written by torch.distributed.checkpoint directly; it holds no model "
                               "structure to convert without a model. Fix: torchplace.load(path, model=...) reads it "
                               "into your model (safely), then torchplace.save writes one file.")
-    raise CheckpointError(f"{path} is not a checkpoint torchplace recognises (not torchplace/safetensors, torch.save, "
-                          "Lightning, accelerate or DCP). Fix: check the path.")
+    raise foreign.unknown(path)
 
 
 def place_optimizer_state(optimizer: Any, osd: dict[str, Any]) -> dict[str, Any]:
