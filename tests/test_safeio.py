@@ -19,6 +19,14 @@ def test_close_names_in_the_folder_are_offered(tmp_path):
     assert said == f"{tmp_path / 'modle.pt'} does not exist. Close names in {tmp_path}: model.pt."
 
 
+def test_a_name_with_spaces_around_it_is_quoted(tmp_path):
+    """`torchplace ckpt inspect ' model.pt'` said 'model.pt does not exist. Close names: model.pt'."""
+    (tmp_path / "model.pt").touch()
+    (tmp_path / "model.pt\n").touch()
+    said = safeio.missing(tmp_path / " model.pt")
+    assert said.startswith(repr(str(tmp_path / " model.pt")) + " does not exist.") and "'model.pt\\n'" in said
+
+
 def test_without_a_close_name_the_folder_is_listed(tmp_path):
     for i in range(10):
         (tmp_path / f"run-{i}.tpck").touch()

@@ -48,7 +48,7 @@ def missing(path: str | os.PathLike[str]) -> str:
     text = os.fspath(path)
     if isinstance(text, bytes):
         text = os.fsdecode(text)
-    said = f"{text} does not exist"
+    said = f"{_shown(text)} does not exist"
     if os.path.islink(text):  # the name exists: what it points to does not
         return f"{text} is a symbolic link to {os.readlink(text)}, which does not exist."
     if text.startswith("~") and os.path.expanduser(text) != text:
@@ -70,10 +70,16 @@ def missing(path: str | os.PathLike[str]) -> str:
     close = difflib.get_close_matches(os.path.basename(text), names, n=3, cutoff=0.6)
     some = f" (of the first {MISSING_SCAN} names read)" if more else ""
     if close:
-        return f"{said}. Close names in {folder}{some}: {', '.join(close)}."
+        return f"{said}. Close names in {folder}{some}: {', '.join(map(_shown, close))}."
     count = f"more than {MISSING_SCAN}" if more else str(len(names))
     shown = ", ".join(names[:8]) + (f", ... ({count} in all)" if len(names) > 8 else "")
     return f"{said}. {folder} holds: {shown or 'nothing'}."
+
+
+def _shown(name: str) -> str:
+    """NAME as printed, quoted where it holds what a reader cannot see (' good.pt', a tab, a newline)."""
+    plain = name.isprintable() and all(part == part.strip() for part in name.split(os.sep))
+    return name if plain else repr(name)
 
 
 MISSING_SCAN = 10_000  # names of a folder compared with a missing path: enough for any checkpoint folder

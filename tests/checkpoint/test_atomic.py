@@ -95,6 +95,14 @@ def test_saving_onto_a_directory_is_refused(tmp_path: Path) -> None:
         torchplace.save(tmp_path, extra={"a": 1})
 
 
+def test_a_tilde_path_is_told_to_expand_not_to_make_a_folder_named_tilde(tmp_path: Path, monkeypatch) -> None:
+    """save('~/ckpt/x.pt') said `Fix: os.makedirs('~/ckpt')`, which makes a folder named '~' here."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError, match=r"Python does not expand it.*Fix: expand it first: os.path.expanduser"):
+        torchplace.save("~/torchplace-no-such-dir/x.safetensors", extra={"a": 1})
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sync_file_range is Linux-only")
 def test_write_out_starts_through_the_real_sync_file_range_and_never_raises(tmp_path: Path) -> None:
     assert atomic._load_sync_file_range() is not False  # the hint is really there on Linux

@@ -38,6 +38,19 @@ def test_inspect_table(tmp_path: Path, capsys) -> None:
     assert "torchplace" in out and "model/weight" in out and "2x3" in out and "torch.optim.sgd.SGD" in out
 
 
+def test_convert_says_which_format_it_wrote_and_refuses_an_hf_name_without_weights_only(tmp_path: Path,
+                                                                                       capsys) -> None:
+    """`convert --weights-only c out.pt` said '(plain safetensors)' of a torch.save file, and `convert c
+    model.safetensors` wrote a torchplace checkpoint from_pretrained loads no weight of (save refuses that name)."""
+    path = _ckpt(tmp_path)
+    assert main(["ckpt", "convert", "--weights-only", str(path), str(tmp_path / "out.pt")]) == 0
+    assert "2 model weights (a bare torch.save state dict)" in capsys.readouterr().out
+    assert main(["ckpt", "convert", str(path), str(tmp_path / "model.safetensors")]) == 2
+    assert "Fix: add --weights-only" in capsys.readouterr().err and not (tmp_path / "model.safetensors").exists()
+    assert main(["ckpt", "convert", "--weights-only", str(path), str(tmp_path / "model.safetensors")]) == 0
+    assert "(plain safetensors)" in capsys.readouterr().out
+
+
 def test_inspect_verify_fails_on_a_damaged_file(tmp_path: Path, capsys) -> None:
     path = _ckpt(tmp_path)
     data = bytearray(path.read_bytes())

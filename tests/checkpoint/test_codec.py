@@ -93,8 +93,17 @@ def test_allow_pickle_stores_them_and_load_needs_trust(tmp_path: Path) -> None:
 
 def test_sparse_tensors_need_pickle_too(tmp_path: Path) -> None:
     sparse = torch.eye(3).to_sparse()
-    with pytest.raises(torchplace.CheckpointError, match="extra/m is a torch.sparse_coo Tensor"):
+    with pytest.raises(torchplace.CheckpointError, match=r"extra/m is a torch.sparse_coo Tensor.*Or: save under a .pt"):
         torchplace.save(tmp_path / "c", extra={"m": sparse})
+
+
+def test_a_quantized_tensor_is_named_as_one_with_the_name_that_stores_it(tmp_path: Path) -> None:
+    """A quantized model's packed weights were called 'a torch.strided Tensor', as if a dense one could not be saved."""
+    qweight = torch.quantize_per_tensor(torch.randn(3, 3), 0.1, 0, torch.qint8)
+    with pytest.raises(torchplace.CheckpointError, match=r"model/w is a quantized Tensor \(torch.qint8\).*\.pt name"):
+        torchplace.save(tmp_path / "q.safetensors", model={"w": qweight})
+    torchplace.save(tmp_path / "q.pt", model={"w": qweight})  # the name the message gives
+    assert torch.equal(torchplace.load(tmp_path / "q.pt")["model"]["w"].int_repr(), qweight.int_repr())
 
 
 def test_plain_lists_and_tuples_encode_as_themselves_and_nesting_is_still_bounded() -> None:

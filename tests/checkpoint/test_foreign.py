@@ -179,6 +179,7 @@ def test_a_pre_port_training_dict_keeps_its_own_keys(tmp_path: Path) -> None:
     ck = torchplace.load(tmp_path / "checkpoint.pth.tar", device="cpu", model=fresh, optimizer=fresh_opt)
     assert ck["epoch"] == 4 and ck["arch"] == "resnet18" and float(ck["best_acc1"]) == 71.5
     assert "epoch" in ck and ck.get("arch") == "resnet18" and ck.get("nope", 3) == 3
+    assert list(ck) == ck.keys() == ["epoch", "arch", "state_dict", "best_acc1", "optimizer", "model", "extra"]
     fresh.load_state_dict(ck["state_dict"])  # the pre-port code's own line: 'module.' keys, as they were
     fresh_opt.load_state_dict(ck["optimizer"])
     assert torch.equal(fresh.module.weight, model.module.weight)
@@ -216,6 +217,17 @@ def test_a_pre_port_training_dict_fills_objects_named_by_its_own_keys(tmp_path: 
     assert all(torch.equal(v, fresh_ema.state_dict()[k]) for k, v in ema.state_dict().items())
     with pytest.raises(torchplace.CheckpointError, match="has no swa state"):  # a name the file lacks: refused
         torchplace.load(tmp_path / "checkpoint.pth", model=fresh, swa=fresh_ema)
+
+
+def test_a_dict_of_several_models_names_its_keys_and_the_call_that_loads_one(tmp_path: Path) -> None:
+    """A GAN's torch.save({"netG": ..., "netD": ...}) with model= was said to hold only 'extra'."""
+    net_g, net_d = nn.Linear(3, 4), nn.Linear(4, 1)
+    torch.save({"netG": net_g.state_dict(), "netD": net_d.state_dict(), "epoch": 2}, tmp_path / "gan.pth")
+    with pytest.raises(torchplace.CheckpointError, match=r"holds: epoch, netD, netG\).*'.*gan.pth', netG=model\)"):
+        torchplace.load(tmp_path / "gan.pth", model=nn.Linear(3, 4))
+    fresh = nn.Linear(3, 4)
+    torchplace.load(tmp_path / "gan.pth", netG=fresh)  # the call the message gives
+    assert torch.equal(fresh.weight, net_g.weight)
 
 
 @pytest.mark.parametrize("member", ["data.pkl", "data/0"])

@@ -162,6 +162,20 @@ def test_an_index_naming_a_missing_shard_names_it(tmp_path: Path) -> None:
     assert not (tmp_path / "out.safetensors").exists()
 
 
+def test_inspect_reads_the_shards_an_index_lists_as_load_does(tmp_path: Path) -> None:
+    """`torchplace ckpt inspect folder/model.safetensors.index.json`, which load and convert read, was refused as
+    'not a checkpoint torchplace recognises'; a shard not there is named in its contents."""
+    folder = _sharded(tmp_path / "m", {"weight": "model-00001.safetensors", "bias": "model-00009.safetensors"})
+    info = inspect(folder / "model.safetensors.index.json")
+    assert [t.key for t in info.tensors] == ["model-00001.safetensors/weight"]
+    assert "model-00009.safetensors" in info.contents and "missing" in info.contents["model-00009.safetensors"]
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 16}))
+    whole = inspect(folder)  # the folder: each shard once, the index and config.json named, not opened
+    assert sorted(t.key for t in whole.tensors) == ["model-00001.safetensors/weight", "model-00002.safetensors/bias"]
+    assert whole.contents["config.json"] == "not a checkpoint file" and "index" in whole.contents[
+        "model.safetensors.index.json"]
+
+
 @pytest.mark.parametrize("name", ["model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
                                   "optimizer.bin"])
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero", "dangling"])
@@ -437,3 +451,24 @@ def test_a_namespace_is_read_without_trust_but_other_classes_are_still_refused(t
     torch.save({"model": {"w": torch.ones(2)}, "c": fractions.Fraction(1, 3)}, tmp_path / "counter.pt")
     with pytest.raises(torchplace.CheckpointError, match=r"(?s)Fraction.*trust_pickle=True"):
         torchplace.load(tmp_path / "counter.pt")
+
+
+@pytest.mark.parametrize("packing", ["gzip", "tar"])
+def test_a_packed_checkpoint_says_to_unpack_it(tmp_path: Path, packing: str) -> None:
+    """A downloaded `model.pth.gz` or `ckpt.tar` read 'not a checkpoint torchplace recognises. Fix: check the path'."""
+    import gzip
+    import tarfile
+
+    inner = tmp_path / "model.pth"
+    torch.save({"w": torch.ones(2)}, inner)
+    packed = tmp_path / ("model.pth.gz" if packing == "gzip" else "ckpt.tar")
+    if packing == "gzip":
+        packed.write_bytes(gzip.compress(inner.read_bytes()))
+    else:
+        with tarfile.open(packed, "w") as tar:
+            tar.add(inner, arcname="model.pth")
+    fix = "gunzip" if packing == "gzip" else "tar -xf"
+    for read in (torchplace.load, inspect):
+        with pytest.raises(torchplace.CheckpointError, match=rf"is .*{packing}.*, not a checkpoint itself. Fix: "
+                                                             rf"unpack it first \({fix} "):
+            read(packed)

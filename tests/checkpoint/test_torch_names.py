@@ -31,7 +31,7 @@ class Config:
     lr = 0.1
 
 
-@pytest.mark.parametrize("name", ["ckpt.pt", "snapshot.pth", "checkpoint.pth.tar", "fabric.ckpt"])
+@pytest.mark.parametrize("name", ["ckpt.pt", "snapshot.pth", "checkpoint.pth.tar", "fabric.ckpt", "model.bin"])
 def test_a_torch_name_gets_a_file_torch_load_reads(tmp_path: Path, name: str) -> None:
     model, opt = _trained()
     path = torchplace.save(tmp_path / name, model=model, optimizer=opt, iter_num=7, model_args={"n_layer": 2},
@@ -119,6 +119,11 @@ def test_convert_to_a_torch_name_writes_the_torch_save_file(tmp_path: Path) -> N
     fresh.load_state_dict(torch.load(tmp_path / "w.pth", weights_only=True))
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
     assert getattr(torch.load(tmp_path / "w.pth"), "_metadata", None) is not None  # module versions kept
+    # the fix save("pytorch_model.bin") gives: transformers reads a .bin with torch.load, as a bare state dict
+    convert(src, tmp_path / "pytorch_model.bin", weights_only=True)
+    fresh = _trained(seed=2)[0]
+    fresh.load_state_dict(torch.load(tmp_path / "pytorch_model.bin", weights_only=True))
+    assert torch.equal(fresh[0].weight, model[0].weight)
 
 
 def test_a_folder_of_torch_name_files_resumes_from_the_newest(tmp_path: Path) -> None:

@@ -89,3 +89,10 @@ def test_loading_into_objects_on_the_meta_device_is_refused_before_anything_move
         tp.load(saved, model=shapes_only, device="meta")
     tp.load(saved, model=shapes_only, device="cpu")  # the fix the message gives
     assert shapes_only.weight.device.type == "cpu" and shapes_only.weight.shape == (2, 2)
+
+
+@pytest.mark.parametrize(("arg", "fix"), [("map_location", r"device='cpu'"), ("weights_only", "trust_pickle")])
+def test_torch_loads_own_arguments_get_torchplaces_way(saved: Path, arg: str, fix: str) -> None:
+    """A drop-in `tp.load(path, map_location="cpu")` was told to read ck['map_location'] from the result."""
+    with pytest.raises(TypeError, match=rf"{arg}=.*an argument of torch.load.*Fix: .*{fix}"):
+        tp.load(saved, model=nn.Linear(2, 2), **{arg: "cpu" if arg == "map_location" else True})

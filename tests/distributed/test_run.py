@@ -174,6 +174,20 @@ def test_script_that_is_not_executable(run_cli, tmp_path):
     assert "Permission denied" in out.stderr and f"-- python3 {script}" in out.stderr
 
 
+def test_a_directory_as_the_command_is_named_as_one(run_cli, tmp_path):
+    """`run -- ./outputs` said 'Permission denied. Fix: make it executable (chmod +x)'."""
+    out = run_cli(["run", "--gpus", "none", "--", str(tmp_path)])
+    assert out.returncode == 127 and "it is a directory" in out.stderr and "chmod" not in out.stderr
+
+
+def test_dry_run_prints_the_command_as_a_shell_reads_it(h200x2_file, lease_dir, run_cli, child_env):
+    """`--dry-run -- python 'my script.py' --name 'a b'` printed `python my script.py --name a b`."""
+    out = run_cli(["run", "--snapshot", str(h200x2_file), "--gpus", "1", "--once", "--dry-run", "--",
+                   "echo", "my script.py", "--name", "a b"], env=child_env(TORCHPLACE_LEASE_DIR=str(lease_dir)))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "echo 'my script.py' --name 'a b'"
+
+
 def test_dry_run_json_holds_no_lease(h200x2_file, lease_dir, run_cli, child_env):
     out = run_cli(["run", "--snapshot", str(h200x2_file), "--gpus", "2", "--dry-run", "--json", "--",
                    "python", "train.py"], env=child_env(TORCHPLACE_LEASE_DIR=str(lease_dir)))

@@ -142,6 +142,9 @@ def os_error(target: Path, exc: OSError, doing: str) -> CheckpointError:
     elif code in (errno.EACCES, errno.EPERM):
         why = f"this process (uid {os.getuid()}) may not write in {where}"
         fix = "save to a directory you own, or fix its permissions"
+    elif code == errno.ENOENT and not where.is_dir() and str(target).startswith("~"):  # quoted, or from Python
+        why = f"the directory {where} does not exist ('~' is a shell's shorthand, and Python does not expand it)"
+        fix = f"expand it first: os.path.expanduser({str(target)!r}), which is {os.path.expanduser(target)}"
     elif code == errno.ENOENT and not where.is_dir():
         why = f"the directory {where} does not exist"
         fix = f"create it first (os.makedirs({str(where)!r}, exist_ok=True))"

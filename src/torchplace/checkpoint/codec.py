@@ -124,7 +124,9 @@ class _Encoder:
             try:
                 return {"t": "tensor", "k": self.tensor(value, path)}
             except TypeError:
-                return self._pickle(value, path, f"a {value.layout} {type(value).__name__} on {value.device}")
+                kind = ("quantized " if value.is_quantized else "nested " if value.is_nested else
+                        "" if value.layout == torch.strided else f"{value.layout} ")
+                return self._pickle(value, path, f"a {kind}{type(value).__name__} ({value.dtype}) on {value.device}")
         if value is None or isinstance(value, (bool, str)):
             return value
         if isinstance(value, int) and not isinstance(value, bool):
@@ -170,7 +172,10 @@ class _Encoder:
                 f"{where} is {what}, which cannot be stored without pickle (and a pickle runs code when "
                 "it is loaded). Fix: store plain data there (dicts, lists, numbers, strings, dense "
                 "tensors), or pass allow_pickle=True to torchplace.save; loading will then need "
-                "trust_pickle=True.")
+                "trust_pickle=True." + (" Or: save under a .pt name, a torch.save file whose torch.load "
+                                        "(weights_only=True) reads quantized and sparse tensors without pickle."
+                                        if isinstance(value, torch.Tensor) and (value.is_quantized or value.layout
+                                                                                != torch.strided) else ""))
         buf = io.BytesIO()
         torch.save(value, buf)
         key = self._key(path)

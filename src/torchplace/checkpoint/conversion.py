@@ -13,7 +13,8 @@ matching the model's keys.
 - `convert(src, dst, weights_only=True)` writes the model's state dict alone as a plain safetensors
   file (`{"format": "pt"}` metadata, tied weights stored once each), which
   `model.load_state_dict(safetensors.torch.load_file(dst))` accepts, as do HF, timm and vLLM; under a
-  .pt/.pth/.tar/.ckpt name, as torch.save writes `model.state_dict()`, for `model.load_state_dict(torch.load(dst))`.
+  torch.save name (.pt/.pth/.tar/.ckpt/.bin), as torch.save writes `model.state_dict()`, for
+  `model.load_state_dict(torch.load(dst))`.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class Converted:
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, trust_pickle: bool = False,
             weights_only: bool = False, progress: ProgressFn | None = None) -> Converted:
     """Convert the checkpoint at SRC into a torchplace checkpoint at DST (written atomically; under a
-    .pt/.pth/.tar/.ckpt name, the torch.save file torchplace.save writes there); with WEIGHTS_ONLY, into a
+    .pt/.pth/.tar/.ckpt/.bin name, the torch.save file torchplace.save writes there); with WEIGHTS_ONLY, into a
     plain safetensors state dict of the model's weights. PROGRESS, if given,
     hears the reading and the writing (see torchplace.progress)."""
     with reporting(progress):
@@ -64,6 +65,14 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, trust_p
 
 def _convert(src: Path, dst: Path, opts: ReadOptions, *, weights_only: bool) -> Converted:
     check_name(dst)  # `latest` is the pointer's name, in convert as in save
+    from .saving import HF_WEIGHT_NAMES
+
+    if not weights_only and HF_WEIGHT_NAMES.fullmatch(dst.name):
+        raise CheckpointError(f"convert to {dst}: {dst.name} is the name transformers and accelerate read as a "
+                              "model's plain weights, and a torchplace checkpoint there would load none of them "
+                              "(its tensors are named 'model/...'); nothing was written. Fix: add --weights-only "
+                              "(convert(..., weights_only=True)) to write the file they read, or name OUT otherwise "
+                              "(step-000100.safetensors).")
     if dst.exists() and src.exists() and os.path.samefile(src, dst):
         raise CheckpointError(f"IN and OUT are the same file ({src} and {dst}); converting in place would "
                               "overwrite the input. Fix: write to a new name, check it with `torchplace ckpt "

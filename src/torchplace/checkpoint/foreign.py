@@ -56,9 +56,11 @@ def file_kind(path: Path) -> str:
     a path that is not a regular file (a FIFO, /dev/zero) is refused."""
     fd, _ = safeio.open_regular(path, CheckpointError, FIX_PATH)
     try:
-        head = os.pread(fd, 9, 0)
+        head = os.pread(fd, 262, 0)
         if len(head) < 9 or head[8:9] == b"{":  # torchplace files are safetensors files too; a stub of
             return "safetensors"              # a few bytes gets the header reader's "truncated" message
+        if head[257:262] == b"ustar":  # a tar of a torch.save file ends as the zip inside does
+            return "unknown"
         with os.fdopen(os.dup(fd), "rb") as fh:
             if zipfile.is_zipfile(fh) or head[:4] == b"PK\x03\x04":  # a zip whose end is cut off too, so
                 return "torch-zip"                                   # that its reader says it is truncated
@@ -69,6 +71,29 @@ def file_kind(path: Path) -> str:
     if head[:1] == b"\x80":
         return "torch-pickle"
     return "unknown"
+
+
+# how a checkpoint is packed for a download, and what unpacks it
+PACKED = ((b"\x1f\x8b", "gzip-compressed", "gunzip"), (b"\xfd7zXZ\x00", "xz-compressed", "unxz"),
+          (b"\x28\xb5\x2f\xfd", "zstd-compressed", "unzstd"), (b"BZh", "bzip2-compressed", "bunzip2"))
+
+
+def unknown(path: Path) -> CheckpointError:
+    """The refusal of PATH, a file of no format torchplace reads; a compressed or tar'ed checkpoint says so."""
+    try:
+        with open(path, "rb") as fh:  # a regular file: file_kind has looked
+            head = fh.read(262)
+    except OSError:
+        head = b""
+    packed = next(((kind, tool) for magic, kind, tool in PACKED if head.startswith(magic)), None)
+    if packed is None and head[257:262] == b"ustar":
+        packed = ("a tar archive", "tar -xf")
+    if packed is not None:
+        return CheckpointError(f"{path} is {packed[0]}, not a checkpoint itself. Fix: unpack it first "
+                               f"({packed[1]} {str(path)!r}) and give the checkpoint inside.")
+    return CheckpointError(f"{path} is not a checkpoint torchplace recognises (not torchplace/safetensors, torch.save, "
+                           "Lightning, accelerate or DCP). Fix: give a checkpoint file or a checkpoint folder (DCP, "
+                           "accelerate's save_state).")
 
 
 def is_cut_zip(path: Path) -> bool:
@@ -366,7 +391,7 @@ def _accelerate_model(path: Path, load_file: Callable[[Path], dict[str, Any]],
 
 def load_index(index: Path, load_file: Callable[[Path], dict[str, Any]], opts: ReadOptions) -> dict[str, Any]:
     """The model state of the shards a sharded model's index JSON lists (transformers' save_pretrained)."""
-    shards = _index_shards(index)
+    shards = index_shards(index)
     path = index.parent
     _check_zips_together(index, [path / s for s in shards if not s.endswith(".safetensors")])
     out: dict[str, Any] = {}
@@ -392,7 +417,7 @@ def _check_zips_together(index: Path, paths: list[Path]) -> None:
             "torch.load and save them again.")
 
 
-def _index_shards(index: Path) -> list[str]:
+def index_shards(index: Path) -> list[str]:
     """The shard file names a sharded model's index JSON lists (plain names in its folder only)."""
     fix = "Fix: copy the index file again from where the model was saved."
     try:

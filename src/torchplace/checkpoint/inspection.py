@@ -167,7 +167,7 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
                              f"{series[0].name}, {loads}; "
                              f"{len(series)} in the series, newest first: {', '.join(info.series)}")
         return info
-    kind = "unknown" if kind in ("pointer", "folder", "index") else kind
+    kind = "unknown" if kind in ("pointer", "folder") else kind
     info = CheckpointInfo(str(path), kind, _size(path))
     if kind == "safetensors":
         fd = open_for_read(path)
@@ -193,14 +193,23 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
     elif kind in ("dcp", "dcp-foreign"):
         with reporting(progress):
             _from_dcp(path, info, verify)
-    elif kind == "accelerate":
-        info.tool = foreign.folder_tool(path)
-        info.tool += " (save_state directory)" if info.tool == "accelerate" else ""
-        for name in sorted(os.listdir(path)):
-            child = path / name
+    elif kind in ("accelerate", "index"):  # a folder of files, or the shards a sharded model's index lists
+        info.tool = foreign.folder_tool(path.parent if kind == "index" else path)
+        info.tool += " (save_state directory)" if info.tool == "accelerate" and kind == "accelerate" else ""
+        names = foreign.index_shards(path) if kind == "index" else sorted(os.listdir(path))
+        for name in names:
+            child = (path.parent if kind == "index" else path) / name
+            if name in foreign.INDEX_FILES and kind == "accelerate":  # its shards are in this folder too
+                info.contents[name] = "the index of the model's shards, which are listed beside it"
+                continue
             if not child.is_file():
+                if kind == "index":
+                    info.contents[name] = f"missing: {path.name} lists it, and {path.parent} has no such file"
                 continue
             try:
+                if kind_of(child) == "unknown":  # config.json, trainer_state.json, a README beside the weights
+                    info.contents[name] = "not a checkpoint file"
+                    continue
                 sub = inspect(child, trust_pickle=trust_pickle)
             except CheckpointError as exc:
                 info.contents[name] = "not opened: needs pickle" if "trust_pickle" in str(exc) else f"not opened: {exc}"
@@ -209,9 +218,7 @@ def inspect(path: str | os.PathLike[str], *, verify: bool = False, trust_pickle:
             parts = "; ".join(f"{k}: {v}" for k, v in sub.contents.items())
             info.contents[name] = f"{len(sub.tensors)} tensors; {parts}"
     else:
-        raise CheckpointError(f"{path} is not a checkpoint torchplace recognises (not torchplace/safetensors, "
-                              "torch.save, Lightning, accelerate or DCP). Fix: give a checkpoint file or a "
-                              "checkpoint folder (DCP, accelerate's save_state).")
+        raise foreign.unknown(path)
     return info
 
 

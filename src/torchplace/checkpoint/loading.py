@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,14 @@ class Checkpoint:
 
     def get(self, name: str, default: Any = None) -> Any:
         return self[name] if name in self else default
+
+    def __iter__(self) -> Iterator[str]:
+        """The names `ck[name]` reads, the file's own first (without it, iterating asked for ck[0])."""
+        return iter(dict.fromkeys([*(self.source or {}), *self.state]))
+
+    def keys(self) -> list[str]:
+        """The names `ck[name]` reads, as `checkpoint.keys()` of what torch.load gave."""
+        return list(self)
 
     def _where(self, name: str) -> str:
         """The KeyError's message for NAME: where it went (extra=, a named value), or what the file holds."""
@@ -175,8 +183,13 @@ def _apply(ck: Checkpoint, *, model: nn.Module | None, objects: dict[str, Any], 
                 sd = state["model"] = named
                 ck.notes.append(f"model weights: taken from the saved entry {key!r}, the model's state dict")
         if not isinstance(sd, Mapping):
-            raise CheckpointError(f"{path} holds no model weights (it holds: {fitting.holds(state)}). "
-                                  "Fix: load it without model=, or point at the checkpoint that has them.")
+            own = [k for k, v in (ck.source or {}).items()  # a GAN's netG, netD
+                   if isinstance(v, Mapping) and str(k).isidentifier() and k not in ("optimizer", "scheduler")]
+            by_key = (f" Or pass the model by the file's key of its weights: load({str(path)!r}, {own[0]}=model)."
+                      if own else "")
+            raise CheckpointError(f"{path} holds no model weights under a name load knows (it holds: "
+                                  f"{fitting.holds(dict(ck.source or {}) or state)}). Fix: load it without model=, "
+                                  f"or point at the checkpoint that has them.{by_key}")
         target = unwrap(model)
         if prefix:
             sd = _under_prefix(ck, sd, prefix)
@@ -322,6 +335,15 @@ def _load_dcp(path: Path, opts: ReadOptions, *, model: nn.Module | None, optimiz
     return Checkpoint(path, tree, fs.meta, "torchplace (sharded, torch.distributed.checkpoint)")
 
 
+TORCH_LOAD_ARGS = {  # torch.load's keywords, and what torchplace.load takes instead
+    "map_location": "pass device= instead (device='cpu', device='cuda:0'); tensors then go straight there",
+    "weights_only": "leave it out: torchplace.load never runs code from the file unless trust_pickle=True",
+    "mmap": "leave it out: torchplace.load reads tensors straight onto their device",
+    "pickle_module": "leave it out: torchplace.load reads with torch's restricted unpickler (trust_pickle=True "
+                     "for files from someone you trust)",
+}
+
+
 def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.Module | None = None,
          optimizer: Any = None, scheduler: Any = None, scaler: Any = None, strict: bool = True,
          restore_rng: bool = True, trust_pickle: bool = False, prefix: str | None = None,
@@ -387,6 +409,9 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
     state_dicts.module_to_fill(model)
     objects = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, **more_state}
     for name, obj in objects.items():
+        if name in TORCH_LOAD_ARGS:  # a drop-in `torch.load(path, map_location=...)` call
+            raise TypeError(f"load() got {name}={obj!r}, an argument of torch.load, which torchplace.load does not "
+                            f"take. Fix: {TORCH_LOAD_ARGS[name]}.")
         if obj is not None and not callable(getattr(obj, "load_state_dict", None)):
             raise TypeError(f"load() got {name}={type(obj).__name__}, which has no load_state_dict(); "
                             f"pass objects to fill, and read saved values from the result (ck[{name!r}]).")

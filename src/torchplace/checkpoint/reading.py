@@ -124,7 +124,7 @@ def read_any(path: Path, kind: str, opts: ReadOptions, *, model: nn.Module | Non
         state, notes = foreign.load_accelerate(path, load_st, opts)
         return foreign.folder_tool(path), state, {}, notes, None
     if kind == "index":  # a sharded model's index: the shards it lists
-        return "accelerate", {"model": foreign.load_index(path, load_st, opts)}, {}, [], None
+        return foreign.folder_tool(path.parent), {"model": foreign.load_index(path, load_st, opts)}, {}, [], None
     if kind == "dcp":
         raise CheckpointError(f"{path} is a sharded checkpoint (torch.distributed.checkpoint): its tensors only "
                               "exist as shards. Fix: torchplace.load it with model= (and optimizer=) in a process "
@@ -134,8 +134,7 @@ def read_any(path: Path, kind: str, opts: ReadOptions, *, model: nn.Module | Non
         raise CheckpointError(f"{path} was written by torch.distributed.checkpoint directly; it holds no model "
                               "structure to convert without a model. Fix: torchplace.load(path, model=...) reads it "
                               "into your model (safely), then torchplace.save writes one file.")
-    raise CheckpointError(f"{path} is not a checkpoint torchplace recognises (not torchplace/safetensors, torch.save, "
-                          "Lightning, accelerate or DCP). Fix: check the path.")
+    raise foreign.unknown(path)
 
 
 def place_optimizer_state(optimizer: Any, osd: dict[str, Any]) -> dict[str, Any]:

@@ -326,7 +326,7 @@ def _order(path: Path, rotation_only: bool,
             newer.append((path, exc))
         return None
     except (CheckpointError, OSError):
-        from . import _torchfile as torchfile  # torch.save files save() wrote under .pt/.pth/.tar/.ckpt names
+        from . import _torchfile as torchfile  # torch.save files save() wrote under .pt/.pth/.tar/.ckpt/.bin names
 
         meta = torchfile.read_meta(path) if path.is_file() and torchfile.is_torch_name(path) else None
     if meta is None or (rotation_only and not meta.get("rotation")):

@@ -5,7 +5,7 @@
 
 Save writes model weights (unwrapped: no `module.` / `_orig_mod.`, not even from compiled
 submodules, with the modules' versions), optimizer, scheduler, scaler, RNG states, extras and
-metadata as one safetensors-compatible file, atomically, with checksums (or, under a .pt/.pth/.tar/.ckpt
+metadata as one safetensors-compatible file, atomically, with checksums (or, under a .pt/.pth/.tar/.ckpt/.bin
 name, as the torch.save file such a name promises: _torchfile.py). In a process group only
 rank 0 writes; sharded models go through torch.distributed.checkpoint (see `distributed`).
 Reading it back is loading.py.
@@ -74,7 +74,7 @@ HF_WEIGHT_NAMES = re.compile(r"(model|adapter_model)(-\d+-of-\d+)?\.safetensors|
 def check_request(path: str | os.PathLike[str], keep_last: int | None, more_state: Mapping[str, Any],
                   torch_names: bool = False) -> Path:
     """PATH as a Path, after the checks every save makes before touching anything. TORCH_NAMES: the caller
-    writes a torch.save file under a .pt/.pth/.tar/.ckpt name (_torchfile.py); otherwise such a name is refused."""
+    writes a torch.save file under a .pt/.pth/.tar/.ckpt/.bin name (_torchfile.py); otherwise such a name is refused."""
     bad = [k for k in more_state if k in RESERVED]
     if bad:
         raise TypeError(f"save() got {bad[0]!r} as named state; that name is reserved. Use another name.")
@@ -149,7 +149,7 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
 
     Args:
         path: the file to write; its directory must exist. ".safetensors" or ".tpck": torchplace's
-            format. ".pt", ".pth", ".tar" or ".ckpt": a torch.save file that torch.load (weights_only)
+            format. ".pt", ".pth", ".tar", ".ckpt" or ".bin": a torch.save file that torch.load (weights_only)
             and Fabric.load read, named values at its top level (no keep_last/latest there).
         model: a module or its state dict.
         optimizer: an optimizer or its state dict.
@@ -163,7 +163,7 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
         allow_pickle: store values that only pickle can (loading them needs `trust_pickle=True`).
         all_ranks: in a process group, every rank calls save: each rank's RNG states are gathered
             into the file, and every rank returns once it is complete (or raises rank 0's failure).
-        weights_only: write the model's state dict alone, as its own readers take it: under a .pt/.pth name
+        weights_only: write the model's state dict alone, as its own readers take it: under a .pt/.pth/.bin name
             what `model.load_state_dict(torch.load(path))` takes, under any other name a plain safetensors file
             (`model.safetensors` for HF's `from_pretrained`); nothing else may be given. No RNG, no resume.
         **more_state: more named objects with `state_dict()` (an EMA model, a sampler) or plain

@@ -117,7 +117,7 @@ def _chunks(entries: Sequence[TensorEntry], data_bytes: int, chunk: int) -> Iter
 
 def byte_view(t: torch.Tensor) -> torch.Tensor:
     """A tensor's bytes as a flat uint8 tensor on its device (a view; a copy only if not contiguous)."""
-    return t.reshape(-1).view(torch.uint8)
+    return t.contiguous().view(-1).view(torch.uint8)
 
 
 def _run(tasks: Sequence[Callable[[], Any]], workers: int, *, keep: bool = False) -> list[Any]:

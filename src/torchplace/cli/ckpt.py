@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--weights-only", action="store_true",
                    help="write only the model's state dict: a plain safetensors file that "
                         "model.load_state_dict(safetensors.torch.load_file(OUT)) accepts (HF, timm, vLLM); "
-                        "under a .pt/.pth name, what model.load_state_dict(torch.load(OUT)) takes")
+                        "under a .pt/.pth/.bin name, what model.load_state_dict(torch.load(OUT)) takes")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists (default: refuse)")
     p.set_defaults(func=_convert)
     parser.set_defaults(func=lambda args: _no_command(parser))
@@ -108,10 +108,12 @@ def _convert(args: argparse.Namespace) -> int:
                     "stripped_prefix": result.stripped_prefix, "tensors": result.tensors,
                     "weights_only": result.weights_only, "notes": result.notes})
         return 0
+    from ..checkpoint._torchfile import is_torch_name
     from .render import console, line
 
     stripped = f", stripped {result.stripped_prefix!r}" if result.stripped_prefix else ""
-    what = "model weights (plain safetensors)" if result.weights_only else "tensors"
+    plain = "a bare torch.save state dict" if is_torch_name(result.path) else "plain safetensors"
+    what = f"model weights ({plain})" if result.weights_only else "tensors"
     console.print(f"wrote {result.path}: {result.tensors} {what} from a {result.source_tool} checkpoint, "
                   f"on the CPU{stripped}")
     for note in result.notes:

@@ -7,6 +7,7 @@ becomes CMD (one process) or torchrun (one process per GPU). See torchplace.dist
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from .options import add_json, add_snapshot, print_json
@@ -95,9 +96,9 @@ def run(args: argparse.Namespace) -> int:
         if args.json:
             print_json(plan.to_dict())
         else:
-            for key, value in plan.env_changes.items():
-                print(f"{key}={value}")
-            print(" ".join(plan.argv))
+            for key, value in plan.env_changes.items():  # quoted as a shell reads them: the lines can be pasted
+                print(f"{key}={shlex.quote(value) if value else ''}")
+            print(shlex.join(plan.argv))
         return 0
     try:
         runner.execute(plan)

@@ -257,6 +257,9 @@ def execute(run: RunPlan) -> NoReturn:
                          "runs it through Python)")
             raise TorchplaceError(f"Command {shown} was not found on PATH{where}. Fix: check its "
                                   "spelling, or give its path (for Python: `-- python3 train.py`).") from None
+        if os.path.isdir(program):
+            raise TorchplaceError(f"Cannot run {shown}: it is a directory. Fix: name the program in it to run, e.g. "
+                                  f"`-- python3 {shown[1:-1]}/train.py`.") from None
         raise TorchplaceError(f"Cannot run {shown}: {exc.strerror}. Fix: make it executable (chmod +x) or run "
                               f"it through its interpreter, e.g. `-- python3 {shown[1:-1]}`.") from None
 
