@@ -36,7 +36,7 @@ from .atomic import write_bytes
 from .fileio import write_file
 from .options import ReadOptions
 from .reading import kind_of, read_any
-from .rotation import check_name
+from .rotation import HF_WEIGHT_NAMES, check_name
 from .state_dicts import saved_versions, versions_of
 
 
@@ -65,8 +65,6 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, trust_p
 
 def _convert(src: Path, dst: Path, opts: ReadOptions, *, weights_only: bool) -> Converted:
     check_name(dst)  # `latest` is the pointer's name, in convert as in save
-    from .saving import HF_WEIGHT_NAMES
-
     if not weights_only and HF_WEIGHT_NAMES.fullmatch(dst.name):
         raise CheckpointError(f"convert to {dst}: {dst.name} is the name transformers and accelerate read as a "
                               "model's plain weights, and a torchplace checkpoint there would load none of them "

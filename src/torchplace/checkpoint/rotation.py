@@ -39,6 +39,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import shutil
 import stat
 import threading
@@ -57,6 +58,8 @@ from .format import SIDE_FILE, cut_short, read_header
 POINTER = "latest"
 POINTER_FORMAT = "torchplace-latest/1"
 MAX_POINTER_BYTES = 8 * 2**20  # a pointer naming 100,000 checkpoints is about 3 MiB
+# the names transformers and accelerate read as a model's plain weights (save and convert write only those there)
+HF_WEIGHT_NAMES = re.compile(r"(model|adapter_model)(-\d+-of-\d+)?\.safetensors|pytorch_model(-\d+-of-\d+)?\.bin")
 
 
 def check_name(target: Path) -> None:

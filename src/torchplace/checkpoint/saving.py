@@ -14,7 +14,6 @@ Reading it back is loading.py.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from . import _torchfile as torchfile
 from . import rng
 from . import sharded as tpsharded
 from .fileio import write_file
-from .rotation import check_name, check_pointer_slot, next_sequence, rotate, series_lock
+from .rotation import HF_WEIGHT_NAMES, check_name, check_pointer_slot, next_sequence, rotate, series_lock
 from .state_dicts import clean_state, module_device, state_of, unwrap, versions_of
 
 RESERVED = ("model", "optimizer", "scheduler", "scaler", "extra", "rng")
@@ -67,8 +66,6 @@ def _collect(model: Any, optimizer: Any, scheduler: Any, scaler: Any, extra: Any
             objects[name] = _type_name(obj)
     return tree, objects
 
-
-HF_WEIGHT_NAMES = re.compile(r"(model|adapter_model)(-\d+-of-\d+)?\.safetensors|pytorch_model(-\d+-of-\d+)?\.bin")
 
 
 def check_request(path: str | os.PathLike[str], keep_last: int | None, more_state: Mapping[str, Any],
