@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import pack_padded_sequence
 
 sys.path.insert(0, str(Path(__file__).parent))
 from corpus_kit import (  # noqa: E402, F401
@@ -66,22 +66,22 @@ class SpectrogramFrontend(nn.Module):
         self.classifier = nn.Linear(n_fft // 2 + 1, C)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        window = torch.hann_window(window_length=self.win_length)
-        spec = torch.stft(x, n_fft=self.n_fft, hop_length=self.hop_length, win_length=self.win_length,  # case: stft_hann_window_on_cpu
-                          window=window, return_complex=True)
+        n_fft, hop_length, win_length = self.n_fft, self.hop_length, self.win_length
+        window = torch.hann_window(window_length=win_length)
+        spec = torch.stft(x, n_fft, hop_length, win_length, window, return_complex=True)  # case: stft_hann_window
         return self.classifier(spec.abs().mean(-1))
 
 
 # torch.stft(x, ..., window=window) with x moved to CUDA and window = torch.hann_window(400) left on the CPU
 @R.mistake("pytorch/pytorch#30865", ("window", "torch.hann_window"), "model")
-def stft_hann_window_on_cpu(dev: torch.device, other: torch.device) -> Program:
+def stft_hann_window(dev: torch.device, other: torch.device) -> Program:
     model = SpectrogramFrontend().to(dev)
     x = randn(2, 64, device=dev)
     return Program(model, lambda: model(x), (x,))
 
 
 def stft(x: torch.Tensor, fft_size: int, hop_size: int, win_length: int, window: torch.Tensor) -> torch.Tensor:
-    x_stft = torch.stft(x, fft_size, hop_size, win_length, window, return_complex=True)  # case: stft_loss_window_attribute
+    x_stft = torch.stft(x, fft_size, hop_size, win_length, window, return_complex=True)  # case: denoiser_stft_window
     return x_stft.abs().clamp(min=1e-7)
 
 
@@ -139,7 +139,7 @@ class Solver:
 
 # the denoiser's STFT loss with stft_loss=true on a GPU: the loss module is moved, its window attribute is not
 @R.mistake("facebookresearch/denoiser#27", "window", "mrstftloss.stft_losses.0")
-def stft_loss_window_attribute(dev: torch.device, other: torch.device) -> Program:
+def denoiser_stft_window(dev: torch.device, other: torch.device) -> Program:
     model = Demucs().to(dev)
     solver = Solver(model, dev)
     noisy, clean = randn(2, 1, 64, device=dev), randn(2, 1, 64, device=dev)
@@ -511,3 +511,170 @@ def blazeface_anchors_on_cpu(dev: torch.device, other: torch.device) -> Program:
     face_detector.load_anchors(np.random.rand(16, 4))
     img = randn(1, 3, 4, 4, device=dev)
     return Program(face_detector, lambda: face_detector(img), (img,))
+
+
+# --------------------------------------------------------------------------- mistakes: NLP
+
+class GPT2LMHeadModel(nn.Module):
+    def __init__(self, vocab_size: int = 16) -> None:
+        super().__init__()
+        self.wte = nn.Embedding(vocab_size, W)
+        self.lm_head = nn.Linear(W, vocab_size)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.wte(input_ids).cumsum(1))
+
+
+def choose_from_top_k_top_n(probs: np.ndarray) -> int:
+    return int(np.argmax(probs))
+
+
+@torch.no_grad()
+def generate(tokenizer_ids: list[int], model: nn.Module, device: torch.device, max_len: int = 3) -> torch.Tensor:
+    cur_ids = torch.tensor(tokenizer_ids).unsqueeze(0).long()
+    explain_here(model, cur_ids)
+    for _ in range(max_len):
+        logits = model(cur_ids)
+        softmax_logits = torch.softmax(logits[0, -1], dim=0)
+        next_token_id = choose_from_top_k_top_n(softmax_logits.to("cpu").numpy())
+        cur_ids = torch.cat([cur_ids, torch.ones((1, 1)).long().to(device) * next_token_id], dim=1)  # case: gpt2_token_cat
+    return cur_ids
+
+
+# the text-augmentation generate(): DEVICE is "cuda", but the model was never moved and cur_ids stay on the CPU;
+# only the sampled token is sent .to(device), and torch.cat gets a CPU and a CUDA tensor
+@R.mistake("prakhar21/TextAugmentation-GPT2#8", ("cur_ids", "torch.ones"))
+def gpt2_token_cat(dev: torch.device, other: torch.device) -> Program:
+    model = GPT2LMHeadModel().to(other)
+    return stepped(model, lambda: generate([1, 2, 3], model, dev), (torch.tensor([[1, 2, 3]], device=other),))
+
+
+class NLL(nn.Module):
+    """A MeanMetric-style aggregate: its states are buffers, moved with the module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mean_value", torch.tensor(0.0))
+        self.register_buffer("weight", torch.tensor(0.0))
+
+    def update(self, value: torch.Tensor, weight: torch.Tensor) -> None:
+        self.mean_value += value.sum()
+        self.weight += weight.sum()
+
+    def compute(self) -> torch.Tensor:
+        return self.mean_value / self.weight
+
+
+class Diffusion(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = GPT2LMHeadModel()
+        self.gen_ppl = NLL()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backbone(x)
+
+    def compute_generative_perplexity(self, retokenized: torch.Tensor, pad_token_id: int = 0) -> torch.Tensor:
+        eval_ids = retokenized.to(self.backbone.lm_head.weight.device)
+        logits = self(eval_ids)
+        nlls = F.cross_entropy(logits[:, :-1].transpose(1, 2), eval_ids[:, 1:], reduction="none")
+        valid_tokens = (retokenized[:, 1:] != pad_token_id).float()
+        self.gen_ppl.update(nlls * valid_tokens, valid_tokens)  # case: gen_ppl_valid_tokens_on_cpu
+        return self.gen_ppl.compute()
+
+
+def sample_eval(model: Diffusion, retokenized: torch.Tensor) -> torch.Tensor:
+    explain_here(model, retokenized.to(model.backbone.lm_head.weight.device))
+    return model.compute_generative_perplexity(retokenized)
+
+
+# didi-instruct's sample_eval: the NLL metric's buffers and the nlls are on the GPU, the valid_tokens mask (from the
+# samples retokenized on the CPU) is not
+@R.mistake("haoyangzheng-ai/didi-instruct#1", "valid_tokens", "model")
+def gen_ppl_valid_tokens_on_cpu(dev: torch.device, other: torch.device) -> Program:
+    model = Diffusion().to(dev)
+    retokenized = torch.randint(1, 16, (2, 6), device=other)
+    return stepped(model, lambda: sample_eval(model, retokenized), (retokenized.to(dev),))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(16, W)
+        self.lm_head = nn.Linear(W, 16)
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.embed_tokens(input_ids))  # case: llama_input_ids_left_on_cpu
+
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int = 2) -> torch.Tensor:
+        for _ in range(max_new_tokens):
+            next_token = self(input_ids)[:, -1].argmax(-1, keepdim=True)
+            input_ids = torch.cat([input_ids, next_token], dim=1)
+        return input_ids
+
+
+def open_llama_generate(model: LlamaForCausalLM, prompt_ids: list[int]) -> torch.Tensor:
+    input_ids = torch.tensor([prompt_ids])
+    explain_here(model, input_ids)
+    return model.generate(input_ids=input_ids, max_new_tokens=2)
+
+
+# OpenLLaMA loaded with device_map='auto' puts the model on the GPU; the tokenizer's input_ids stay on the CPU
+# (the answer: input_ids = input_ids.to(model.device)); meta lets an embedding lookup take CPU indices
+@R.mistake("openlm-research/open_llama#76", "input_ids", "model.embed_tokens", pairs=GPU)
+def llama_input_ids_left_on_cpu(dev: torch.device, other: torch.device) -> Program:
+    model = LlamaForCausalLM().to(dev)
+    return stepped(model, lambda: open_llama_generate(model, [1, 2, 3]), (torch.tensor([[1, 2, 3]], device=dev),))
+
+
+class BlockDiagonalCausalMask:
+    """xformers' attention bias: from_seqlens() builds its tensors on `device`, "cuda" (the current GPU) if unset."""
+
+    def __init__(self, seqstart: torch.Tensor) -> None:
+        self.seqstart = seqstart
+
+    @classmethod
+    def from_seqlens(cls, q_seqlen: list[int], device: torch.device | str | None = None) -> BlockDiagonalCausalMask:
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"  # cuda-only: xformers' default device
+        return cls(torch.tensor([0, *np.cumsum(q_seqlen).tolist()], device=device))
+
+    def materialize(self, n: int, device: torch.device) -> torch.Tensor:
+        mask = torch.full((n, n), float("-inf"), device=device).triu(1)
+        return mask
+
+
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.wq, self.wk, self.wv = nn.Linear(W, W), nn.Linear(W, W), nn.Linear(W, W)
+
+    def forward(self, x: torch.Tensor, mask: BlockDiagonalCausalMask) -> torch.Tensor:
+        q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        attn_bias = mask.materialize(x.shape[0], mask.seqstart.device)
+        scores = q @ k.transpose(-1, -2) + attn_bias  # case: mistral_mask_default_cuda
+        return scores.softmax(-1) @ v
+
+
+class Transformer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = Attention()
+        self.output = nn.Linear(W, C)
+
+    def forward(self, x: torch.Tensor, seqlens: list[int]) -> torch.Tensor:
+        mask = BlockDiagonalCausalMask.from_seqlens(seqlens)
+        return self.output(self.attention(x, mask))
+
+
+# mistral-inference on cuda:7 (here cuda:1): the cache builds its attention masks with from_seqlens() and no device,
+# so they land on cuda:0
+@R.mistake("mistralai/mistral-inference#215", ("mask", "from_seqlens"), "model.attention", pairs=TWO_GPUS)
+def mistral_mask_default_cuda(dev: torch.device, other: torch.device) -> Program:
+    model = Transformer().to(dev)
+    x = randn(4, W, device=dev)
+    return Program(model, lambda: model(x, [4]), (x, [4]))
