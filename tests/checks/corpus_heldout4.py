@@ -537,14 +537,14 @@ def generate(tokenizer_ids: list[int], model: nn.Module, device: torch.device, m
         logits = model(cur_ids)
         softmax_logits = torch.softmax(logits[0, -1], dim=0)
         next_token_id = choose_from_top_k_top_n(softmax_logits.to("cpu").numpy())
-        cur_ids = torch.cat([cur_ids, torch.ones((1, 1)).long().to(device) * next_token_id], dim=1)  # case: gpt2_token_cat
+        cur_ids = torch.cat([cur_ids, torch.ones((1, 1)).long().to(device) * next_token_id], dim=1)  # case: gpt2_cat
     return cur_ids
 
 
 # the text-augmentation generate(): DEVICE is "cuda", but the model was never moved and cur_ids stay on the CPU;
 # only the sampled token is sent .to(device), and torch.cat gets a CPU and a CUDA tensor
 @R.mistake("prakhar21/TextAugmentation-GPT2#8", ("cur_ids", "torch.ones"))
-def gpt2_token_cat(dev: torch.device, other: torch.device) -> Program:
+def gpt2_cat(dev: torch.device, other: torch.device) -> Program:
     model = GPT2LMHeadModel().to(other)
     return stepped(model, lambda: generate([1, 2, 3], model, dev), (torch.tensor([[1, 2, 3]], device=other),))
 
@@ -678,3 +678,549 @@ def mistral_mask_default_cuda(dev: torch.device, other: torch.device) -> Program
     model = Transformer().to(dev)
     x = randn(4, W, device=dev)
     return Program(model, lambda: model(x, [4]), (x, [4]))
+
+
+# --------------------------------------------------------------------------- mistakes: diffusion
+
+class UNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv_in = nn.Conv2d(4, W, 3, padding=1)
+        self.conv_out = nn.Conv2d(W, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return self.conv_out(self.conv_in(x).relu())
+
+
+class DDPMScheduler:
+    """diffusion-ddpm's scheduler: betas from torch.linspace() without a device, so alphas_hat live on the CPU."""
+
+    def __init__(self, num_timesteps: int = 10, beta_start: float = 1e-4, beta_end: float = 0.02) -> None:
+        self.num_timesteps = num_timesteps
+        self.betas = torch.linspace(beta_start, beta_end, num_timesteps)
+        self.alphas = 1.0 - self.betas
+        self.alphas_hat = torch.cumprod(self.alphas, dim=0)
+
+    def add_noise(self, images: torch.Tensor, timesteps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        alpha_hat = self.alphas_hat[timesteps].to(images.device)  # case: alphas_hat_indexed_by_gpu_timesteps
+        alpha_hat = alpha_hat[:, None, None, None]
+        noise = torch.randn_like(images)
+        return alpha_hat.sqrt() * images + (1 - alpha_hat).sqrt() * noise, noise
+
+
+def ddpm_train_step(model: nn.Module, noise_scheduler: DDPMScheduler, images: torch.Tensor,
+                    device: torch.device) -> torch.Tensor:
+    timesteps = torch.randint(0, noise_scheduler.num_timesteps, (images.shape[0],), device=device)
+    explain_here(model, images, timesteps)
+    noisy_images, noise = noise_scheduler.add_noise(images, timesteps)
+    return F.mse_loss(model(noisy_images, timesteps), noise)
+
+
+# "self.alphas_hat[timesteps].to(images.device) triggers a device mismatch": timesteps are made on the training
+# device, the table they index on the CPU (meta lets a CPU tensor take meta indices)
+@R.mistake("mattroz/diffusion-ddpm#5", ("alphas_hat", "timesteps"), pairs=GPU)
+def alphas_hat_indexed_by_gpu_timesteps(dev: torch.device, other: torch.device) -> Program:
+    model = UNet().to(dev)
+    images = randn(2, 4, 4, 4, device=dev)
+    return stepped(model, lambda: ddpm_train_step(model, DDPMScheduler(), images, dev), (images, labels(2, dev)))
+
+
+class EulerDiscreteScheduler:
+    """diffusers' Euler scheduler, shortened: set_timesteps(device=...) moves timesteps and sigmas, never
+    alphas_cumprod."""
+
+    def __init__(self, num_train_timesteps: int = 10) -> None:
+        betas = torch.linspace(0.00085 ** 0.5, 0.012 ** 0.5, num_train_timesteps) ** 2
+        self.alphas_cumprod = torch.cumprod(1.0 - betas, dim=0)
+        self.num_train_timesteps = num_train_timesteps
+
+    def set_timesteps(self, num_inference_steps: int, device: torch.device) -> None:
+        timesteps = torch.linspace(self.num_train_timesteps - 1, 0, num_inference_steps).round().long()
+        sigmas = ((1 - self.alphas_cumprod[timesteps]) / self.alphas_cumprod[timesteps]) ** 0.5
+        self.timesteps, self.sigmas = timesteps.to(device), sigmas.to(device)
+        self.init_noise_sigma = self.sigmas.max()
+
+
+class StableDiffusionSAGPipeline:
+    def __init__(self, unet: nn.Module, scheduler: EulerDiscreteScheduler) -> None:
+        self.unet, self.scheduler = unet, scheduler
+
+    def pred_x0(self, sample: torch.Tensor, model_output: torch.Tensor, timestep: torch.Tensor) -> torch.Tensor:
+        alpha_prod_t = self.scheduler.alphas_cumprod[timestep]  # case: sag_alphas_cumprod_gpu_timestep
+        beta_prod_t = 1 - alpha_prod_t
+        return (sample - beta_prod_t ** 0.5 * model_output) / alpha_prod_t ** 0.5
+
+    def __call__(self, latents: torch.Tensor, num_inference_steps: int = 3) -> torch.Tensor:
+        self.scheduler.set_timesteps(num_inference_steps, device=latents.device)
+        explain_here(self.unet, latents, self.scheduler.timesteps[0])
+        for t in self.scheduler.timesteps:
+            noise_pred = self.unet(latents, t)
+            pred_x0 = self.pred_x0(latents, noise_pred, t)
+            latents = 0.5 * (latents + pred_x0)
+        return latents
+
+
+# StableDiffusionSAGPipeline with an Euler scheduler: pred_x0 indexes the CPU alphas_cumprod with a GPU timestep
+# (meta lets a CPU tensor take meta indices)
+@R.mistake("huggingface/diffusers#4924", ("alphas_cumprod", "timestep"), pairs=GPU)
+def sag_alphas_cumprod_gpu_timestep(dev: torch.device, other: torch.device) -> Program:
+    unet = UNet().to(dev)
+    pipe = StableDiffusionSAGPipeline(unet, EulerDiscreteScheduler())
+    latents = randn(1, 4, 4, 4, device=dev)
+    return stepped(unet, lambda: pipe(latents), (latents, torch.tensor(9, device=dev)))
+
+
+def get_random_noise(n_imgs: int, height: int, width: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    return torch.randn((n_imgs, 4, height // 8, width // 8), generator=generator, device="cpu")
+
+
+def get_initial_latents(scheduler: EulerDiscreteScheduler, n_imgs: int, height: int, width: int,
+                        n_prompts: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    noise = get_random_noise(n_imgs, height, width, generator=generator).repeat(n_prompts, 1, 1, 1)
+    latents = noise * scheduler.init_noise_sigma  # case: euler_init_noise_sigma_on_gpu
+    return latents
+
+
+def slider_train_step(unet: nn.Module, scheduler: EulerDiscreteScheduler, device: torch.device) -> torch.Tensor:
+    scheduler.set_timesteps(3, device=device)
+    explain_here(unet, torch.zeros(1, 4, 4, 4, device=device), scheduler.timesteps[0])
+    latents = get_initial_latents(scheduler, 1, 32, 32, 1)
+    return unet(latents.to(device), scheduler.timesteps[0])
+
+
+# the sliders training script with noise_scheduler euler_a: the CPU noise times init_noise_sigma, a 0-dim tensor on
+# the GPU (a 0-dim tensor is only let through when it is on the CPU)
+@R.mistake("rohitgandikota/sliders#20", ("noise", "init_noise_sigma"))
+def euler_init_noise_sigma_on_gpu(dev: torch.device, other: torch.device) -> Program:
+    unet = UNet().to(dev)
+    scheduler = EulerDiscreteScheduler()
+    return stepped(unet, lambda: slider_train_step(unet, scheduler, dev),
+                   (torch.zeros(1, 4, 4, 4, device=dev), torch.tensor(9, device=dev)))
+
+
+class FlowMatchScheduler:
+    """Bernini's FlowMatchScheduler: set_timesteps(device=...) is honoured, step() sends the timestep to .cuda()."""
+
+    def set_timesteps(self, num_inference_steps: int, device: torch.device) -> None:
+        self.timesteps = torch.linspace(1000, 0, num_inference_steps, device=device)
+        self.sigmas = self.timesteps / 1000
+
+    def step(self, model_output: torch.Tensor, timestep: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
+        if isinstance(timestep, torch.Tensor):
+            timestep = timestep.cuda()
+        timestep_id = torch.argmin((self.timesteps - timestep).abs())  # case: flow_match_step_timestep_cuda
+        sigma = self.sigmas[timestep_id]
+        sigma_ = self.sigmas[min(int(timestep_id) + 1, len(self.sigmas) - 1)]
+        return sample + model_output * (sigma_ - sigma)
+
+
+def flow_sample(dit: nn.Module, scheduler: FlowMatchScheduler, latents: torch.Tensor) -> torch.Tensor:
+    scheduler.set_timesteps(3, device=latents.device)
+    explain_here(dit, latents, scheduler.timesteps[0])
+    for timestep in scheduler.timesteps:
+        latents = scheduler.step(dit(latents, timestep), timestep, latents)
+    return latents
+
+
+# on a non-default GPU the scheduler's timesteps are on cuda:1 and timestep.cuda() moves each step's timestep to the
+# current GPU, 0
+@R.mistake("bytedance/Bernini#61", ("timestep", ".cuda()"), pairs=TWO_GPUS)
+def flow_match_step_timestep_cuda(dev: torch.device, other: torch.device) -> Program:
+    dit = UNet().to(dev)
+    latents = randn(1, 4, 4, 4, device=dev)
+    return stepped(dit, lambda: flow_sample(dit, FlowMatchScheduler(), latents),
+                   (latents, torch.tensor(1000.0, device=dev)))
+
+
+# --------------------------------------------------------------------------- mistakes: reinforcement learning
+
+class EnvModel:
+    """A GOPS environment model: its action bounds are CPU tensors."""
+
+    def __init__(self) -> None:
+        self.action_lower_bound = torch.tensor([-2.0, -1.0])
+        self.action_upper_bound = torch.tensor([2.0, 1.0])
+
+
+class ScaleActionData:
+    """GOPS' scale_action wrapper: the scaled bounds are made from the model's (CPU) bounds."""
+
+    def __init__(self, model: EnvModel, min_action: float = -1.0, max_action: float = 1.0) -> None:
+        self.model = model
+        self.min_action = torch.zeros_like(model.action_lower_bound) + min_action
+        self.max_action = torch.zeros_like(model.action_upper_bound) + max_action
+        self.action_lower_bound = self.min_action
+        self.action_upper_bound = self.max_action
+
+    def action(self, action: torch.Tensor) -> torch.Tensor:
+        action = torch.clip(action, self.min_action, self.max_action)  # case: scale_action_bounds_on_cpu
+        lb, ub = self.model.action_lower_bound, self.model.action_upper_bound
+        return lb + (action - self.min_action) * (ub - lb) / (self.max_action - self.min_action)
+
+
+def rollout_step(policy: nn.Module, env_model: ScaleActionData, obs: torch.Tensor) -> torch.Tensor:
+    explain_here(policy, obs)
+    action = policy(obs).tanh()
+    return env_model.action(action)
+
+
+# GOPS trained with enable_cuda: the policy's actions are on cuda, the wrapper's min_action/max_action on the CPU
+@R.mistake("Intelligent-Driving-Laboratory/GOPS#15", "min_action")
+def scale_action_bounds_on_cpu(dev: torch.device, other: torch.device) -> Program:
+    policy = nn.Sequential(nn.Linear(W, W), nn.Tanh(), nn.Linear(W, 2)).to(dev)
+    env_model = ScaleActionData(EnvModel())
+    obs = randn(4, W, device=dev)
+    return stepped(policy, lambda: rollout_step(policy, env_model, obs), (obs,))
+
+
+def search(ob: torch.Tensor, x: torch.Tensor, y: torch.Tensor, depth: int, n: int) -> bool:
+    return bool(ob[x, y] < 1.0)  # case: placement_obs_indexed_by_gpu_action
+
+
+class PlaceEnv:
+    """DeepPlace's placement environment: the grid observation stays on the CPU."""
+
+    def __init__(self, n: int = 4) -> None:
+        self.n = n
+        self.obs = torch.zeros(1, 1, n, n)
+
+    def step(self, action: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        x, y = action // self.n, action % self.n
+        done = search(self.obs[0, 0], x, y, 0, self.n)
+        return self.obs, done
+
+
+def placement_step(actor_critic: nn.Module, envs: PlaceEnv, device: torch.device) -> bool:
+    obs = envs.obs.flatten(1).to(device)
+    explain_here(actor_critic, obs)
+    action = actor_critic(obs).argmax(-1)
+    obs, done = envs.step(action)
+    return done
+
+
+# DeepPlace's training loop: the action comes from the policy on the GPU, so x and y index the CPU observation with
+# GPU indices (meta lets a CPU tensor take meta indices)
+@R.mistake("Thinklab-SJTU/EDA-AI#21", ("ob", "x"), pairs=GPU)
+def placement_obs_indexed_by_gpu_action(dev: torch.device, other: torch.device) -> Program:
+    actor_critic = nn.Sequential(nn.Linear(16, W), nn.ReLU(), nn.Linear(W, 16)).to(dev)
+    envs = PlaceEnv()
+    return stepped(actor_critic, lambda: placement_step(actor_critic, envs, dev), (torch.zeros(1, 16, device=dev),))
+
+
+# --------------------------------------------------------------------------- mistakes: recommenders
+
+class EmbeddingMult(nn.Module):
+    """A collaborative-filtering model: the dot product of a user and an item embedding."""
+
+    def __init__(self, n_factors: int, n_users: int, n_items: int) -> None:
+        super().__init__()
+        self.u = nn.Embedding(n_users, n_factors)
+        self.m = nn.Embedding(n_items, n_factors)
+
+    def forward(self, cats: torch.Tensor) -> torch.Tensor:
+        users, movies = cats[:, 0], cats[:, 1]
+        u, m = self.u(users), self.m(movies)  # case: collab_embeddings_never_moved
+        return (u * m).sum(1)
+
+
+class CollabFilterModel(nn.Module):
+    def __init__(self, em_model: nn.Module) -> None:
+        super().__init__()
+        self.em_model = em_model
+
+    def forward(self, cats: torch.Tensor) -> torch.Tensor:
+        return self.em_model(cats)
+
+
+def collab_fit(model: nn.Module, opt: torch.optim.Optimizer, cats: torch.Tensor, ratings: torch.Tensor) -> None:
+    explain_here(model, cats, optimizer=opt)
+    F.mse_loss(model(cats), ratings).backward()
+    opt.step()
+
+
+# the notebook's EmbeddingMult, made without .cuda() while fastai's learner puts each batch on the GPU
+# (meta lets an embedding lookup take meta indices into a CPU table)
+@R.mistake("anhquan0412/basic_model_scratch#1", "em_model", "model.em_model.u", pairs=GPU)
+def collab_embeddings_never_moved(dev: torch.device, other: torch.device) -> Program:
+    em_model = EmbeddingMult(4, 10, 12)
+    model = CollabFilterModel(em_model)
+    opt = torch.optim.Adam(model.parameters(), 1e-2, weight_decay=1e-4)
+    cats = torch.stack([torch.randint(0, 10, (8,)), torch.randint(0, 12, (8,))], 1).to(dev)
+    ratings = torch.rand(8, device=dev) * 5
+    return stepped(model, lambda: collab_fit(model, opt, cats, ratings), (cats,), opt)
+
+
+class BagOfWords(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bow = nn.EmbeddingBag(10, W)
+        self.fc = nn.Linear(W, C)
+
+    def forward(self, text: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.bow(text))  # case: embedding_bag_cpu_input
+
+
+# bow = torch.nn.EmbeddingBag(10, 10).cuda(); bow(torch.tensor([[1, 2]], dtype=torch.long).cpu())
+# (meta lets an embedding bag take CPU indices)
+@R.mistake("pytorch/pytorch#7689", "test", "model.bow", pairs=GPU)
+def embedding_bag_cpu_input(dev: torch.device, other: torch.device) -> Program:
+    model = BagOfWords().to(dev)
+    test = torch.tensor([[1, 2]], dtype=torch.long).cpu()
+    return Program(model, lambda: model(test), (test.to(dev),))
+
+
+# --------------------------------------------------------------------------- mistakes: time series
+
+class MeanScaleUniformBins:
+    """Chronos' tokenizer: the bin boundaries are made once, on the CPU, where it expects the context to be."""
+
+    def __init__(self, low_limit: float = -15.0, high_limit: float = 15.0, n_tokens: int = 16) -> None:
+        self.centers = torch.linspace(low_limit, high_limit, n_tokens - 1)
+        self.boundaries = torch.concat((torch.tensor([-1e20]), (self.centers[1:] + self.centers[:-1]) / 2,
+                                        torch.tensor([1e20])))
+
+    def context_input_transform(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scale = context.abs().mean(dim=-1).clamp(min=1e-8)
+        scaled_context = context / scale.unsqueeze(-1)
+        token_ids = torch.bucketize(input=scaled_context, boundaries=self.boundaries, right=True)  # case: chronos_bins
+        return token_ids.clamp(0, 15), scale
+
+
+class ChronosModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, W)
+        self.head = nn.Linear(W, 16)
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(token_ids).mean(1))
+
+
+class ChronosPipeline:
+    def __init__(self, model: nn.Module) -> None:
+        self.model, self.tokenizer = model, MeanScaleUniformBins()
+
+    def predict(self, context: torch.Tensor) -> torch.Tensor:
+        token_ids, scale = self.tokenizer.context_input_transform(context)
+        explain_here(self.model, token_ids.to(self.model.head.weight.device))
+        return self.model(token_ids.to(self.model.head.weight.device))
+
+
+# context_tensor = torch.tensor(df[TARGET].tolist(), device=device) handed to a pipeline on the GPU: the tokenizer's
+# boundaries stay on the CPU ("ensuring that the input batches you pass live on CPU should make it work")
+# (meta lets bucketize take CPU boundaries)
+@R.mistake("amazon-science/chronos-forecasting#208", ("context_tensor", "boundaries"), pairs=GPU)
+def chronos_bins(dev: torch.device, other: torch.device) -> Program:
+    model = ChronosPipeline(ChronosModel().to(dev))
+    context_tensor = torch.tensor(np.random.rand(2, 12).tolist(), dtype=torch.float32, device=dev)
+    return stepped(model.model, lambda: model.predict(context_tensor),
+                   (torch.randint(0, 16, (2, 12), device=dev),))
+
+
+def init_hidden(x: torch.Tensor, hidden_size: int) -> torch.Tensor:
+    return torch.zeros(1, x.size(0), hidden_size)
+
+
+class Encoder(nn.Module):
+    """DA-RNN's input-attention encoder: the initial hidden and cell states come from init_hidden()."""
+
+    def __init__(self, input_size: int, hidden_size: int, T: int) -> None:
+        super().__init__()
+        self.input_size, self.hidden_size, self.T = input_size, hidden_size, T
+        self.lstm_layer = nn.LSTM(input_size=input_size, hidden_size=hidden_size, num_layers=1)
+        self.attn_linear = nn.Linear(in_features=2 * hidden_size + T - 1, out_features=1)
+
+    def forward(self, input_data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        input_encoded = input_data.new_zeros(input_data.size(0), self.T - 1, self.hidden_size)
+        hidden = init_hidden(input_data, self.hidden_size)
+        cell = init_hidden(input_data, self.hidden_size)
+        for t in range(self.T - 1):
+            x = torch.cat((hidden.repeat(self.input_size, 1, 1).permute(1, 0, 2),  # case: da_rnn_init_hidden_on_cpu
+                           cell.repeat(self.input_size, 1, 1).permute(1, 0, 2),
+                           input_data.permute(0, 2, 1)), dim=2)
+            x = self.attn_linear(x.view(-1, self.hidden_size * 2 + self.T - 1))
+            attn_weights = F.softmax(x.view(-1, self.input_size), dim=1)
+            weighted_input = torch.mul(attn_weights, input_data[:, t, :])
+            _, (hidden, cell) = self.lstm_layer(weighted_input.unsqueeze(0), (hidden, cell))
+            input_encoded[:, t, :] = hidden[0]
+        return attn_weights, input_encoded
+
+
+class DaRnnNet(nn.Module):
+    def __init__(self, encoder: nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.fc = nn.Linear(W, 1)
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        _, input_encoded = self.encoder(X)
+        return self.fc(input_encoded[:, -1])
+
+
+# DA-RNN on the GPU: init_hidden() makes the encoder's initial states with torch.zeros() and no device, and the first
+# torch.cat mixes them with the GPU input ("All input tensors must be on the same device. Received cpu and cuda:0")
+@R.mistake("Seanny123/da-rnn#22", ("hidden", "init_hidden"), "t_net.encoder")
+def da_rnn_init_hidden_on_cpu(dev: torch.device, other: torch.device) -> Program:
+    t_net = DaRnnNet(Encoder(input_size=3, hidden_size=W, T=5)).to(dev)
+    X = randn(2, 4, 3, device=dev)
+    return Program(t_net, lambda: t_net(X), (X,))
+
+
+# --------------------------------------------------------------------------- mistakes: metrics
+
+class Accuracy(nn.Module):
+    """torchmetrics' Accuracy, shortened: its states are added with add_state() as CPU buffers."""
+
+    def __init__(self, num_classes: int = C) -> None:
+        super().__init__()
+        self.add_state("tp", default=torch.zeros(num_classes))
+        self.add_state("support", default=torch.zeros(num_classes))
+
+    def add_state(self, name: str, default: torch.Tensor) -> None:
+        self.register_buffer(name, default)
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        pred_labels = preds.argmax(-1) if preds.dim() == target.dim() + 1 else (preds > 0.5).long()
+        hits = F.one_hot(target, C).float() * F.one_hot(pred_labels, C).float()
+        self.tp += hits.sum(0)  # case: accuracy_metric_not_moved
+        self.support += F.one_hot(target, C).float().sum(0)
+
+    def forward(self, preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        self.update(preds, target)
+        return self.tp.sum() / self.support.sum()
+
+
+# accuracy = torchmetrics.Accuracy(); accuracy(preds.cuda(), target.cuda()): the metric itself was never moved
+# (meta lets an in-place add into a CPU tensor take a meta tensor)
+@R.mistake("Lightning-AI/torchmetrics#917", "accuracy", "accuracy", pairs=GPU)
+def accuracy_metric_not_moved(dev: torch.device, other: torch.device) -> Program:
+    accuracy = Accuracy()
+    preds = torch.tensor([[0.6, 0.9, 0.3], [0.1, 0.6, 0.1]])
+    target = torch.tensor([1, 0])
+    return Program(accuracy, lambda: accuracy(preds.to(dev), target.to(dev)), (preds.to(dev), target.to(dev)))
+
+
+def categorical_accuracy(preds: torch.Tensor, y: torch.Tensor, tag_pad_idx: int) -> torch.Tensor:
+    max_preds = preds.argmax(dim=1, keepdim=True)
+    non_pad_elements = (y != tag_pad_idx).nonzero()
+    correct = max_preds[non_pad_elements].squeeze(1).eq(y[non_pad_elements])
+    return correct.sum() / torch.FloatTensor([y[non_pad_elements].shape[0]])  # case: pos_tagging_accuracy_denominator
+
+
+class BiLSTMPOSTagger(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(16, W)
+        self.lstm = nn.LSTM(W, W, bidirectional=True)
+        self.fc = nn.Linear(2 * W, C)
+
+    def forward(self, text: torch.Tensor) -> torch.Tensor:
+        outputs, _ = self.lstm(self.embedding(text))
+        return self.fc(outputs)
+
+
+def pos_train_step(model: nn.Module, criterion: nn.Module, text: torch.Tensor, tags: torch.Tensor,
+                   tag_pad_idx: int = 0) -> torch.Tensor:
+    explain_here(model, text)
+    predictions = model(text).view(-1, C)
+    tags = tags.view(-1)
+    loss = criterion(predictions, tags)
+    return loss + categorical_accuracy(predictions, tags, tag_pad_idx)
+
+
+# the PoS-tagging tutorial's categorical_accuracy on Colab's GPU: correct.sum() is a 0-dim CUDA tensor, the
+# denominator torch.FloatTensor([n]) a one-element CPU tensor (one element is not a 0-dim scalar); meta tensors
+# have no data for nonzero()
+@R.mistake("bentrevett/pytorch-pos-tagging#6", "torch.FloatTensor", pairs=GPU)
+def pos_tagging_accuracy_denominator(dev: torch.device, other: torch.device) -> Program:
+    model = BiLSTMPOSTagger().to(dev)
+    criterion = nn.CrossEntropyLoss(ignore_index=0).to(dev)
+    text, tags = torch.randint(1, 16, (5, 2), device=dev), torch.randint(0, C, (5, 2), device=dev)
+    return stepped(model, lambda: pos_train_step(model, criterion, text, tags), (text,))
+
+
+class BinaryMCCMetric(nn.Module):
+    """chemprop's MCC metric: task_weights is a buffer, but the metric is kept in a plain list, so it is never moved."""
+
+    def __init__(self, task_weights: float = 1.0) -> None:
+        super().__init__()
+        self.register_buffer("task_weights", torch.as_tensor(task_weights, dtype=torch.float).view(1, -1))
+
+    def _calc_unreduced_loss(self, preds: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        tp = (preds * targets * mask).sum(0, keepdim=True)
+        return 1 - 2 * tp / (preds.sum(0, keepdim=True) + targets.sum(0, keepdim=True)).clamp(min=1e-8)
+
+    def forward(self, preds: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        preds = preds.sigmoid()
+        L = self._calc_unreduced_loss(preds, targets.long(), mask)
+        L = L * self.task_weights  # case: chemprop_mcc_task_weights
+        return L.mean()
+
+
+class MPNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.message_passing = nn.Linear(W, W)
+        self.predictor = nn.Linear(W, 1)
+        self.criterion = nn.BCEWithLogitsLoss()
+        self.metrics = [BinaryMCCMetric()]
+
+    def forward(self, bmg: torch.Tensor) -> torch.Tensor:
+        return self.predictor(self.message_passing(bmg).relu())
+
+
+def validation_step(mpnn: MPNN, bmg: torch.Tensor, targets: torch.Tensor) -> list[torch.Tensor]:
+    explain_here(mpnn, bmg)
+    preds = mpnn(bmg)
+    mask = torch.ones_like(targets)
+    return [metric(preds, targets, mask) for metric in mpnn.metrics]
+
+
+# chemprop's BinaryMCCMetric on a GPU: "L = L * self.task_weights" fails; the loss function is a registered
+# submodule and moves, the metrics are not
+@R.mistake("chemprop/chemprop#973", "task_weights")
+def chemprop_mcc_task_weights(dev: torch.device, other: torch.device) -> Program:
+    mpnn = MPNN().to(dev)
+    bmg, targets = randn(6, W, device=dev), torch.randint(0, 2, (6, 1), device=dev).float()
+    return stepped(mpnn, lambda: validation_step(mpnn, bmg, targets), (bmg,))
+
+
+class RevIN(nn.Module):
+    """RevIN: reversible instance normalization with learnable affine parameters."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, affine: bool = True) -> None:
+        super().__init__()
+        self.num_features, self.eps, self.affine = num_features, eps, affine
+        if self.affine:
+            self.affine_weight = nn.Parameter(torch.ones(self.num_features))
+            self.affine_bias = nn.Parameter(torch.zeros(self.num_features))
+
+    def forward(self, x: torch.Tensor, mode: str) -> torch.Tensor:
+        if mode == "norm":
+            self.mean = torch.mean(x, dim=1, keepdim=True).detach()
+            self.stdev = torch.sqrt(torch.var(x, dim=1, keepdim=True, unbiased=False) + self.eps).detach()
+            x = (x - self.mean) / self.stdev
+            if self.affine:
+                x = x * self.affine_weight  # case: revin_layer_outside_model
+                x = x + self.affine_bias
+            return x
+        if self.affine:
+            x = (x - self.affine_bias) / (self.affine_weight + self.eps * self.eps)
+        return x * self.stdev + self.mean
+
+
+def forecast_step(model: nn.Module, revin_layer: RevIN, x_in: torch.Tensor) -> torch.Tensor:
+    explain_here(model, x_in)
+    x_in = revin_layer(x_in, "norm")
+    x_out = model(x_in)
+    return revin_layer(x_out, "denorm")
+
+
+# RevIN used as its README shows, revin_layer = RevIN(num_features) beside the model: the model is moved to the GPU,
+# the RevIN layer and its affine parameters are not
+@R.mistake("ts-kim/RevIN#8", "revin_layer", "revin_layer")
+def revin_layer_outside_model(dev: torch.device, other: torch.device) -> Program:
+    model = nn.Linear(3, 3).to(dev)
+    revin_layer = RevIN(3)
+    x_in = randn(2, 6, 3, device=dev)
+    return stepped(model, lambda: forecast_step(model, revin_layer, x_in), (x_in,))
