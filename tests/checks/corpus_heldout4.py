@@ -1224,3 +1224,318 @@ def revin_layer_outside_model(dev: torch.device, other: torch.device) -> Program
     revin_layer = RevIN(3)
     x_in = randn(2, 6, 3, device=dev)
     return stepped(model, lambda: forecast_step(model, revin_layer, x_in), (x_in,))
+
+
+# --------------------------------------------------------------------------- legal patterns
+
+class BiasedHead(nn.Module):
+    """A head that adds a 0-dim CPU tensor, torch.ones(()), to its GPU output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(W, C)
+        self.offset = torch.ones(())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) + self.offset
+
+
+# "torch.ones(()) + torch.ones(1).cuda()  # OK": only 0-dim tensors are moved to the other device, and only from the CPU
+@R.legal("pytorch/pytorch#119609")
+def zero_dim_cpu_tensor_with_gpu_tensor(dev: torch.device, other: torch.device) -> Program:
+    model = BiasedHead().to(dev)
+    x = randn(4, W, device=dev)
+    return Program(model, lambda: model(x), (x,))
+
+
+class PowerCompressedSpectrogram(nn.Module):
+    """A spectrogram compressed with torch.pow(spec, exponent), the exponent a 0-dim CPU tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(1, W, 9, stride=4)
+        self.exponent = torch.tensor(0.3)
+
+    def forward(self, wav: torch.Tensor) -> torch.Tensor:
+        spec = self.conv(wav).abs()
+        return torch.pow(spec, self.exponent)
+
+
+# torch.pow: "cuda x cpu scalar (zero dim tensor or actual scalar value)" is among the cases that work
+@R.legal("pytorch/pytorch#46037")
+def pow_with_cpu_scalar_exponent(dev: torch.device, other: torch.device) -> Program:
+    model = PowerCompressedSpectrogram().to(dev)
+    wav = randn(2, 1, 64, device=dev)
+    return Program(model, lambda: model(wav), (wav,))
+
+
+# resampler = torchaudio.transforms.Resample(...); resampler.to(torch.device('cuda')): the kernel buffer moves
+@R.legal("pytorch/audio#2126")
+def resampler_moved_with_to(dev: torch.device, other: torch.device) -> Program:
+    resampler = Resample(16000, 8000)
+    resampler.to(dev)
+    x = torch.rand(4, 64, device=dev)
+    return Program(resampler, lambda: resampler(x), (x,))
+
+
+class DDPMSchedulerCached:
+    """diffusers' DDPMScheduler after PR 6704: add_noise() moves alphas_cumprod to the samples' device once."""
+
+    def __init__(self, num_train_timesteps: int = 10) -> None:
+        self.alphas_cumprod = torch.cumprod(1.0 - torch.linspace(1e-4, 0.02, num_train_timesteps), dim=0)
+        self.num_train_timesteps = num_train_timesteps
+
+    def add_noise(self, original_samples: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+        self.alphas_cumprod = self.alphas_cumprod.to(device=original_samples.device)
+        alphas_cumprod = self.alphas_cumprod.to(dtype=original_samples.dtype)
+        timesteps = timesteps.to(original_samples.device)
+        sqrt_alpha_prod = (alphas_cumprod[timesteps] ** 0.5).flatten()[:, None, None, None]
+        sqrt_one_minus_alpha_prod = ((1 - alphas_cumprod[timesteps]) ** 0.5).flatten()[:, None, None, None]
+        return sqrt_alpha_prod * original_samples + sqrt_one_minus_alpha_prod * noise
+
+
+def sd_train_step(unet: nn.Module, noise_scheduler: DDPMSchedulerCached, latents: torch.Tensor) -> torch.Tensor:
+    noise = torch.randn_like(latents)
+    timesteps = torch.randint(0, noise_scheduler.num_train_timesteps, (latents.shape[0],)).long()
+    noisy_latents = noise_scheduler.add_noise(latents, noise, timesteps)
+    explain_here(unet, noisy_latents, timesteps.to(latents.device))
+    return F.mse_loss(unet(noisy_latents, timesteps.to(latents.device)), noise)
+
+
+# timesteps drawn on the CPU and the scheduler's CPU table, both moved to the latents' device before the lookup
+@R.legal("huggingface/diffusers#6704")
+def add_noise_moves_alphas_to_sample_device(dev: torch.device, other: torch.device) -> Program:
+    unet = UNet().to(dev)
+    noise_scheduler = DDPMSchedulerCached()
+    latents = randn(2, 4, 4, 4, device=dev)
+    return stepped(unet, lambda: sd_train_step(unet, noise_scheduler, latents), (latents, labels(2, dev)))
+
+
+def get_huber_threshold(noise_scheduler: EulerDiscreteScheduler, timesteps: torch.Tensor,
+                        huber_c: float = 0.1) -> torch.Tensor:
+    alphas_cumprod = noise_scheduler.alphas_cumprod.index_select(0, timesteps.to(noise_scheduler.alphas_cumprod.device))
+    return (1 - alphas_cumprod) / alphas_cumprod * huber_c
+
+
+def huber_train_step(unet: nn.Module, noise_scheduler: EulerDiscreteScheduler, latents: torch.Tensor) -> torch.Tensor:
+    timesteps = torch.randint(0, noise_scheduler.num_train_timesteps, (latents.shape[0],), device=latents.device)
+    explain_here(unet, latents, timesteps)
+    noise_pred = unet(latents, timesteps)
+    huber_c = get_huber_threshold(noise_scheduler, timesteps).to(latents.device)[:, None, None, None]
+    return (huber_c * ((noise_pred - latents) ** 2 + huber_c ** 2).sqrt()).mean()
+
+
+# sd-scripts' huber loss: the GPU timesteps are moved to the scheduler's CPU alphas_cumprod for the lookup, and the
+# threshold back to the latents' device (meta has no data to copy to the CPU)
+@R.legal("kohya-ss/sd-scripts#2153", pairs=GPU)
+def timesteps_moved_to_scheduler_table(dev: torch.device, other: torch.device) -> Program:
+    unet = UNet().to(dev)
+    latents = randn(2, 4, 4, 4, device=dev)
+    return stepped(unet, lambda: huber_train_step(unet, EulerDiscreteScheduler(), latents), (latents, labels(2, dev)))
+
+
+class BatchEncoding(dict):
+    """A tokenizer's output: .to(device) moves every tensor in it."""
+
+    def to(self, device: torch.device | str) -> BatchEncoding:
+        return BatchEncoding({k: v.to(device) for k, v in self.items()})
+
+
+def tokenizer(text: str, return_tensors: str = "pt") -> BatchEncoding:
+    ids = [ord(c) % 16 for c in text]
+    return BatchEncoding(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+
+
+class BertModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embeddings = nn.Embedding(16, W)
+        self.pooler = nn.Linear(W, W)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.embeddings(input_ids) * attention_mask[..., None]
+        return self.pooler(hidden.sum(1) / attention_mask.sum(1, keepdim=True))
+
+
+def encode_text(model: nn.Module, text: str, device: torch.device) -> torch.Tensor:
+    encoding = tokenizer(text, return_tensors="pt").to(device)
+    explain_here(model, encoding["input_ids"], encoding["attention_mask"])
+    return model(**encoding)
+
+
+# encoding = tokenizer(text, return_tensors="pt").to(device): the whole BatchEncoding is moved at once
+@R.legal("huggingface/transformers#16359")
+def tokenizer_output_moved_whole(dev: torch.device, other: torch.device) -> Program:
+    model = BertModel().to(dev)
+    ids = torch.tensor([[ord(c) % 16 for c in "hello world"]], device=dev)
+    return stepped(model, lambda: encode_text(model, "hello world", dev), (ids, torch.ones_like(ids)))
+
+
+class Forecaster(nn.Module):
+    """A forecaster with RevIN as a child module: model.to(device) moves its affine parameters too."""
+
+    def __init__(self, num_features: int = 3) -> None:
+        super().__init__()
+        self.revin_layer = RevIN(num_features)
+        self.backbone = nn.Linear(num_features, num_features)
+
+    def forward(self, x_in: torch.Tensor) -> torch.Tensor:
+        return self.revin_layer(self.backbone(self.revin_layer(x_in, "norm")), "denorm")
+
+
+# "Since the RevIN class inherits from nn.Module, using model.to(device) in the training code will also modify the
+# device of RevIN accordingly"
+@R.legal("ts-kim/RevIN#11")
+def revin_child_module_moves(dev: torch.device, other: torch.device) -> Program:
+    model = Forecaster().to(dev)
+    x_in = randn(2, 6, 3, device=dev)
+    return Program(model, lambda: model(x_in), (x_in,))
+
+
+class ReplayMemory:
+    """An in-RAM experience replay: transitions kept on the CPU, sampled batches copied to the GPU."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity, self.memory = capacity, []
+
+    def push(self, state: np.ndarray, action: int, reward: float, next_state: np.ndarray) -> None:
+        self.memory = (self.memory + [(state, action, reward, next_state)])[-self.capacity:]
+
+    def sample(self, batch_size: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+        batch = self.memory[:batch_size]
+        states = torch.tensor(np.stack([b[0] for b in batch]), dtype=torch.float32).to(device)
+        actions = torch.tensor([b[1] for b in batch]).to(device)
+        rewards = torch.tensor([b[2] for b in batch], dtype=torch.float32).to(device)
+        next_states = torch.tensor(np.stack([b[3] for b in batch]), dtype=torch.float32).to(device)
+        return states, actions, rewards, next_states
+
+
+def dqn_update(policy_net: nn.Module, target_net: nn.Module, memory: ReplayMemory, optimizer: torch.optim.Optimizer,
+               device: torch.device, gamma: float = 0.99) -> None:
+    states, actions, rewards, next_states = memory.sample(4, device)
+    explain_here(policy_net, states, optimizer=optimizer)
+    q = policy_net(states).gather(1, actions[:, None]).squeeze(1)
+    with torch.no_grad():
+        target = rewards + gamma * target_net(next_states).max(1).values
+    F.smooth_l1_loss(q, target).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+# the in-RAM replay the paper starts from: the buffer lives on the CPU, each sampled batch is copied to the GPU
+@R.legal("https://paperswithcode.com/paper/deep-in-gpu-experience-replay/review/")
+def cpu_replay_memory_batches_copied(dev: torch.device, other: torch.device) -> Program:
+    policy_net = nn.Sequential(nn.Linear(W, W), nn.ReLU(), nn.Linear(W, C)).to(dev)
+    target_net = nn.Sequential(nn.Linear(W, W), nn.ReLU(), nn.Linear(W, C)).to(dev)
+    optimizer = torch.optim.Adam(policy_net.parameters(), lr=1e-3)
+    memory = ReplayMemory(100)
+    for i in range(6):
+        memory.push(np.random.rand(W), i % C, 1.0, np.random.rand(W))
+    return stepped(policy_net, lambda: dqn_update(policy_net, target_net, memory, optimizer, dev),
+                   (torch.zeros(4, W, device=dev),), optimizer)
+
+
+# "Instead of `metric=Accuracy(...)` try to do `metric=Accuracy(...).to(device)`": the metric's states move with it
+@R.legal("Lightning-AI/torchmetrics#1056")
+def metric_moved_with_to(dev: torch.device, other: torch.device) -> Program:
+    metric = Accuracy().to(dev)
+    preds, target = torch.rand(4, C, device=dev), torch.randint(0, C, (4,), device=dev)
+    return Program(metric, lambda: metric(preds, target), (preds, target))
+
+
+class SequenceTagger(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(16, W)
+        self.rnn = nn.GRU(W, W, batch_first=True)
+        self.fc = nn.Linear(W, C)
+
+    def forward(self, text: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        packed = pack_padded_sequence(self.embedding(text), lengths, batch_first=True, enforce_sorted=False)
+        _, hidden = self.rnn(packed)
+        return self.fc(hidden[-1])
+
+
+# pack_padded_sequence(input, lengths): lengths "must be on the CPU if provided as a tensor", the input anywhere
+@R.legal("https://docs.pytorch.org/docs/stable/generated/torch.nn.utils.rnn.pack_padded_sequence.html")
+def pack_padded_with_cpu_lengths(dev: torch.device, other: torch.device) -> Program:
+    model = SequenceTagger().to(dev)
+    text, lengths = torch.randint(1, 16, (3, 5), device=dev), torch.tensor([5, 2, 4])
+    return Program(model, lambda: model(text, lengths), (text, lengths))
+
+
+class BerardEncoder(nn.Module):
+    """fairseq's Berard speech encoder: the source lengths come with the batch, on the GPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.input_layers = nn.Linear(4, W)
+        self.lstm = nn.LSTM(W, W, batch_first=True)
+
+    def forward(self, src_tokens: torch.Tensor, src_lengths: torch.Tensor) -> torch.Tensor:
+        x = self.input_layers(src_tokens)
+        packed_x = nn.utils.rnn.pack_padded_sequence(x, src_lengths.cpu(), batch_first=True)
+        packed_outs, _ = self.lstm(packed_x)
+        x, output_lengths = nn.utils.rnn.pad_packed_sequence(packed_outs, batch_first=True)
+        return x.sum(1) / output_lengths.to(x.device)[:, None]
+
+
+# the Berard fix: pack_padded_sequence(x, src_lengths.cpu()), the lengths copied to the CPU as the docs require
+# (meta has no data to copy to the CPU)
+@R.legal("facebookresearch/fairseq#3557", pairs=GPU)
+def berard_lengths_to_cpu(dev: torch.device, other: torch.device) -> Program:
+    model = BerardEncoder().to(dev)
+    src_tokens, src_lengths = randn(2, 6, 4, device=dev), torch.tensor([6, 3], device=dev)
+    return Program(model, lambda: model(src_tokens, src_lengths), (src_tokens, src_lengths))
+
+
+class DQNAgent:
+    """PARL's torch DQN agent: numpy observations become tensors on the agent's device, actions go back to numpy."""
+
+    def __init__(self, model: nn.Module, device: torch.device) -> None:
+        self.model, self.device = model, device
+
+    def predict(self, obs: np.ndarray) -> int:
+        if obs.ndim == 1:
+            obs = np.expand_dims(obs, axis=0)
+        obs = torch.tensor(obs, dtype=torch.float, device=self.device)
+        explain_here(self.model, obs)
+        with torch.no_grad():
+            pred_q = self.model(obs).cpu().numpy().squeeze()
+        return int(pred_q.argmax())
+
+
+# obs = torch.tensor(obs, dtype=torch.float, device=self.device); pred_q ... .cpu().numpy(): host values in and out
+# (meta has no data to bring back to numpy)
+@R.legal("PaddlePaddle/PARL#694", pairs=GPU)
+def numpy_obs_to_agent_device(dev: torch.device, other: torch.device) -> Program:
+    model = nn.Sequential(nn.Linear(W, W), nn.ReLU(), nn.Linear(W, C)).to(dev)
+    agent = DQNAgent(model, dev)
+    obs = np.random.rand(W).astype(np.float32)
+    return stepped(model, lambda: agent.predict(obs), (torch.zeros(1, W, device=dev),))
+
+
+def amp_train_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                   loss_fn: nn.Module, input: torch.Tensor, target: torch.Tensor) -> None:
+    explain_here(model, input, optimizer=optimizer)
+    optimizer.zero_grad()
+    with torch.autocast(device_type=input.device.type, dtype=torch.float16):
+        output = model(input)
+        loss = loss_fn(output, target)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+
+
+# the AMP examples' typical use with unscaled gradients: the scaler keeps its scale and found-inf tensors on the
+# gradients' device and the optimizer steps as usual (GradScaler needs CUDA)
+@R.legal("https://pytorch.org/docs/stable/notes/amp_examples", pairs=GPU)
+def grad_scaler_unscale_and_clip(dev: torch.device, other: torch.device) -> Program:
+    model = Toy().to(dev)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler(dev.type)
+    input, target = randn(4, W, device=dev), labels(4, dev)
+    return stepped(model, lambda: amp_train_step(model, optimizer, scaler, nn.CrossEntropyLoss(), input, target),
+                   (input,), optimizer)
