@@ -209,53 +209,6 @@ def resampler_left_on_cpu(dev: torch.device, other: torch.device) -> Program:
     return Program(resampler, lambda: resampler(x), (x,))
 
 
-class UrbanSoundDataset(torch.utils.data.Dataset):
-    """The course's dataset: the signal is moved to the device, then resampled by a Resample made on the spot."""
-
-    def __init__(self, signals: list[torch.Tensor], target_sample_rate: int, device: torch.device) -> None:
-        self.signals = signals
-        self.target_sample_rate = target_sample_rate
-        self.device = device
-
-    def __len__(self) -> int:
-        return len(self.signals)
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        signal = self.signals[index].to(self.device)
-        return self._resample_if_necessary(signal, 16000)
-
-    def _resample_if_necessary(self, signal: torch.Tensor, sr: int) -> torch.Tensor:
-        if sr != self.target_sample_rate:
-            resampler = Resample(sr, self.target_sample_rate)
-            signal = resampler(signal)
-        return signal
-
-
-class CNNNetwork(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv1d(1, W, 3, padding=1)
-        self.linear = nn.Linear(W, C)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(self.conv1(x).relu().mean(-1))
-
-
-def urban_sound_step(cnn: nn.Module, usd: UrbanSoundDataset) -> torch.Tensor:
-    signal = usd[0]
-    explain_here(cnn, signal[None])
-    return cnn(signal[None])
-
-
-# the course's UrbanSoundDataset on CUDA: the signal is on the GPU, the Resample made in the dataset on the CPU
-# (meta lets a convolution take a CPU weight)
-@R.mistake("musikalkemist/pytorchforaudio#11", ("resampler", "Resample"), "resampler", pairs=GPU)
-def dataset_resampler_made_on_cpu(dev: torch.device, other: torch.device) -> Program:
-    cnn = CNNNetwork().to(dev)
-    usd = UrbanSoundDataset([torch.rand(1, 64)], 8000, dev)
-    return stepped(cnn, lambda: urban_sound_step(cnn, usd), (torch.rand(1, 1, 32, device=dev),))
-
-
 # --------------------------------------------------------------------------- mistakes: graphs
 
 class GCNConv(nn.Module):
@@ -1240,8 +1193,9 @@ class BiasedHead(nn.Module):
         return self.fc(x) + self.offset
 
 
-# "torch.ones(()) + torch.ones(1).cuda()  # OK": only 0-dim tensors are moved to the other device, and only from the CPU
-@R.legal("pytorch/pytorch#119609")
+# "zero-dim Tensor (scalars) are NOT required to be on the same device as other inputs because they behave almost
+# like Python numbers": a 0-dim CPU tensor added to a GPU output
+@R.legal("pytorch/pytorch#20690")
 def zero_dim_cpu_tensor_with_gpu_tensor(dev: torch.device, other: torch.device) -> Program:
     model = BiasedHead().to(dev)
     x = randn(4, W, device=dev)
