@@ -1179,6 +1179,86 @@ def revin_layer_outside_model(dev: torch.device, other: torch.device) -> Program
     return stepped(model, lambda: forecast_step(model, revin_layer, x_in), (x_in,))
 
 
+class BCELoss(nn.Module):
+    """chemprop's BCE loss, shortened: task_weights is a buffer, the default per-datapoint weights are made with
+    torch.ones() and no device."""
+
+    def __init__(self, task_weights: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("task_weights", task_weights.view(1, -1))
+
+    def forward(self, preds: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None,
+                weights: torch.Tensor | None = None) -> torch.Tensor:
+        mask = torch.ones_like(targets, dtype=torch.bool) if mask is None else mask
+        weights = torch.ones(targets.shape[0], 1) if weights is None else weights
+        L = F.binary_cross_entropy_with_logits(preds, targets, reduction="none")
+        L = L * weights * self.task_weights * mask  # case: chemprop_default_weights_on_cpu
+        return L.sum() / mask.sum()
+
+
+class BinaryClassificationFFN(nn.Module):
+    def __init__(self, n_tasks: int, criterion: nn.Module) -> None:
+        super().__init__()
+        self.ffn = nn.Linear(W, n_tasks)
+        self.criterion = criterion
+
+    def forward(self, Z: torch.Tensor) -> torch.Tensor:
+        return self.ffn(Z)
+
+
+def predictor_loss(predictor: BinaryClassificationFFN, Z: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    explain_here(predictor, Z)
+    return predictor.criterion(predictor(Z), targets)
+
+
+# predictor.to(device) moves the criterion and its task_weights; the weights it makes itself when none are given
+# stay on the CPU
+@R.mistake("chemprop/chemprop#1296", ("weights", "torch.ones"), "predictor.criterion")
+def chemprop_default_weights_on_cpu(dev: torch.device, other: torch.device) -> Program:
+    task_dim = 3
+    predictor = BinaryClassificationFFN(n_tasks=task_dim, criterion=BCELoss(task_weights=torch.ones(task_dim)))
+    predictor.to(device=dev)
+    Z, targets = randn(10, W, device=dev), torch.ones((10, task_dim)).to(device=dev)
+    return stepped(predictor, lambda: predictor_loss(predictor, Z, targets), (Z,))
+
+
+class PropPairModelInput:
+    """sub-sentence-encoder's model input: token ids and proposition masks, with a .to() of its own."""
+
+    def __init__(self, input_ids: torch.Tensor, all_prop_mask: torch.Tensor) -> None:
+        self.input_ids, self.all_prop_mask = input_ids, all_prop_mask
+
+    def to(self, device: torch.device | str) -> PropPairModelInput:
+        return PropPairModelInput(self.input_ids.to(device), self.all_prop_mask.to(device))
+
+
+class SubSentenceEncoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embeddings = nn.Embedding(16, W)
+        self.proj = nn.Linear(W, W)
+
+    def forward(self, inputs: PropPairModelInput) -> torch.Tensor:
+        hidden = self.embeddings(inputs.input_ids)  # case: sub_sentence_inputs_not_moved
+        prop = inputs.all_prop_mask[..., None] * hidden
+        return self.proj(prop.sum(1) / inputs.all_prop_mask.sum(1, keepdim=True).clamp(min=1))
+
+
+def encode_pairs(model: nn.Module, sent1_inputs: PropPairModelInput, sent2_inputs: PropPairModelInput) -> torch.Tensor:
+    explain_here(model, sent1_inputs)
+    return F.cosine_similarity(model(sent1_inputs), model(sent2_inputs))
+
+
+# the README's step 3 with the model on cuda: sent1_inputs/sent2_inputs stay on the CPU until the user calls
+# sent1_inputs.to("cuda") (meta lets an embedding lookup take CPU indices)
+@R.mistake("schen149/sub-sentence-encoder#1", "sent1_inputs", "model.embeddings", pairs=GPU)
+def sub_sentence_inputs_not_moved(dev: torch.device, other: torch.device) -> Program:
+    model = SubSentenceEncoder().to(dev)
+    ids = torch.randint(1, 16, (2, 5))
+    sent1_inputs, sent2_inputs = PropPairModelInput(ids, torch.ones(2, 5)), PropPairModelInput(ids, torch.ones(2, 5))
+    return stepped(model, lambda: encode_pairs(model, sent1_inputs, sent2_inputs), (sent1_inputs.to(dev),))
+
+
 # --------------------------------------------------------------------------- legal patterns
 
 class BiasedHead(nn.Module):
@@ -1493,3 +1573,47 @@ def grad_scaler_unscale_and_clip(dev: torch.device, other: torch.device) -> Prog
     input, target = randn(4, W, device=dev), labels(4, dev)
     return stepped(model, lambda: amp_train_step(model, optimizer, scaler, nn.CrossEntropyLoss(), input, target),
                    (input,), optimizer)
+
+
+class UrbanSoundDataset(torch.utils.data.Dataset):
+    """The course's dataset after its fix: the signal and the Resample made for it both go to the device."""
+
+    def __init__(self, signals: list[torch.Tensor], target_sample_rate: int, device: torch.device) -> None:
+        self.signals, self.target_sample_rate, self.device = signals, target_sample_rate, device
+
+    def __len__(self) -> int:
+        return len(self.signals)
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        signal = self.signals[index].to(self.device)
+        return self._resample_if_necessary(signal, 16000)
+
+    def _resample_if_necessary(self, signal: torch.Tensor, sr: int) -> torch.Tensor:
+        if sr != self.target_sample_rate:
+            resampler = Resample(sr, self.target_sample_rate).to(self.device)
+            signal = resampler(signal)
+        return signal
+
+
+class CNNNetwork(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv1d(1, W, 3, padding=1)
+        self.linear = nn.Linear(W, C)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.conv1(x).relu().mean(-1))
+
+
+def urban_sound_step(cnn: nn.Module, usd: UrbanSoundDataset) -> torch.Tensor:
+    signal = usd[0]
+    explain_here(cnn, signal[None])
+    return cnn(signal[None])
+
+
+# "add device for resampler": a transform made inside the dataset is moved to the device with the signal
+@R.legal("musikalkemist/pytorchforaudio#6")
+def dataset_resampler_moved(dev: torch.device, other: torch.device) -> Program:
+    cnn = CNNNetwork().to(dev)
+    usd = UrbanSoundDataset([torch.rand(1, 64)], 8000, dev)
+    return stepped(cnn, lambda: urban_sound_step(cnn, usd), (torch.rand(1, 1, 32, device=dev),))
