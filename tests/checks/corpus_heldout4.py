@@ -495,8 +495,9 @@ def generate(tokenizer_ids: list[int], model: nn.Module, device: torch.device, m
 
 
 # the text-augmentation generate(): DEVICE is "cuda", but the model was never moved and cur_ids stay on the CPU;
-# only the sampled token is sent .to(device), and torch.cat gets a CPU and a CUDA tensor
-@R.mistake("prakhar21/TextAugmentation-GPT2#8", ("cur_ids", "torch.ones"))
+# only the sampled token is sent .to(device), and torch.cat gets a CPU and a CUDA tensor (a CPU model, so no
+# cuda:1-vs-cuda:0 pair)
+@R.mistake("prakhar21/TextAugmentation-GPT2#8", ("cur_ids", "torch.ones"), pairs=("cpu-meta", "cuda-cpu"))
 def gpt2_cat(dev: torch.device, other: torch.device) -> Program:
     model = GPT2LMHeadModel().to(other)
     return stepped(model, lambda: generate([1, 2, 3], model, dev), (torch.tensor([[1, 2, 3]], device=other),))
@@ -543,7 +544,7 @@ def sample_eval(model: Diffusion, retokenized: torch.Tensor) -> torch.Tensor:
 
 # didi-instruct's sample_eval: the NLL metric's buffers and the nlls are on the GPU, the valid_tokens mask (from the
 # samples retokenized on the CPU) is not
-@R.mistake("haoyangzheng-ai/didi-instruct#1", "valid_tokens", "model")
+@R.mistake("haoyangzheng-ai/didi-instruct#1", "valid_tokens")
 def gen_ppl_valid_tokens_on_cpu(dev: torch.device, other: torch.device) -> Program:
     model = Diffusion().to(dev)
     retokenized = torch.randint(1, 16, (2, 6), device=other)
