@@ -26,6 +26,7 @@ from ._fixes import Fix, fix_lines, more_line
 from .culprits import (
     ModuleNames,
     Operand,
+    _info,
     contains,
     misplaced_state,
     module_path,
@@ -35,7 +36,7 @@ from .culprits import (
     root_of,
     trace_assignment,
 )
-from .layout import model_devices, module_groups, own_tensors
+from .layout import model_devices, module_groups, own_tensors, plain_attributes
 
 __all__ = ["MismatchReport", "diagnose", "is_device_mismatch", "to_error"]
 
@@ -276,7 +277,8 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
     user_entries = [e for e in entries[: op_idx + 1] if fr.is_user(e[0].f_code.co_filename)]
     user_frames = [e[0] for e in user_entries]
     report.calls = [fr.site_of(*e) for e in user_entries]
-    root, root_label = root_of(model, chain)
+    root, root_label = root_of(model, chain)  # named as the user's code holds it (`retinanet`), else "model"
+    root_label = next((n for f in user_frames for n, v in f.f_locals.items() if v is root and n != "self"), root_label)
     names = ModuleNames(root, root_label, user_frames)
     if chain:
         report.module = names.path(chain[-1]) or module_path(chain, root, root_label)
@@ -308,6 +310,9 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
                 t.scalar, t.refused_scalar = False, True
     for t in report.culprits if not traced else ():
         trace_assignment(t, op_frame, user, list(reversed(user_frames)))
+    stale = {t.device for t in report.culprits if t.kind in ("local", "value") and not t.factory}  # derived from
+    report.tensors[:0] = [_info(path, x, origins) for path, x in plain_attributes(root, root_label)  # a module's
+                          if str(x.device) in stale][:2] if root is not None else []  # cache, the likely source
     stepping = next((e[0].f_locals["self"] for e in entries  # an optimizer's state elsewhere than its parameter
                      if isinstance(e[0].f_locals.get("self"), torch.optim.Optimizer)), None)
     report.optimizer_state = misplaced_state(stepping, root, root_label) if stepping is not None else []
