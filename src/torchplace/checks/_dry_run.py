@@ -189,7 +189,7 @@ class FakeDevices(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         specs = [*(args[1:] if name in ("to", "cuda") else ()), kwargs.get("device")]
         fake = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, FakeTensor)]
-        if self.swap is None and not (name == "cuda" or fake or any(map(_names_cuda, specs))):
+        if self.swap is None and not (name in ("cuda", "pin_memory") or fake or any(map(_names_cuda, specs))):
             return func(*args, **kwargs)  # nothing on cuda: the real op
         if self.target is None:
             if name == "cuda" and not any(isinstance(v, (int, str, torch.device)) for v in specs[:-1]):
