@@ -46,7 +46,8 @@ _MISMATCH = re.compile(
     r"device|(?:must|to) be on the same device|are on different devices|is on device \S+ but .* on device"
     r"|tensors are not at the same device|expected to be in the same device|device type for generator but found"
     r"|must have its parameters and buffers on device|should be a \w+ CPU \w+ tensor, but got \w+ (?!cpu )\S+"
-    r"|FakeTensor Device Propagation for \S+, found two different devices")  # fake tensors' words before torch 2.12
+    r"|FakeTensor Device Propagation for \S+, found two different devices"  # fake tensors' words before torch 2.12
+    r"|FakeTensor is wrapped to wrong device")  # fake tensors' words for an in-place op's output on another device
 _CONV_TYPES = re.compile(r"Input type \((torch\.[\w.]+)\) and weight type \((torch\.[\w.]+)\) should be the same")
 _EXPECTED = re.compile(r"not on the expected device (\S+?)!|different from other tensors on (\S+?)[ ,)]"
                        r"|found (?:at least two|two different) devices,? (\S+?)(?: and|,) "
