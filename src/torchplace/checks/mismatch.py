@@ -314,6 +314,9 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
     stale = {t.device for t in report.culprits if t.kind in ("local", "value") and not t.factory}  # derived from
     report.tensors[:0] = [_info(path, x, origins) for path, x in plain_attributes(root, root_label)  # a module's
                           if str(x.device) in stale][:2] if root is not None else []  # cache, the likely source
+    report.tensors += [Operand(f"self.{k}", str(v), "device", (), "inline", f"{names.path(m)}.{k}: a device kept as an "
+                               "attribute, not updated by .to()") for m in chain for k, v in vars(m).items()
+                       if isinstance(v, torch.device) and str(v) in {t.device for t in report.culprits}]
     stepping = next((e[0].f_locals["self"] for e in entries  # an optimizer's state elsewhere than its parameter
                      if isinstance(e[0].f_locals.get("self"), torch.optim.Optimizer)), None)
     report.optimizer_state = misplaced_state(stepping, root, root_label) if stepping is not None else []
