@@ -130,8 +130,8 @@ _NO_CPU_SCALAR = (_A.cat.default, _A.stack.default, _A.clamp.Tensor, _A.clamp_.T
 class _EagerChecks(TorchDispatchMode):
     """The device checks eager kernels make and fake tensors skip: torch.cat, torch.stack and clamp's tensor
     bounds take no 0-dim CPU tensor among tensors elsewhere, a foreach op (an optimizer's step) none at one index of
-    its lists on another device, a random op no generator of another device type, and a CPU tensor no index on
-    another device."""
+    its lists on another device, a random op no generator of another device type, a CPU tensor no index on
+    another device, and packing no lengths off the CPU."""
 
     def __torch_dispatch__(self, func: Any, types_: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -146,6 +146,8 @@ class _EagerChecks(TorchDispatchMode):
             if kwargs["generator"].device.type != kind:
                 raise RuntimeError(f"Expected a '{kind}' device type for generator but found "
                                    f"'{kwargs['generator'].device.type}'")
+        elif func is _A._pack_padded_sequence.default and args[1].device.type != "cpu":  # read on the host
+            raise RuntimeError(f"'lengths' argument should be a 1D CPU int64 tensor, but got 1D {args[1].device}")
         elif func is torch.ops.aten.index.Tensor and args and args[0].device.type == "cpu":
             if any(isinstance(i, torch.Tensor) and i.device.type != "cpu" for i in args[1]):
                 raise RuntimeError("indices should be either on cpu or on the same device as the indexed tensor (cpu)")
