@@ -20,13 +20,12 @@ from types import FrameType
 import torch
 
 from ..errors import DeviceMismatchError
-from . import compiled, meta
+from . import compiled, culprits, meta
 from . import frames as fr
 from ._fixes import Fix, fix_lines, more_line
 from .culprits import (
     ModuleNames,
     Operand,
-    _info,
     contains,
     misplaced_state,
     module_path,
@@ -278,8 +277,9 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
     user_entries = [e for e in entries[: op_idx + 1] if fr.is_user(e[0].f_code.co_filename)]
     user_frames = [e[0] for e in user_entries]
     report.calls = [fr.site_of(*e) for e in user_entries]
-    root, root_label = root_of(model, chain)  # named as the user's code holds it (`retinanet`), else "model"
-    root_label = next((n for f in user_frames for n, v in f.f_locals.items() if v is root and n != "self"), root_label)
+    root, root_label = root_of(model, chain)  # the given model named as the user's code holds it (`retinanet`)
+    held = [n for f in user_frames for n, v in f.f_locals.items() if v is root and n != "self" and model is not None]
+    root_label = held[0] if held and "model" not in held else root_label
     names = ModuleNames(root, root_label, user_frames)
     if chain:
         report.module = names.path(chain[-1]) or module_path(chain, root, root_label)
@@ -311,8 +311,8 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
                 t.scalar, t.refused_scalar = False, True
     for t in report.culprits if not traced else ():
         trace_assignment(t, op_frame, user, list(reversed(user_frames)))
-    stale = {t.device for t in report.culprits if t.kind in ("local", "value") and not t.factory}  # derived from
-    report.tensors[:0] = [_info(path, x, origins) for path, x in plain_attributes(root, root_label)  # a module's
+    stale = {t.device for t in report.culprits if t.kind in ("local", "value") and not t.factory}  # derived from a
+    report.tensors[:0] = [culprits._info(p, x, origins) for p, x in plain_attributes(root, root_label)  # module's
                           if str(x.device) in stale][:2] if root is not None else []  # cache, the likely source
     report.tensors += [Operand(f"self.{k}", str(v), "device", (), "inline", f"{names.path(m)}.{k}: a device kept as an "
                                "attribute, not updated by .to()") for m in chain for k, v in vars(m).items()
