@@ -311,9 +311,9 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
                 t.scalar, t.refused_scalar = False, True
     for t in report.culprits if not traced else ():
         trace_assignment(t, op_frame, user, list(reversed(user_frames)))
-    stale = {t.device for t in report.culprits if t.kind in ("local", "value") and not t.factory}  # derived from a
-    report.tensors[:0] = [culprits._info(p, x, origins) for p, x in plain_attributes(root, root_label)  # module's
-                          if str(x.device) in stale][:2] if root is not None else []  # cache, the likely source
+    stale = {t.device for t in report.culprits if t.kind in ("local", "value") and t.made and not t.factory}
+    report.tensors[:0] = [culprits._info(p, x, origins) for p, x in plain_attributes(root, root_label)  # computed
+                          if str(x.device) in stale][:2] if root is not None else []  # from a module's cache, likely
     report.tensors += [Operand(f"self.{k}", str(v), "device", (), "inline", f"{names.path(m)}.{k}: a device kept as an "
                                "attribute, not updated by .to()") for m in chain for k, v in vars(m).items()
                        if isinstance(v, torch.device) and str(v) in {t.device for t in report.culprits}]
