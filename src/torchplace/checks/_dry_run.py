@@ -3,7 +3,7 @@
 The function runs under torch's FakeTensorMode: every tensor it reaches is a fake one (no data, no kernel)
 on the same device, or, for a dry run for another machine, the model's on that device; the user's objects
 are put back after. A device error is named by watch()'s diagnosis; an op fake tensors cannot run (its
-output depends on data) ends the run, said, never guessed past; a loop stops at the model's second call.
+output depends on data) ends the run, said, never guessed past; a loop stops at the model's call after a step.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class StepRun:
 
 
 class _Stop(BaseException):
-    """The model was called a second time: one step has been seen."""
+    """The model was called again after a step or a backward: one step has been seen."""
 
 
 def faking() -> bool:
@@ -130,8 +130,8 @@ _NO_CPU_SCALAR = (_A.cat.default, _A.stack.default, _A.clamp.Tensor, _A.clamp_.T
 class _EagerChecks(TorchDispatchMode):
     """The device checks eager kernels make and fake tensors skip: torch.cat, torch.stack and clamp's tensor
     bounds take no 0-dim CPU tensor among tensors elsewhere, a foreach op (an optimizer's step) none at one index of
-    its lists on another device, a random op no generator of another device type, and a CPU tensor no index on
-    another device."""
+    its lists on another device, a random op no generator of another device type, a CPU tensor no index on
+    another device, and packing no lengths off the CPU."""
 
     def __torch_dispatch__(self, func: Any, types_: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -146,6 +146,8 @@ class _EagerChecks(TorchDispatchMode):
             if kwargs["generator"].device.type != kind:
                 raise RuntimeError(f"Expected a '{kind}' device type for generator but found "
                                    f"'{kwargs['generator'].device.type}'")
+        elif func is _A._pack_padded_sequence.default and args[1].device.type != "cpu":  # read on the host
+            raise RuntimeError(f"'lengths' argument should be a 1D CPU int64 tensor, but got 1D {args[1].device}")
         elif func is torch.ops.aten.index.Tensor and args and args[0].device.type == "cpu":
             if any(isinstance(i, torch.Tensor) and i.device.type != "cpu" for i in args[1]):
                 raise RuntimeError("indices should be either on cpu or on the same device as the indexed tensor (cpu)")
@@ -189,7 +191,7 @@ class FakeDevices(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         specs = [*(args[1:] if name in ("to", "cuda") else ()), kwargs.get("device")]
         fake = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, FakeTensor)]
-        if self.swap is None and not (name == "cuda" or fake or any(map(_names_cuda, specs))):
+        if self.swap is None and not (name in ("cuda", "pin_memory") or fake or any(map(_names_cuda, specs))):
             return func(*args, **kwargs)  # nothing on cuda: the real op
         if self.target is None:
             if name == "cuda" and not any(isinstance(v, (int, str, torch.device)) for v in specs[:-1]):
@@ -312,9 +314,9 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
     calls = [0]
 
     def before_model(module: torch.nn.Module, _: Any) -> None:
-        calls[0] += 1
-        if calls[0] > 1:
-            raise _Stop
+        calls[0] += 1  # called again after a step or a backward (a loop's next iteration), or a ninth time: one
+        if calls[0] > 1 and (reading.optimizers or calls[0] > 8 or any(p.grad is not None for p in model.parameters())):
+            raise _Stop  # step seen; calls within one step (predictions over a few batches, a siamese pair) run on
 
     def after_model(*_: Any) -> None:
         reading.model_ran = True

@@ -20,7 +20,7 @@ from types import FrameType
 import torch
 
 from ..errors import DeviceMismatchError
-from . import compiled, meta
+from . import compiled, culprits, meta
 from . import frames as fr
 from ._fixes import Fix, fix_lines, more_line
 from .culprits import (
@@ -35,7 +35,7 @@ from .culprits import (
     root_of,
     trace_assignment,
 )
-from .layout import model_devices, module_groups, own_tensors
+from .layout import model_devices, module_groups, own_tensors, plain_attributes
 
 __all__ = ["MismatchReport", "diagnose", "is_device_mismatch", "to_error"]
 
@@ -45,7 +45,8 @@ _MISMATCH = re.compile(
     r"device|(?:must|to) be on the same device|are on different devices|is on device \S+ but .* on device"
     r"|tensors are not at the same device|expected to be in the same device|device type for generator but found"
     r"|must have its parameters and buffers on device|should be a \w+ CPU \w+ tensor, but got \w+ (?!cpu )\S+"
-    r"|FakeTensor Device Propagation for \S+, found two different devices")  # fake tensors' words before torch 2.12
+    r"|FakeTensor Device Propagation for \S+, found two different devices"  # fake tensors' words before torch 2.12
+    r"|FakeTensor is wrapped to wrong device")  # fake tensors' words for an in-place op's output on another device
 _CONV_TYPES = re.compile(r"Input type \((torch\.[\w.]+)\) and weight type \((torch\.[\w.]+)\) should be the same")
 _EXPECTED = re.compile(r"not on the expected device (\S+?)!|different from other tensors on (\S+?)[ ,)]"
                        r"|found (?:at least two|two different) devices,? (\S+?)(?: and|,) "
@@ -276,7 +277,9 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
     user_entries = [e for e in entries[: op_idx + 1] if fr.is_user(e[0].f_code.co_filename)]
     user_frames = [e[0] for e in user_entries]
     report.calls = [fr.site_of(*e) for e in user_entries]
-    root, root_label = root_of(model, chain)
+    root, root_label = root_of(model, chain)  # the given model named as the user's code holds it (`retinanet`)
+    held = [n for f in user_frames for n, v in f.f_locals.items() if v is root and n != "self" and model is not None]
+    root_label = held[0] if held and "model" not in held else root_label
     names = ModuleNames(root, root_label, user_frames)
     if chain:
         report.module = names.path(chain[-1]) or module_path(chain, root, root_label)
@@ -308,6 +311,12 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
                 t.scalar, t.refused_scalar = False, True
     for t in report.culprits if not traced else ():
         trace_assignment(t, op_frame, user, list(reversed(user_frames)))
+    stale = {t.device for t in report.culprits if t.kind in ("local", "value") and t.made and not t.factory}
+    report.tensors[:0] = [culprits._info(p, x, origins) for p, x in plain_attributes(root, root_label)  # computed
+                          if str(x.device) in stale][:2] if root is not None else []  # from a module's cache, likely
+    report.tensors += [Operand(f"self.{k}", str(v), "device", (), "inline", f"{names.path(m)}.{k}: a device kept as an "
+                               "attribute, not updated by .to()") for m in chain for k, v in vars(m).items()
+                       if isinstance(v, torch.device) and str(v) in {t.device for t in report.culprits}]
     stepping = next((e[0].f_locals["self"] for e in entries  # an optimizer's state elsewhere than its parameter
                      if isinstance(e[0].f_locals.get("self"), torch.optim.Optimizer)), None)
     report.optimizer_state = misplaced_state(stepping, root, root_label) if stepping is not None else []
