@@ -20,8 +20,7 @@ CORPORA = {name: diagnose.load_corpus(HERE / f"{name}.py")
 UNSCORED = "not yet scored on two GPUs"
 MISSED = "missed on the H200 (cuda:0 vs cpu), 2026-12-02"
 GPU_MISSES = {("dataparallel_net_never_moved", None), ("dqn_state_from_numpy", None),  # corpus_outside
-              ("generate_input_tokens_on_cpu", "explain"), ("online_label_smoothing_not_moved", "explain"),
-              ("custom_backward_ones_no_device", None)}  # corpus_outside2
+              ("online_label_smoothing_not_moved", "explain")}  # corpus_outside2
 
 
 @pytest.fixture(autouse=True)

@@ -57,7 +57,7 @@ class Outcome:
     alarm: bool = False
     text: str = ""
     missing: list[str] = field(default_factory=list)
-    unjudged: str = ""  # on a fake cuda:0: why the case could not run there
+    unjudged: str = ""  # why the case could not be judged (an op a fake cuda:0 cannot run, a case that broke)
 
     def to_dict(self) -> dict[str, Any]:
         return {"case": self.case, "kind": self.kind, "pair": self.pair, "tool": self.tool, "named": self.named,
@@ -118,9 +118,7 @@ def score(case: Any, pair: str, tool: str, corpus: Any) -> Outcome:
     try:
         with world:
             _build_and_judge(case, main, other, tool, out)
-    except Exception as exc:  # what fake tensors cannot run (an output that depends on data, a copy out of meta)
-        if not fake:
-            raise
+    except Exception as exc:  # what fake tensors cannot run, or a case that breaks: a miss that says why, not a stop
         out.unjudged = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
     if case.kind == "mistake":
         wanted = list(case.culprit)

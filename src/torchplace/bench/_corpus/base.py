@@ -111,6 +111,8 @@ def explained(step: Callable[[], Any]) -> Any:
         pass
     finally:
         _REPORTS.reset(token)
+    if not reports:
+        raise LookupError("the step failed before it reached explain_here(): explain() was not called")
     return reports[-1]  # the last: explain() run again inside its own dry run of the step appends first
 
 
