@@ -3,7 +3,7 @@
 The function runs under torch's FakeTensorMode: every tensor it reaches is a fake one (no data, no kernel)
 on the same device, or, for a dry run for another machine, the model's on that device; the user's objects
 are put back after. A device error is named by watch()'s diagnosis; an op fake tensors cannot run (its
-output depends on data) ends the run, said, never guessed past; a loop stops at the model's call after a step.
+output depends on data) ends the run, said, never guessed past; a loop stops at the model's second call.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class StepRun:
 
 
 class _Stop(BaseException):
-    """The model was called again after a step or a backward: one step has been seen."""
+    """The model was called a second time: one step has been seen."""
 
 
 def faking() -> bool:
@@ -314,9 +314,9 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
     calls = [0]
 
     def before_model(module: torch.nn.Module, _: Any) -> None:
-        calls[0] += 1  # called again after a step or a backward (a loop's next iteration), or a ninth time: one
-        if calls[0] > 1 and (reading.optimizers or calls[0] > 8 or any(p.grad is not None for p in model.parameters())):
-            raise _Stop  # step seen; calls within one step (predictions over a few batches, a siamese pair) run on
+        calls[0] += 1
+        if calls[0] > 1:
+            raise _Stop
 
     def after_model(*_: Any) -> None:
         reading.model_ran = True
