@@ -277,9 +277,7 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
     user_entries = [e for e in entries[: op_idx + 1] if fr.is_user(e[0].f_code.co_filename)]
     user_frames = [e[0] for e in user_entries]
     report.calls = [fr.site_of(*e) for e in user_entries]
-    root, root_label = root_of(model, chain)  # the given model named as the user's code holds it (`retinanet`)
-    held = [n for f in user_frames for n, v in f.f_locals.items() if v is root and n != "self" and model is not None]
-    root_label = held[0] if held and "model" not in held else root_label
+    root, root_label = root_of(model, chain)
     names = ModuleNames(root, root_label, user_frames)
     if chain:
         report.module = names.path(chain[-1]) or module_path(chain, root, root_label)
