@@ -119,6 +119,7 @@ class MismatchReport:
     unregistered: str | None = None  # "model.heads" when the module was found in a plain list or dict
     optimizer_state: list[str] = field(default_factory=list)  # "model.fc.weight['exp_avg'] on cpu (parameter on ...)"
     meta: tuple[str, Fix | None] | None = None  # (why, fix) when meta tensors (no data) meet real ones
+    held_as: str | None = None  # "predictor.net": where the user's code holds the model named `model` here
 
     @property
     def culprits(self) -> list[Operand]:
@@ -145,6 +146,8 @@ class MismatchReport:
         chain = [c for c in self.calls if c not in shown]
         if chain:
             lines.append("Called from: " + " > ".join(str(c) for c in chain[-4:]))
+        if self.held_as:
+            lines.append(f"model: your code holds it as {self.held_as}")
         if self.model_split and not (self.meta and self.meta[1]):  # meta weights: loaded, not moved
             lines.append(f"Note: the model itself spans devices ({'; '.join(self.model_split)}), a bug unless the "
                          "split is deliberate.")
@@ -280,6 +283,8 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
     root, root_label = root_of(model, chain)  # the given model named as the user's code holds it (`retinanet`)
     held = [n for f in user_frames for n, v in f.f_locals.items() if v is root and n != "self" and model is not None]
     root_label = held[0] if held and "model" not in held else root_label
+    report.held_as = None if held or model is None else next((n for n, v in culprits.user_modules(
+        user_frames, None, "") if v is root), None)  # `predictor.net`: the model only as an attribute
     names = ModuleNames(root, root_label, user_frames)
     if chain:
         report.module = names.path(chain[-1]) or module_path(chain, root, root_label)
