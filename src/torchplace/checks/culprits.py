@@ -299,12 +299,13 @@ def _made_outside(info: Operand, tensor: torch.Tensor, frames: list[FrameType]) 
     torch.rand(...)` in the caller of the model), the variable and call line as the user wrote them."""
     for frame in frames:  # outermost first
         for name, value in frame.f_locals.items():
-            if value is not tensor or name == "self" or fr.is_library(frame.f_code.co_filename):
+            key = next((f".{k}" for k, v in getattr(value, "__dict__", {}).items() if v is tensor), "")  # `data.x`
+            if not (value is tensor or key) or name == "self" or fr.is_library(frame.f_code.co_filename):
                 continue
             found = fr.assignment_of(name, frame)
             if found is not None and (found[2] or info.kind != "batch"):  # a batch key says more, but a factory
                 where = fr.short_path(frame.f_code.co_filename)
-                info.origin = f"{name} at {where}:{frame.f_lineno}"
+                info.origin = f"{name}{key} at {where}:{frame.f_lineno}"
                 info.made, info.factory = f"`{found[1]}` at {where}:{found[0]}", found[2]
                 return
 
