@@ -273,7 +273,7 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
     held = [n for f in user_frames for n, v in f.f_locals.items() if v is root and n != "self" and model is not None]
     root_label = held[0] if held and "model" not in held else root_label
     report.held_as = None if held or model is None else next((n for n, v in culprits.user_modules(
-        user_frames, None, "") if v is root), None)  # `predictor.net`: the model only as an attribute
+        user_frames, None, "") if v is root and n != root_label), None)  # `predictor.net`: only as an attribute
     names = culprits.ModuleNames(root, root_label, user_frames)
     if chain:
         report.module = names.path(chain[-1]) or culprits.module_path(chain, root, root_label)
