@@ -253,6 +253,37 @@ def test_mismatch_under_strict_names_the_module():
     assert info.value.report.culprits[0].origin.startswith("batch['x']")
 
 
+
+class _Inputs:
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+
+
+class _ReadsAttribute(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, inputs: _Inputs) -> torch.Tensor:
+        return self.proj(inputs.x)
+
+
+class _Runner:
+    def __init__(self, net: nn.Module) -> None:
+        self.net = net
+
+    def run(self, inputs: _Inputs) -> torch.Tensor:
+        return self.net(inputs)
+
+
+def test_mismatch_names_the_callers_variables_for_the_model_and_the_input():
+    runner, sent1_inputs = _Runner(_ReadsAttribute().to("meta")), _Inputs(torch.zeros(2, 4))
+    with pytest.raises(tp.DeviceMismatchError) as info:
+        with tp.strict(model=runner.net):
+            runner.run(sent1_inputs)
+    assert "sent1_inputs.x" in str(info.value)  # the caller's name for `inputs`
+    assert "model: your code holds it as runner.net" in str(info.value)  # no variable holds the model itself
+
 # syncs: torch's CUDA sync debug mode; a machine without CUDA has no host-device syncs
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU twin checks syncs on CUDA")
 def test_syncs_without_cuda_change_nothing(silent):

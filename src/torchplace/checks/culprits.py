@@ -273,8 +273,12 @@ def operands(op_frame: FrameType, expression: str | None, user: tuple[FrameType,
         for label, value in fr.named_values(fr.expression_at(*user), user[0]):
             if isinstance(value, torch.Tensor) and id(value) in found:
                 info = found[id(value)]
-                if info.origin is None or info.kind == "local":
-                    info.origin = f"{label} at {fr.short_path(user[0].f_code.co_filename)}:{user[1]}"
+                if info.origin is None or info.kind == "local":  # `inputs.ids`: named by the caller's variable
+                    head, dot, rest = label.partition(".")
+                    held = [n for f in outer for n, v in f.f_locals.items()
+                            if dot and v is user[0].f_locals.get(head, info) and n not in ("self", head)]
+                    where = f"{fr.short_path(user[0].f_code.co_filename)}:{user[1]}"
+                    info.origin = f"{held[0] + dot + rest if held else label} at {where}"
         # a tensor made in the user's call itself (`self.encoder(torch.eye(n))`): the one factory there on its device
         made_here = fr.inline_factories(fr.expression_at(*user))
         for info in found.values():
@@ -295,12 +299,13 @@ def _made_outside(info: Operand, tensor: torch.Tensor, frames: list[FrameType]) 
     torch.rand(...)` in the caller of the model), the variable and call line as the user wrote them."""
     for frame in frames:  # outermost first
         for name, value in frame.f_locals.items():
-            if value is not tensor or name == "self" or fr.is_library(frame.f_code.co_filename):
+            key = next((f".{k}" for k, v in getattr(value, "__dict__", {}).items() if v is tensor), "")  # `data.x`
+            if not (value is tensor or key) or name == "self" or fr.is_library(frame.f_code.co_filename):
                 continue
             found = fr.assignment_of(name, frame)
             if found is not None and (found[2] or info.kind != "batch"):  # a batch key says more, but a factory
                 where = fr.short_path(frame.f_code.co_filename)
-                info.origin = f"{name} at {where}:{frame.f_lineno}"
+                info.origin = f"{name}{key} at {where}:{frame.f_lineno}"
                 info.made, info.factory = f"`{found[1]}` at {where}:{found[0]}", found[2]
                 return
 

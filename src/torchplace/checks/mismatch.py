@@ -23,18 +23,7 @@ from ..errors import DeviceMismatchError
 from . import compiled, culprits, meta
 from . import frames as fr
 from ._fixes import Fix, fix_lines, more_line
-from .culprits import (
-    ModuleNames,
-    Operand,
-    contains,
-    misplaced_state,
-    module_path,
-    operands,
-    origins_of,
-    reported,
-    root_of,
-    trace_assignment,
-)
+from .culprits import Operand, operands, reported
 from .layout import model_devices, module_groups, own_tensors, plain_attributes
 
 __all__ = ["MismatchReport", "diagnose", "is_device_mismatch", "to_error"]
@@ -119,6 +108,7 @@ class MismatchReport:
     unregistered: str | None = None  # "model.heads" when the module was found in a plain list or dict
     optimizer_state: list[str] = field(default_factory=list)  # "model.fc.weight['exp_avg'] on cpu (parameter on ...)"
     meta: tuple[str, Fix | None] | None = None  # (why, fix) when meta tensors (no data) meet real ones
+    held_as: str | None = None  # "predictor.net": where the user's code holds the model named `model` here
 
     @property
     def culprits(self) -> list[Operand]:
@@ -145,6 +135,8 @@ class MismatchReport:
         chain = [c for c in self.calls if c not in shown]
         if chain:
             lines.append("Called from: " + " > ".join(str(c) for c in chain[-4:]))
+        if self.held_as:
+            lines.append(f"model: your code holds it as {self.held_as}")
         if self.model_split and not (self.meta and self.meta[1]):  # meta weights: loaded, not moved
             lines.append(f"Note: the model itself spans devices ({'; '.join(self.model_split)}), a bug unless the "
                          "split is deliberate.")
@@ -277,14 +269,17 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
     user_entries = [e for e in entries[: op_idx + 1] if fr.is_user(e[0].f_code.co_filename)]
     user_frames = [e[0] for e in user_entries]
     report.calls = [fr.site_of(*e) for e in user_entries]
-    root, root_label = root_of(model, chain)
-    names = ModuleNames(root, root_label, user_frames)
+    root, root_label = culprits.root_of(model, chain)
+    held = [n for f in user_frames for n, v in f.f_locals.items() if v is root and n[0] != "_" and n != "self"]
+    report.held_as = None if model is None or "model" in held else held[0] if held else next((n for n, v in culprits.
+        user_modules(user_frames, None, "") if v is root and n != root_label), None)  # `net`, `predictor.net`
+    names = culprits.ModuleNames(root, root_label, user_frames)
     if chain:
-        report.module = names.path(chain[-1]) or module_path(chain, root, root_label)
+        report.module = names.path(chain[-1]) or culprits.module_path(chain, root, root_label)
         report.module_type = type(chain[-1]).__name__
-        if "[" in (report.module or "") and (root is None or not contains(root, chain[-1])):
+        if "[" in (report.module or "") and (root is None or not culprits.contains(root, chain[-1])):
             report.unregistered = report.module
-    origins = origins_of(root, root_label, chain, user_frames, names)
+    origins = culprits.origins_of(root, root_label, chain, user_frames, names)
     traced = compiled.user_frames_in_message(report.torch_message)  # torch.compile traced the forward
     call = (op_frame, report.site.expression)  # where the compiled model was called: its arguments count too
     if traced:
@@ -308,7 +303,7 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
             if t.scalar and report.expected_device and t.device != report.expected_device:
                 t.scalar, t.refused_scalar = False, True
     for t in report.culprits if not traced else ():
-        trace_assignment(t, op_frame, user, list(reversed(user_frames)))
+        culprits.trace_assignment(t, op_frame, user, list(reversed(user_frames)))
     stale = {t.device for t in report.culprits if t.kind in ("local", "value") and t.made and not t.factory}
     report.tensors[:0] = [culprits._info(p, x, origins) for p, x in plain_attributes(root, root_label)  # computed
                           if str(x.device) in stale][:2] if root is not None else []  # from a module's cache, likely
@@ -317,7 +312,7 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
                        if isinstance(v, torch.device) and str(v) in {t.device for t in report.culprits}]
     stepping = next((e[0].f_locals["self"] for e in entries  # an optimizer's state elsewhere than its parameter
                      if isinstance(e[0].f_locals.get("self"), torch.optim.Optimizer)), None)
-    report.optimizer_state = misplaced_state(stepping, root, root_label) if stepping is not None else []
+    report.optimizer_state = culprits.misplaced_state(stepping, root, root_label) if stepping is not None else []
     report.meta = meta.mismatch_note(report.tensors, root, root_label)
     if root is not None and len(model_devices(root)) > 1:
         report.model_split = [f"{g.module} on {g.device}" for g in module_groups(root, root_label)][:6]
