@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -261,6 +262,9 @@ def test_teardown_destroys_groups_that_only_garbage_still_holds(group):
         cycle: list = [torch.distributed.group.WORLD]
         cycle.append(cycle)
         del cycle
+        started = time.monotonic()  # a thread names itself once it runs: wait for gloo's (hang bound only)
+        while not _gloo_threads() and time.monotonic() - started < 120:
+            time.sleep(0.05)
         assert _gloo_threads()
         tdist.teardown()
         assert held() is None and _gloo_threads() == []
