@@ -263,7 +263,7 @@ def operands(op_frame: FrameType, expression: str | None, user: tuple[FrameType,
         pairs = [(label, value)] if isinstance(value, torch.nn.Parameter) else _flatten(value, label, 1)
         for path, tensor in pairs:
             if id(tensor) not in found:
-                found[id(tensor)] = _info(path, tensor, origins)
+                found[id(tensor)] = operand_info(path, tensor, origins)
     present = {t.device for t in found.values() if not t.scalar}
     for source, device in fr.inline_factories(expression):  # `x * torch.tensor([1., 2.])`: made in the op itself
         if present and device not in present and len(found) < 64:
@@ -319,7 +319,7 @@ def storage_key(tensor: torch.Tensor) -> int:
         return 0
 
 
-def _info(label: str, tensor: torch.Tensor, origins: dict[int, tuple[str, str]]) -> Operand:
+def operand_info(label: str, tensor: torch.Tensor, origins: dict[int, tuple[str, str]]) -> Operand:
     kind, origin = origins.get(id(tensor)) or origins.get(id(tensor._base)) or ("value", None)
     if kind in ("value", "local", "batch"):  # `.data` or a view of a parameter or attribute: named by it
         kind, origin = origins.get(storage_key(tensor) or 1, (kind, origin))

@@ -271,8 +271,9 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
     report.calls = [fr.site_of(*e) for e in user_entries]
     root, root_label = culprits.root_of(model, chain)
     held = [n for f in user_frames for n, v in f.f_locals.items() if v is root and n[0] != "_" and n != "self"]
-    report.held_as = None if model is None or "model" in held else held[0] if held else next((n for n, v in culprits.
-        user_modules(user_frames, None, "") if v is root and n != root_label), None)  # `net`, `predictor.net`
+    if model is not None and "model" not in held:  # the user's own name for the model: `net`, or `predictor.net`
+        report.held_as = held[0] if held else next(
+            (n for n, v in culprits.user_modules(user_frames, None, "") if v is root and n != root_label), None)
     names = culprits.ModuleNames(root, root_label, user_frames)
     if chain:
         report.module = names.path(chain[-1]) or culprits.module_path(chain, root, root_label)
@@ -305,8 +306,9 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
     for t in report.culprits if not traced else ():
         culprits.trace_assignment(t, op_frame, user, list(reversed(user_frames)))
     stale = {t.device for t in report.culprits if t.kind in ("local", "value") and t.made and not t.factory}
-    report.tensors[:0] = [culprits._info(p, x, origins) for p, x in plain_attributes(root, root_label)  # computed
-                          if str(x.device) in stale][:2] if root is not None else []  # from a module's cache, likely
+    if root is not None:  # a culprit computed in the failing code likely comes from a module's cache: shown first
+        cached = [culprits.operand_info(p, x, origins) for p, x in plain_attributes(root, root_label)]
+        report.tensors[:0] = [t for t in cached if t.device in stale][:2]
     report.tensors += [Operand(f"self.{k}", str(v), "device", (), "inline", f"{names.path(m)}.{k}: a device kept as an "
                                "attribute, not updated by .to()") for m in chain for k, v in vars(m).items()
                        if isinstance(v, torch.device) and str(v) in {t.device for t in report.culprits}]
