@@ -125,21 +125,20 @@ class HostStaging:
         """Queue the copies of a save of the same state as the last one before its tree is encoded: where
         TREE holds, at the paths the last copy found them, tensors of the same dtypes, shapes and devices
         (numpy arrays, such as numpy's RNG state, as the encoder stores them), each goes into the last layout
-        now, so the device copies while the caller encodes the tree. Nothing is queued unless every tensor is
-        found: a changed state is copied once, by `start_copy`, which takes these copies if the plan is the
-        same (else waits for them and copies again)."""
+        now, so the device copies while the caller encodes the tree. Each copy is queued as soon as its
+        tensor is found (the device starts on the first while the rest are looked up); where one is not
+        found, the copies queued are waited for and nothing is kept: a changed state is copied once, by
+        `start_copy`, which takes these copies if the plan is the same (else waits for them and copies again)."""
         last = self._last
         if last is None:
             return
-        found: dict[str, torch.Tensor] = {}
-        for device, runs in last.groups.items():
-            for entry in (e for run in runs for e in run):
-                t = _leaf(tree, last.paths[entry.key], entry, device)
-                if t is None:
-                    return
-                found[entry.key] = t
-        self._early = self._queue(last.groups, lambda e: found[e.key])
-        self._early.entries = last.entries
+
+        def found(e: TensorEntry, device: torch.device) -> torch.Tensor | None:
+            return _leaf(tree, last.paths[e.key], e, device)
+
+        self._early = self._queue(last.groups, found)
+        if self._early is not None:
+            self._early.entries = last.entries
 
     def start_copy(self, planned: Planned) -> Callable[[], None]:
         """Queue the copy of every tensor of PLANNED to its place in the data region; return the wait for it.
@@ -158,7 +157,8 @@ class HostStaging:
             early.wait()
         groups = _groups(planned)
         tensors = planned.tensors
-        queued = self._queue(groups, lambda e: tensors[e.key])
+        queued = self._queue(groups, lambda e, _: tensors[e.key])
+        assert queued is not None  # every entry's tensor is PLANNED's
         keys = [e.key for e in planned.entries]
         self._last = _Layout(planned.entries, planned.paths, groups) if all(k in planned.paths for k in keys) \
             else None
@@ -171,8 +171,9 @@ class HostStaging:
             early.wait()
 
     def _queue(self, groups: dict[torch.device, list[list[TensorEntry]]],
-               source: Callable[[TensorEntry], torch.Tensor]) -> _Queued:
-        """Queue the copy of each entry of GROUPS from its tensor, SOURCE(entry), group by group."""
+               source: Callable[[TensorEntry, torch.device], torch.Tensor | None]) -> _Queued | None:
+        """Queue the copy of each entry of GROUPS from its tensor, SOURCE(entry, device), run by run; None (once
+        the copies queued are done) where SOURCE has no tensor for an entry."""
         queued = _Queued()
         for device, runs in groups.items():
             cuda = device.type == "cuda"
@@ -185,7 +186,11 @@ class HostStaging:
                 for run in runs:
                     views = []
                     for e in run:
-                        queued.sources[e.key] = t = source(e)
+                        t = source(e, device)
+                        if t is None:
+                            queued.wait()
+                            return None
+                        queued.sources[e.key] = t
                         views.append(byte_view(t))
                     queued.keep += views
                     pieces = [(e.start, v) for e, v in zip(run, views)]
