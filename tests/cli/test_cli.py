@@ -79,3 +79,15 @@ def test_fact_commands_never_import_torch():
 def test_version_and_help():
     assert tp("--version").stdout.startswith("torchplace ")
     assert "doctor" in tp("--help").stdout
+
+
+def test_bench_checkpoint_sizes_none_measures_the_layouts_only(tmp_path):
+    """`--sizes none` is what --help offers for a run of model-shaped states alone (it was refused as a size of zero)."""
+    from torchplace.cli import main
+
+    out = tmp_path / "out"
+    code = main(["bench", "checkpoint", "--quick", "--sizes", "none", "--layouts", "gpt2", "--device", "cpu",
+                 "--dir", str(tmp_path), "--out", str(out)])
+    assert code == 0
+    rows = json.loads(next(out.glob("*.json")).read_text())["rows"]
+    assert rows and all(r["variant"].startswith("gpt2 ") for r in rows)

@@ -195,7 +195,7 @@ def sizes(text: str) -> str:
         values = parse_sizes(text)
     except (ValueError, OverflowError) as exc:
         raise argparse.ArgumentTypeError(f"{str(exc).rstrip('.')}{_ascii_hint(text)}") from None
-    if not values or any(v < 1 for v in values):
+    if (not values and text.strip() != "none") or any(v < 1 for v in values):  # 'none': layouts only
         raise _fail(text, "has a size of zero; write e.g. 1GiB,10GiB.")
     if any(v > _BYTES_MAX for v in values):
         raise _fail(text, "has a size over 1 EiB; write e.g. 1GiB,10GiB.")
