@@ -402,7 +402,7 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
         else:
             tree, meta = collect_state(model, optimizer, scheduler, scaler, extra, more_state, rng_tree, info)
             staging.start_repeat(tree)  # the same state as last time: its copies run while the tree is encoded
-            planned = plan_file(tree, allow_pickle=allow_pickle)
+            planned = plan_file(tree, allow_pickle=allow_pickle, like=staging.repeat_plan())
             del tree
             write, copied = _stage_file(fut, staging, planned, meta, keep_last=keep_last,
                                         rotate_after=rotate_after, max_in_flight=max_in_flight,

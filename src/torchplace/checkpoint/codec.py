@@ -93,7 +93,7 @@ class _Encoder:
     def tensor(self, t: torch.Tensor, path: tuple[Any, ...]) -> str:
         t = t.detach()
         device = t.device
-        if device.type not in ("cpu", "meta") and not _visible_storage(t):
+        if device.type not in ("cpu", "meta", "cuda") and not _visible_storage(t):
             # a back end that keeps no storage torch can see (XLA, a PrivateUse1 back end written in
             # Python): its data is read through the host, as torch.save does for such tensors
             t, device = t.cpu(), torch.device("cpu")

@@ -83,9 +83,15 @@ class Planned:
 DataWriter = Callable[[Any, int, int, "int | None"], list[str]]
 
 
-def plan_file(tree: dict[str, Any], *, allow_pickle: bool = False) -> Planned:
-    """Encode TREE (non-tensor state as JSON, tensors pulled out) and lay its tensors out."""
+def plan_file(tree: dict[str, Any], *, allow_pickle: bool = False, like: Planned | None = None) -> Planned:
+    """Encode TREE (non-tensor state as JSON, tensors pulled out) and lay its tensors out.
+
+    LIKE: an earlier plan whose tensors are known to have the dtypes, shapes and devices TREE's have at the
+    same paths (a background save's repeated state); where TREE yields the same tensor keys in the same
+    order, its layout is taken as it is instead of being laid out again."""
     enc = codec.encode(tree, allow_pickle=allow_pickle)
+    if like is not None and list(enc.tensors) == list(like.paths):
+        return Planned(enc.tree, enc.pickled, like.entries, like.devices, enc.tensors, enc.paths)
     return Planned(enc.tree, enc.pickled, plan_layout(enc.tensors), _devices_summary(enc.tensors), enc.tensors,
                    enc.paths)
 

@@ -50,6 +50,7 @@ class HostStaging:
         self.dcp_bytes = 0  # bytes of shards the DCP stager last copied (and keeps for the next save)
         self._last: _Layout | None = None  # the last copy's layout, by tree path (for start_repeat)
         self._early: _Queued | None = None  # copies start_repeat queued, until start_copy takes them
+        self._targets: dict[tuple[int, int], list[tuple[int, int, torch.Tensor]]] = {}  # _put's, by (start, bytes)
         self.repeated = False  # whether the last start_copy took start_repeat's copies
 
     def _layout(self, nbytes: int, pinned: bool) -> tuple[list[torch.Tensor], list[int]]:
@@ -73,6 +74,7 @@ class HostStaging:
             return
         self.settle()  # no copy may still write into the slabs replaced
         self._last = None
+        self._targets = {}
         if not keep:
             self.pinned = pinned
         self.slabs = keep  # dropped buffers go back to torch's (pinned) host cache
@@ -140,6 +142,14 @@ class HostStaging:
         if self._early is not None:
             self._early.entries = last.entries
 
+    def repeat_plan(self) -> Planned | None:
+        """The last copy's plan (layout and devices, no tree or tensors) while `start_repeat` has found every
+        one of its tensors again (same dtypes, shapes and devices at the same paths), for `plan_file(like=)`."""
+        last = self._last
+        if self._early is None or last is None:
+            return None
+        return Planned(None, [], last.entries, last.devices, {}, last.paths)
+
     def start_copy(self, planned: Planned) -> Callable[[], None]:
         """Queue the copy of every tensor of PLANNED to its place in the data region; return the wait for it.
 
@@ -160,8 +170,8 @@ class HostStaging:
         queued = self._queue(groups, lambda e, _: tensors[e.key])
         assert queued is not None  # every entry's tensor is PLANNED's
         keys = [e.key for e in planned.entries]
-        self._last = _Layout(planned.entries, planned.paths, groups) if all(k in planned.paths for k in keys) \
-            else None
+        self._last = _Layout(planned.entries, planned.paths, groups, planned.devices) \
+            if all(k in planned.paths for k in keys) else None
         return queued.wait
 
     def settle(self) -> None:
@@ -205,14 +215,23 @@ class HostStaging:
         return queued
 
     def _put(self, src: torch.Tensor, start: int, non_blocking: bool) -> None:
-        """Copy the flat bytes SRC to the data region at START (across slabs where it spans them)."""
-        size = self.slabs[0].numel()
-        pos, end = start, start + src.numel()
-        while pos < end:
-            k, at = divmod(pos, size)
-            n = min(end - pos, size - at)
-            self.slabs[k][at:at + n].copy_(src[pos - start:pos - start + n], non_blocking=non_blocking)
-            pos += n
+        """Copy the flat bytes SRC to the data region at START (across slabs where it spans them); the slab
+        views for each (start, size) are kept, as a repeated save copies to the same places every time."""
+        targets = self._targets.get((start, src.numel()))
+        if targets is None:
+            targets = self._targets[(start, src.numel())] = []
+            size = self.slabs[0].numel()
+            pos, end = start, start + src.numel()
+            while pos < end:
+                k, at = divmod(pos, size)
+                n = min(end - pos, size - at)
+                targets.append((pos - start, pos - start + n, self.slabs[k][at:at + n]))
+                pos += n
+        if len(targets) == 1:
+            targets[0][2].copy_(src, non_blocking=non_blocking)
+            return
+        for lo, hi, dst in targets:
+            dst.copy_(src[lo:hi], non_blocking=non_blocking)
 
 
 @dataclass
@@ -222,6 +241,7 @@ class _Layout:
     entries: list[TensorEntry]
     paths: dict[str, tuple[Any, ...]]
     groups: dict[torch.device, list[list[TensorEntry]]]
+    devices: dict[str, Any]
 
 
 @dataclass
