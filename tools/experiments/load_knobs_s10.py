@@ -195,11 +195,34 @@ def stall_phases(root: str, rounds: int = 30) -> None:
     os.unlink(path)
 
 
+def profile_stall(root: str, calls: int = 30) -> None:
+    import cProfile
+    import io
+    import pstats
+
+    state = _state(LAYOUTS["gpt2"][1](False), DEV)
+    path = os.path.join(root, "gpt2-prof.safetensors")
+    for _ in range(3):
+        torchplace.save_async(path, model=state).result()
+    prof = cProfile.Profile()
+    for _ in range(calls):
+        sync()
+        prof.enable()
+        fut = torchplace.save_async(path, model=state)
+        prof.disable()
+        fut.result()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)
+    say(f"\n[gpt2 save_async profile, {calls} calls, by own time]\n{out.getvalue()}")
+    os.unlink(path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/var/tmp/lk10")
     ap.add_argument("--layouts", default="10GiB,llama,1GiB")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--stall-only", action="store_true", help="the GPT-2 stall phases, then a profile of 30 calls")
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)
     torch.cuda.init()
@@ -217,6 +240,9 @@ def main() -> None:
     say(f"pinned H2D 1 GiB: {fmt(GiB, secs[1:])}")
     del src, dst
     stall_phases(args.dir)
+    if args.stall_only:
+        profile_stall(args.dir)
+        return
     for name in args.layouts.split(","):
         run_layout(args.dir, name, args.rounds)
 
