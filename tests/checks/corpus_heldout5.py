@@ -17,9 +17,10 @@ lists the GPU pairs only, and a case about two GPUs (`.cuda()` or device="cuda" 
 the model sits on another) the cuda:1 vs cuda:0 pair only.
 
 Every case was checked with plain torch (no torchplace) when written, with tools/corpus_plain_check.py: on cpu vs
-meta each mistake raises torch's device error at its `# case:` line and each legal pattern runs; the GPU-only ones
-were checked on fake cuda tensors (torch's FakeTensorMode) where fake tensors model the op, by torch's documented
-rules (and the report's own traceback) otherwise.
+meta each mistake raises torch's device error at its `# case:` line and each legal pattern runs. The GPU-only ones
+were checked against torch's documented rules and the report's own traceback; fake cuda tensors (FakeTensorMode)
+could model only the in-place metric update here, as moving a module onto a fake cuda device fails in a CPU-only
+build of torch.
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ class WindowAttention(nn.Module):
         qkv = self.qkv(x).reshape(B_, N, 3, self.num_heads, C_ // self.num_heads).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
         attn = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
-        logit_scale = torch.clamp(self.logit_scale, max=torch.log(torch.tensor(1. / 0.01))).exp()  # case: swinv2_logit_scale_clamp_max_cpu
+        logit_scale = torch.clamp(self.logit_scale, max=torch.log(torch.tensor(1. / 0.01)))  # case: swinv2_clamp_max
+        logit_scale = logit_scale.exp()
         attn = (attn * logit_scale).softmax(dim=-1)
         return self.proj((attn @ v).transpose(1, 2).reshape(B_, N, C_))
 
@@ -143,7 +145,7 @@ class SwinTransformerV2(nn.Module):
 # swin_transformer_v2.py on cuda: "argument max in method wrapper_CUDA_clamp_Tensor" (a 0-dim CPU bound that clamp
 # does not take as a scalar; meta lets clamp take it)
 @R.mistake("microsoft/Swin-Transformer#377", ("max", "torch.tensor"), "model.layers.0.attn", pairs=GPU)
-def swinv2_logit_scale_clamp_max_cpu(dev: torch.device, other: torch.device) -> Program:
+def swinv2_clamp_max(dev: torch.device, other: torch.device) -> Program:
     model = SwinTransformerV2().to(dev)
     x = randn(2, 4, 3, device=dev)
     return Program(model, lambda: model(x), (x,))
@@ -186,9 +188,8 @@ class TokenLearnerViT(nn.Module):
         return self.head(self.token_learner(self.patch_embed(x)).mean(1))
 
 
-# "self.tokenizers = [SpatialAttention() for _ in range(S)] -> nn.ModuleList([...])" (meta lets a convolution
-# take CPU weights)
-@R.mistake("rish-16/tokenlearner-pytorch#4", "tokenizers", "model.token_learner.tokenizers.0", pairs=GPU)
+# "self.tokenizers = [SpatialAttention() for _ in range(S)] -> nn.ModuleList([...])"
+@R.mistake("rish-16/tokenlearner-pytorch#4", "tokenizers", "model.token_learner.tokenizers.0")
 def tokenlearner_tokenizers_plain_list(dev: torch.device, other: torch.device) -> Program:
     model = TokenLearnerViT().to(dev)
     x = randn(2, 4, 4, 3, device=dev)
@@ -429,8 +430,8 @@ class NeuSRenderer(nn.Module):
 
 
 def neus_train_step(renderer: nn.Module, dataset: NeuSDataset, device: torch.device) -> torch.Tensor:
+    explain_here(renderer, torch.rand(4, 3, device=device))
     with torch.device(device):  # the runner's torch.set_default_tensor_type('torch.cuda.FloatTensor')
-        explain_here(renderer, torch.rand(4, 3))
         true_rgb = dataset.random_get_rays_at(0, 4)
         return F.l1_loss(renderer(torch.rand(4, 3)), true_rgb)
 
@@ -456,7 +457,8 @@ class BasicPBC(nn.Module):
                 all_matches_origin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         scores = self.desc(feats0) @ self.desc(feats1).transpose(-1, -2)
         indices0 = scores.argmax(-1)
-        matched = torch.arange(0, all_matches_origin[0].shape[0])[all_matches_origin[0] == indices0[0]]  # case: basicpbc_arange_indexed_by_gpu_mask
+        n = all_matches_origin[0].shape[0]
+        matched = torch.arange(0, n)[all_matches_origin[0] == indices0[0]]  # case: basicpbc_arange_gpu_mask
         area_accuracy = torch.tensor([(segment == ii + 1).sum() for ii in matched]).sum()
         return scores, area_accuracy
 
@@ -464,7 +466,7 @@ class BasicPBC(nn.Module):
 # "torch.arange() will create tensors on CPU by default": torch.arange(...)[all_matches_origin[0] == indices0[0]]
 # fails once the model runs on the GPU (meta has no boolean-mask indexing to check)
 @R.mistake("ykdai/BasicPBC#4", "torch.arange", "model", pairs=GPU)
-def basicpbc_arange_indexed_by_gpu_mask(dev: torch.device, other: torch.device) -> Program:
+def basicpbc_arange_gpu_mask(dev: torch.device, other: torch.device) -> Program:
     model = BasicPBC().to(dev)
     feats0, feats1 = randn(1, 4, 3, device=dev), randn(1, 4, 3, device=dev)
     segment, all_matches_origin = torch.randint(0, 4, (8, 8), device=dev), torch.randint(0, 4, (1, 4), device=dev)
@@ -596,7 +598,7 @@ class TruncatedStandardNormal:
     def icdf(self, value: torch.Tensor) -> torch.Tensor:
         return self._inv_big_phi(self._big_phi_a + value * self._Z)  # case: truncnorm_rsample_uniforms_on_cpu
 
-    def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
+    def rsample(self, sample_shape: tuple[int, ...] = ()) -> torch.Tensor:
         shape = torch.Size(sample_shape) + self.a.shape
         p = torch.empty(shape).uniform_(self._dtype_min_gt_0, self._dtype_max_lt_1)
         return self.icdf(p)
@@ -607,7 +609,7 @@ class TruncatedNormal(TruncatedStandardNormal):
         self.loc, self.scale = loc, scale
         super().__init__((a - loc) / scale, (b - loc) / scale)
 
-    def rsample(self, sample_shape: torch.Size = torch.Size()) -> torch.Tensor:
+    def rsample(self, sample_shape: tuple[int, ...] = ()) -> torch.Tensor:
         return super().rsample(sample_shape) * self.scale + self.loc
 
 
@@ -704,7 +706,8 @@ class DiagonalShampoo(torch.optim.Optimizer):
     def step(self, closure=None) -> None:
         for group, precs in zip(self.param_groups, self.preconditioner):
             for i, (p, K) in enumerate(zip(group["params"], precs)):
-                precs[i] = (1 - group["beta2"]) * K + group["beta2"] * p.grad.square()  # case: shampoo_preconditioner_restored_on_cpu
+                beta2 = group["beta2"]
+                precs[i] = (1 - beta2) * K + beta2 * p.grad.square()  # case: shampoo_prec_on_cpu
                 p.add_(p.grad / (precs[i] + 1e-8).sqrt(), alpha=-group["lr"])
         self.global_step += 1
 
@@ -729,7 +732,7 @@ def resume_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Ten
 # checkpoint = torch.load(checkpoint_fname, map_location="cpu"); optimizer.load_state_dict(...): the next step
 # "will error now" (the checkpoint here is the one a CPU run wrote, as map_location="cpu" leaves it)
 @R.mistake("f-dangel/sirfshampoo#34", ("K", "preconditioner"))
-def shampoo_preconditioner_restored_on_cpu(dev: torch.device, other: torch.device) -> Program:
+def shampoo_prec_on_cpu(dev: torch.device, other: torch.device) -> Program:
     saved_model = DebugNet()
     saved_optimizer = DiagonalShampoo(saved_model.parameters())
     saved_model(torch.randn(10)).pow(2).sum().backward()
@@ -858,13 +861,43 @@ def iou_confmat_metric_not_moved(dev: torch.device, other: torch.device) -> Prog
     return Program(metric_iou, lambda: metric_iou(preds, targets), (preds, targets))
 
 
+class Precision(nn.Module):
+    """pytorch_lightning.metrics' Precision (1.1), shortened: its counts are states registered when it is built."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.num_classes = num_classes
+        self.register_buffer("true_positives", torch.zeros(num_classes))
+        self.register_buffer("predicted_positives", torch.zeros(num_classes))
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        preds_oh, target_oh = F.one_hot(preds, self.num_classes), F.one_hot(target, self.num_classes)
+        self.true_positives += torch.sum(preds_oh * target_oh, dim=0)  # case: lightning_precision_metric_not_moved
+        self.predicted_positives += torch.sum(preds_oh, dim=0)
+
+    def forward(self, preds: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.update(preds, target)
+        return (self.true_positives / self.predicted_positives.clamp(min=1)).mean()
+
+
+# precision = Precision(num_classes=3); precision(preds, target) with both on .cuda(): the metric was never moved
+# (meta lets an in-place add into a CPU tensor take a meta tensor)
+@R.mistake("Lightning-AI/pytorch-lightning#4909", "precision", "precision", pairs=GPU)
+def lightning_precision_metric_not_moved(dev: torch.device, other: torch.device) -> Program:
+    precision = Precision(num_classes=3)
+    target, preds = torch.tensor([0, 1, 2, 0, 1, 2]).to(dev), torch.tensor([0, 2, 1, 0, 0, 1]).to(dev)
+    return Program(precision, lambda: precision(preds, target), (preds, target))
+
+
 class MultiClassificationCrossEntropyLoss(nn.Module):
     """graphnet's loss: the particle ids are mapped to one-hot class targets built from a Python list."""
 
     def forward(self, prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         pid_transform = {1: 0, 12: 2, 13: 1, 14: 2, 16: 2}
         target_new = F.one_hot(torch.tensor([pid_transform[np.abs(int(value))] for value in target]), 3)
-        return F.cross_entropy(prediction.float(), target_new.float(), reduction="none")  # case: graphnet_one_hot_target_on_cpu
+        prediction = prediction.float()
+        return F.cross_entropy(prediction, target_new.float(), reduction="none")  # case: graphnet_target_new
 
 
 class DynEdge(nn.Module):
@@ -885,7 +918,7 @@ def graphnet_train_step(model: nn.Module, loss_function: nn.Module, x: torch.Ten
 # "where we change the target tensor to a onehot target_new, it does not get transferred to the device" (the pid
 # labels are read on the host, as int(value) does)
 @R.mistake("graphnet-team/graphnet#328", "target_new", "loss_function")
-def graphnet_one_hot_target_on_cpu(dev: torch.device, other: torch.device) -> Program:
+def graphnet_target_new(dev: torch.device, other: torch.device) -> Program:
     model = DynEdge().to(dev)
     loss_function = MultiClassificationCrossEntropyLoss()
     x, pid = randn(4, 4, device=dev), torch.tensor([13, -13, 12, 1])
@@ -1128,7 +1161,7 @@ class HSumGraph(nn.Module):
 
 
 def run_training(model: nn.Module, train_loader: list, device: torch.device) -> torch.Tensor:
-    for G, index in train_loader:
+    for G, _index in train_loader:
         G.to(device)
         explain_here(model, G.to(device))
         outputs = model.forward(G)
@@ -1197,7 +1230,8 @@ class LoraLinear(nn.Module):
         self.scaling = lora_alpha / r
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base_layer(x) + self.lora_B(self.lora_A(x.to(self.lora_A.weight.device))).to(x.device) * self.scaling
+        lora_out = self.lora_B(self.lora_A(x.to(self.lora_A.weight.device))).to(x.device)
+        return self.base_layer(x) + lora_out * self.scaling
 
     def get_delta_weight(self) -> torch.Tensor:
         return (self.lora_B.weight @ self.lora_A.weight) * self.scaling
@@ -1374,8 +1408,7 @@ class NT_Xent(nn.Module):
 
 
 # the refactored NT_Xent: the correlated-samples mask is a plain CPU attribute that indexes `sim` wherever it is
-# (meta has no boolean-mask indexing, so the GPU pairs)
-@R.legal("Spijkervet/SimCLR#5", pairs=GPU)
+@R.legal("Spijkervet/SimCLR#5")
 def nt_xent_cpu_mask_indexes_gpu_similarity(dev: torch.device, other: torch.device) -> Program:
     encoder = nn.Linear(W, W).to(dev)
     loss_func = NT_Xent(batch_size=3)
@@ -1770,9 +1803,10 @@ class SwinLayer(nn.Module):
     def get_attn_mask(self, height: int, width: int, dtype: torch.dtype) -> torch.Tensor:
         img_mask = torch.zeros((1, height, width, 1), dtype=dtype)
         count = 0
-        for h in (slice(0, -self.window_size), slice(-self.window_size, -self.shift_size), slice(-self.shift_size, None)):
-            for w in (slice(0, -self.window_size), slice(-self.window_size, -self.shift_size),
-                      slice(-self.shift_size, None)):
+        ws, ss = self.window_size, self.shift_size
+        slices = (slice(0, -ws), slice(-ws, -ss), slice(-ss, None))
+        for h in slices:
+            for w in slices:
                 img_mask[:, h, w, :] = count
                 count += 1
         mask_windows = img_mask.view(-1, self.window_size * self.window_size)
