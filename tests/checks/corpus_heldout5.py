@@ -1521,27 +1521,29 @@ class CLIPModel(nn.Module):
         self.text_projection = nn.Linear(W, W)
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1 / 0.07)))
 
-    def forward(self, image_embeds: torch.Tensor, text_embeds: torch.Tensor) -> torch.Tensor:
-        image_embeds = F.normalize(self.visual_projection(image_embeds), dim=-1)
-        text_embeds = F.normalize(self.text_projection(text_embeds), dim=-1)
-        logits_per_text = torch.matmul(text_embeds, image_embeds.t()) * self.logit_scale.exp()
-        return clip_loss(logits_per_text)
+    def forward(self, images: torch.Tensor, texts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        image_features = F.normalize(self.visual_projection(images), dim=-1)
+        text_features = F.normalize(self.text_projection(texts), dim=-1)
+        logits_per_image = self.logit_scale.exp() * image_features @ text_features.t()
+        return logits_per_image, logits_per_image.t()
 
 
-def contrastive_loss(logits: torch.Tensor) -> torch.Tensor:
-    return nn.functional.cross_entropy(logits, torch.arange(len(logits)).to(logits.device))
+def clip_train_step(model: nn.Module, images: torch.Tensor, texts: torch.Tensor, device: torch.device) -> torch.Tensor:
+    loss_img, loss_txt = nn.CrossEntropyLoss(), nn.CrossEntropyLoss()
+    images, texts = images.to(device), texts.to(device)
+    explain_here(model, images, texts)
+    logits_per_image, logits_per_text = model(images, texts)
+    ground_truth = torch.arange(len(images), dtype=torch.long, device=device)
+    return (loss_img(logits_per_image, ground_truth) + loss_txt(logits_per_text, ground_truth)) / 2
 
 
-def clip_loss(similarity: torch.Tensor) -> torch.Tensor:
-    return (contrastive_loss(similarity) + contrastive_loss(similarity.t())) / 2.0
-
-
-# CLIP's contrastive_loss: the in-batch targets torch.arange(len(logits)) made on the CPU and sent .to(logits.device)
-@R.legal("huggingface/transformers#13217")
-def clip_arange_targets_moved(dev: torch.device, other: torch.device) -> Program:
+# the CLIP fine-tuning loop of the thread: ground_truth = torch.arange(len(images), dtype=torch.long, device=device),
+# the batch moved .to(device) first
+@R.legal("openai/CLIP#83")
+def clip_ground_truth_on_device(dev: torch.device, other: torch.device) -> Program:
     model = CLIPModel().to(dev)
-    image_embeds, text_embeds = randn(3, W, device=dev), randn(3, W, device=dev)
-    return Program(model, lambda: model(image_embeds, text_embeds), (image_embeds, text_embeds))
+    images, texts = torch.randn(3, W), torch.randn(3, W)
+    return stepped(model, lambda: clip_train_step(model, images, texts, dev), (images.to(dev), texts.to(dev)))
 
 
 class FendaClient:
