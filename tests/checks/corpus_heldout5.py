@@ -47,7 +47,6 @@ from corpus_kit import (  # noqa: E402, F401
     W,
     explain_here,
     forward_step,
-    labels,
     randn,
     stepped,
 )
@@ -263,7 +262,7 @@ class ViTFace(nn.Module):
 @R.mistake("zhongyy/Face-Transformer#37", ("one_hot", "torch.zeros"), "model.loss", pairs=TWO_GPUS)
 def face_transformer_one_hot_device_cuda(dev: torch.device, other: torch.device) -> Program:
     model = ViTFace().to(dev)
-    img, label = randn(4, W, device=dev), labels(4, dev)
+    img, label = randn(4, W, device=dev), torch.randint(0, C, (4,), device=dev)
     return Program(model, lambda: model(img, label), (img, label))
 
 
@@ -827,7 +826,7 @@ def ir_net_train_step(model: nn.Module, conv_modules: list[IRConv2d], images: to
 def ir_net_k_t_on_gpu0(dev: torch.device, other: torch.device) -> Program:
     model = nn.Sequential(IRConv2d(3, W, 3, padding=1), nn.Flatten(), nn.Linear(W * 16, C)).to(dev)
     conv_modules = [m for m in model.modules() if isinstance(m, IRConv2d)]
-    images, target = randn(2, 3, 4, 4, device=dev), labels(2, dev)
+    images, target = randn(2, 3, 4, 4, device=dev), torch.randint(0, C, (2,), device=dev)
     return stepped(model, lambda: ir_net_train_step(model, conv_modules, images, target, epoch=1), (images,))
 
 
@@ -977,17 +976,17 @@ class TextClassifier(nn.Module):
 
 
 def teacher_train(model: nn.Module, config_device: torch.device, train_iter: list) -> torch.Tensor:
-    for texts, labels_ in train_iter:
+    for texts, labels in train_iter:
         explain_here(model, texts.to(config_device))
         outputs = model(texts.to(config_device))
-        loss = F.cross_entropy(outputs, labels_)  # case: kd_teacher_train_labels_on_cpu
+        loss = F.cross_entropy(outputs, labels)  # case: kd_teacher_train_labels_on_cpu
         loss.backward()
     return loss
 
 
 # the distillation repo's teacher.py: "Expected object of device type cuda but got device type cpu for argument #2
 # 'target'" (the fix: labels = labels.to(config.device) in teacher_train)
-@R.mistake("HoyTta0/KnowledgeDistillation#9", "labels_")
+@R.mistake("HoyTta0/KnowledgeDistillation#9", "labels")
 def kd_teacher_train_labels_on_cpu(dev: torch.device, other: torch.device) -> Program:
     model = TextClassifier().to(dev)
     train_iter = [(torch.randint(0, 16, (4, 5)), torch.randint(0, C, (4,)))]
