@@ -924,6 +924,35 @@ def graphnet_target_new(dev: torch.device, other: torch.device) -> Program:
     return stepped(model, lambda: graphnet_train_step(model, loss_function, x, pid), (x,))
 
 
+def CB_loss(labels: torch.Tensor, logits: torch.Tensor, samples_per_cls: list[int], no_of_classes: int,
+            loss_type: str, beta: float, gamma: float) -> torch.Tensor:
+    """The class-balanced loss: per-class weights from the effective number of samples, built with numpy."""
+    effective_num = 1.0 - np.power(beta, samples_per_cls)
+    weights = (1.0 - beta) / np.array(effective_num)
+    weights = weights / np.sum(weights) * no_of_classes
+    labels_one_hot = F.one_hot(labels, no_of_classes).float()
+    weights = torch.tensor(weights).float()
+    weights = weights.unsqueeze(0)
+    weights = weights.repeat(labels_one_hot.shape[0], 1) * labels_one_hot  # case: class_balanced_weights_on_cpu
+    weights = weights.sum(1).unsqueeze(1).repeat(1, no_of_classes)
+    return F.binary_cross_entropy_with_logits(input=logits, target=labels_one_hot, weight=weights)
+
+
+def cb_train_step(model: nn.Module, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    explain_here(model, x)
+    logits = model(x)
+    return CB_loss(labels, logits, [2, 3, 1], C, "sigmoid", beta=0.9999, gamma=2.0)
+
+
+# "Make it available on GPU device": CB_loss builds `weights = torch.tensor(weights).float()` on the CPU and
+# multiplies it by the one-hot labels of the GPU batch
+@R.mistake("vandit15/Class-balanced-loss-pytorch#22", ("weights", "torch.tensor"))
+def class_balanced_weights_on_cpu(dev: torch.device, other: torch.device) -> Program:
+    model = nn.Linear(W, C).to(dev)
+    x, labels = randn(4, W, device=dev), torch.randint(0, C, (4,), device=dev)
+    return stepped(model, lambda: cb_train_step(model, x, labels), (x,))
+
+
 def ledoit_wolf(covariances: torch.Tensor, shrinkage: float) -> torch.Tensor:
     n = covariances.shape[-1]
     mu = covariances.diagonal(dim1=-2, dim2=-1).mean(-1)[..., None, None]
