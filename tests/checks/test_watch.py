@@ -91,10 +91,14 @@ def test_labels_on_another_device_outside_any_module():
 
 
 def test_without_a_model_paths_start_at_the_outermost_module():
+    """No model given: paths start at the outermost running module, named by the test's variable for it (`net`,
+    not the helper's `fn`); its class only where no variable of the user's holds it."""
     net = Toy().to("meta")
     err = mismatch(net, torch.randn(2, 8))
+    assert err.report.module == "net.layers.0.proj"
+    assert tensor(err.report, "self.weight").origin == "net.layers.0.proj.weight"
+    err = mismatch(lambda x: Toy().to("meta")(x), torch.randn(2, 8))
     assert err.report.module == "Toy.layers.0.proj"
-    assert tensor(err.report, "self.weight").origin == "Toy.layers.0.proj.weight"
 
 
 def test_cpu_scalars_are_allowed_and_not_blamed():
