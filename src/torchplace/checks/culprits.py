@@ -6,7 +6,6 @@ the user wrote, and optimizer state left on another device. Runs only after an e
 from __future__ import annotations
 
 import ast
-import contextlib
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
