@@ -90,11 +90,11 @@ class ModuleNames:
     seen through DDP, DataParallel, torch.compile and Fabric so paths follow the user's class) is named as the
     user's code holds it (`t_net`, `predictor.net`, `net.module`), else "model" (a module not given: its class);
     other modules from what the user's code holds (`criterion`, `ema.ema_model`); plain lists and dicts too
-    (`model.heads[1]`). Runs only after an error."""
+    (`model.heads[1]`). FRAMES: the error's, outermost first; their callers, still running (watch's block,
+    explain's caller), are read too. Runs only after an error."""
 
-    def __init__(self, model: torch.nn.Module | None, chain: list[torch.nn.Module],
-                 user_frames: list[FrameType]) -> None:
-        held = list(user_modules(user_frames))
+    def __init__(self, model: torch.nn.Module | None, chain: list[torch.nn.Module], frames: list[FrameType]) -> None:
+        held = list(user_modules([e[0] for e in fr.stack_entries(frames[0].f_back)] + frames if frames else []))
         self.root = unwrap(model) if model is not None else unwrap(chain[0]) if chain else None
         self.spaces, self.label = held, "model"
         if self.root is not None:

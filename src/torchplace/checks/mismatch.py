@@ -267,9 +267,7 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
     user_entries = [e for e in entries[: op_idx + 1] if fr.is_user(e[0].f_code.co_filename)]
     user_frames = [e[0] for e in user_entries]
     report.calls = [fr.site_of(*e) for e in user_entries]
-    # named as the user's code holds them, outermost frame first: the callers of the first frame still run (watch's
-    # block, explain's caller)
-    names = culprits.ModuleNames(model, chain, [e[0] for e in fr.stack_entries(entries[0][0].f_back)] + user_frames)
+    names = culprits.ModuleNames(model, chain, [e[0] for e in entries[: op_idx + 1]])
     root, root_label = names.root, names.label
     report.root = root_label
     if chain:
