@@ -343,8 +343,10 @@ class CPCTrainer:
         return predictions.square().mean()
 
 
-# contrastive predictive coding: the trainer asks the model's init_hidden() for the GRU state (a CPU zeros)
-@R.mistake("talipucar/CPC#1", ("hidden", "torch.zeros"), "model.gru")
+# contrastive predictive coding: the trainer asks the model's init_hidden() for the GRU state (a CPU zeros). When the
+# step runs, the user's code holds the model only as trainer.cpc (`model` was this builder's, gone by then), so the
+# path starts there, as the user would type it; it was model.gru while every path started at 'model'
+@R.mistake("talipucar/CPC#1", ("hidden", "torch.zeros"), "trainer.cpc.gru")
 def cpc_hidden_from_init_hidden_in_fit(dev: torch.device, other: torch.device) -> Program:
     model = CPC().to(dev)
     trainer = CPCTrainer(model)

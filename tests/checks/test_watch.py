@@ -91,10 +91,39 @@ def test_labels_on_another_device_outside_any_module():
 
 
 def test_without_a_model_paths_start_at_the_outermost_module():
+    """No model given: paths start at the outermost running module, named by the test's variable for it (`net`,
+    not the helper's `fn`); its class only where no variable of the user's holds it."""
     net = Toy().to("meta")
     err = mismatch(net, torch.randn(2, 8))
+    assert err.report.module == "net.layers.0.proj"
+    assert tensor(err.report, "self.weight").origin == "net.layers.0.proj.weight"
+    err = mismatch(lambda x: Toy().to("meta")(x), torch.randn(2, 8))
     assert err.report.module == "Toy.layers.0.proj"
-    assert tensor(err.report, "self.weight").origin == "Toy.layers.0.proj.weight"
+
+
+class _Parts(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts = torch.nn.ModuleList([torch.nn.Linear(3, 3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for f in self.parts:
+            x = f(x)
+        return x
+
+
+class _Holder:
+    def __init__(self) -> None:
+        self.loss = _Parts()  # never moved: on the CPU
+
+
+def test_a_module_outside_the_model_is_named_by_the_users_variable_not_a_loop_variable():
+    """A loss a plain object keeps, running its parts in a loop: the path starts at the variable this test holds
+    it by (holder.loss.parts.0), not at the loop's `f`, nor at its class."""
+    model, holder = Toy().to("meta"), _Holder()
+    err = mismatch(lambda x: holder.loss(model(x)), torch.randn(2, 8, device="meta"), model=model)
+    assert err.report.module == "holder.loss.parts.0"
+    assert "parameter holder.loss.parts.0.weight" in str(err)
 
 
 def test_cpu_scalars_are_allowed_and_not_blamed():

@@ -183,8 +183,9 @@ def test_prepared_loops_name_the_loss_weight(which: str) -> None:
 
 
 def test_parameter_names_through_ddp_and_fabric_wrappers(tmp_path: Any) -> None:
-    """A parameter left on another device is named as the user's model names it (model.head.bias), not
-    through the wrapper's attribute (model.module.head.bias, model._forward_module.head.bias)."""
+    """A parameter left on another device is named as the user's model names it (net.head.bias: the user holds
+    the inner module as `net`), not through the wrapper's attribute (ddp.module.head.bias,
+    model._forward_module.head.bias)."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
@@ -197,7 +198,7 @@ def test_parameter_names_through_ddp_and_fabric_wrappers(tmp_path: Any) -> None:
     finally:
         dist.destroy_process_group()
     text = str(err.value)
-    assert "model.head.bias" in text and "model.module" not in text, text
+    assert "parameter net.head.bias" in text and ".module" not in text, text
 
 
 def test_hf_trainer_raises_and_warns_nothing(tmp_path: Any) -> None:

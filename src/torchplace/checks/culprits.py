@@ -6,7 +6,6 @@ the user wrote, and optimizer state left on another device. Runs only after an e
 from __future__ import annotations
 
 import ast
-import contextlib
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
@@ -17,7 +16,7 @@ from typing import Any, TypeVar
 import torch
 
 from ..shared.tree import tensors_with_paths
-from ..shared.wrappers import unwrap
+from ..shared.wrappers import reach, unwrap
 from . import frames as fr
 from .layout import MODULE_INTERNALS, own_tensors, plain_attributes
 
@@ -86,50 +85,52 @@ def module_path(chain: list[torch.nn.Module], root: torch.nn.Module | None, root
     return ".".join(parts)
 
 
-def root_of(model: torch.nn.Module | None, chain: list[torch.nn.Module]) -> tuple[torch.nn.Module | None, str]:
-    """The module paths' root: the given model ("model"), else the outermost running module (its class).
-    A wrapper (DDP, DataParallel, torch.compile, Lightning Fabric's _FabricModule) is seen through, so
-    paths read `model.encoder.0`, as the user's class names it, not `model._forward_module.encoder.0`."""
-    if model is not None:
-        return unwrap(model), "model"
-    if chain:
-        inner = unwrap(chain[0])
-        return inner, type(inner).__name__
-    return None, "model"
-
-
 class ModuleNames:
-    """Names modules the way the user wrote them: `model.encoder.layers.0`, `model.heads[1]` (a module in a
-    plain list or dict), `criterion` or `ema.ema_model` (held by the user's code). Runs only after an error."""
+    """Names modules the way the user wrote them. The root (the given model, else the outermost running module,
+    seen through DDP, DataParallel, torch.compile and Fabric so paths follow the user's class) is named as the
+    user's code holds it (`t_net`, `predictor.net`, `net.module`), else "model" (a module not given: its class);
+    other modules from what the user's code holds (`criterion`, `ema.ema_model`); plain lists and dicts too
+    (`model.heads[1]`). FRAMES: the error's, outermost first; their callers, still running (watch's block,
+    explain's caller), are read too. Runs only after an error."""
 
-    def __init__(self, root: torch.nn.Module | None, root_label: str, user_frames: list[FrameType]) -> None:
-        held = user_modules(user_frames, root, root_label)
-        self.spaces = [(root_label, root)] if root is not None else []
-        self.spaces += list(held)
+    def __init__(self, model: torch.nn.Module | None, chain: list[torch.nn.Module], frames: list[FrameType]) -> None:
+        held = list(user_modules([e[0] for e in fr.stack_entries(frames[0].f_back)] + frames if frames else []))
+        self.root = unwrap(model) if model is not None else unwrap(chain[0]) if chain else None
+        self.spaces, self.label = held, "model"
+        if self.root is not None:
+            self.label = self.path(self.root) or ("model" if model is not None else type(self.root).__name__)
+            self.spaces = [(self.label, self.root), *held]
 
     def path(self, target: torch.nn.Module) -> str | None:
-        return next((found for label, module in self.spaces if (found := _find_module(unwrap(module), label, target))),
-                    None)
+        return next((found for label, module in self.spaces if (found := _find_module(module, label, target))), None)
 
 
-def user_modules(user_frames: list[FrameType], root: torch.nn.Module | None,
-                 root_label: str) -> Iterator[tuple[str, torch.nn.Module]]:
-    """(the user's name, module) for each module the user's frames hold, innermost frame first, then the
-    globals of the user's files: a variable (`criterion`), or an attribute of a plain object the user holds
-    (`extractor.spec`, `ema.ema_model`). A frame's `self` is named by the variables further out."""
-    frames = list(reversed(user_frames))
+def user_modules(user_frames: list[FrameType]) -> Iterator[tuple[str, torch.nn.Module]]:
+    """(the user's name, module) for each module the user's own frames hold, outermost frame first (the names the
+    program knows them by, not a helper's parameter or a loop's variable), then the globals of the user's files: a
+    variable (`criterion`), an attribute of a plain object (`solver.mrstftloss`, `self.net` in a method of the
+    user's class), the module inside a wrapper as code reaches it (`net.module` of a DataParallel). A module's own
+    `self` and names starting with `_` are no names."""
+    frames = [f for f in user_frames if fr.is_users_own(f.f_code.co_filename)]
     spaces = [f.f_locals for f in frames] + list({id(f.f_globals): f.f_globals for f in frames}.values())
     for space in spaces:
         for name, value in list(space.items()):
-            if name == "self" and value is not root:
+            if name.startswith("_") or (name == "self" and isinstance(value, torch.nn.Module)):
                 continue
-            if isinstance(value, torch.nn.Module):
-                yield (root_label if value is root else name), value
-            elif hasattr(value, "__dict__") and not isinstance(value, (type, ModuleType, FunctionType, MethodType)):
-                with contextlib.suppress(TypeError):
-                    for key, held in list(vars(value).items())[:256]:
-                        if isinstance(held, torch.nn.Module):
-                            yield f"{name}.{key}", held
+            for label, module in [(name, value)] if isinstance(value, torch.nn.Module) else _attributes(name, value):
+                suffix, inner = reach(module)
+                yield from [(label + suffix, inner)] if inner is not module else []
+                yield label, module
+
+
+def _attributes(name: str, value: Any) -> list[tuple[str, torch.nn.Module]]:
+    """(`name.key`, module) for each module a plain object holds as an attribute."""
+    if not hasattr(value, "__dict__") or isinstance(value, (type, ModuleType, FunctionType, MethodType)):
+        return []
+    try:
+        return [(f"{name}.{k}", v) for k, v in list(vars(value).items())[:256] if isinstance(v, torch.nn.Module)]
+    except TypeError:
+        return []
 
 
 def _find_module(root: torch.nn.Module, label: str, target: torch.nn.Module) -> str | None:
@@ -152,14 +153,12 @@ def _find_module(root: torch.nn.Module, label: str, target: torch.nn.Module) -> 
     return None
 
 
-def origins_of(root: torch.nn.Module | None, root_label: str, chain: list[torch.nn.Module],
-             user_frames: list[FrameType], names: ModuleNames | None = None) -> dict[int, tuple[str, str]]:
-    """id(tensor) -> (kind, where it came from); the model's own tensors first, then the batch."""
+def origins_of(chain: list[torch.nn.Module], user_frames: list[FrameType],
+               names: ModuleNames) -> dict[int, tuple[str, str]]:
+    """id(tensor) -> (kind, where it came from); the modules' own tensors first (the model's, then those of the
+    modules the user's code holds: an EMA copy, a loss), then the batch."""
     out: dict[int, tuple[str, str]] = {}
-    modules = [(root_label, root)] if root is not None else []
-    modules += [((names.path(m) if names else None) or type(m).__name__, m) for m in chain
-                if root is None or not contains(root, m)]
-    modules += list(user_modules(user_frames, root, root_label))  # an EMA copy, a loss: by the user's names
+    modules = names.spaces + [(type(m).__name__, m) for m in chain if names.path(m) is None]
     for label, module in modules:
         for name, sub in module.named_modules():
             prefix = f"{label}.{name}" if name else label

@@ -25,7 +25,7 @@ from ..errors import MetaTensorError, TorchplaceError
 from ..shared.wrappers import meta_names, unwrap
 from . import frames as fr
 from ._fixes import Fix, fix_lines, more_line
-from .culprits import Operand, reported
+from .culprits import ModuleNames, Operand, reported
 from .layout import own_tensors
 
 __all__ = ["MetaReport", "diagnose", "is_meta_error", "mismatch_note", "to_error"]
@@ -139,7 +139,8 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None, outer: Fr
     if own and own[-1] != inner[-1]:
         report.library_site = fr.site_of(*entries[inner[-1]])
     named = fr.named_values(report.site.expression, site_frame)
-    roots = _roots(model, named, [entries[i][0] for i in reversed(inner)], [e[0] for e in entries[inner[-1]:]])
+    label = ModuleNames(model, [], [e[0] for e in entries]).label  # the model as the user's code holds it
+    roots = _roots(model, label, named, [entries[i][0] for i in reversed(inner)], [e[0] for e in entries[inner[-1]:]])
     weights = _weights(roots)
     found: dict[int, Operand] = {}
     receiver, method, base = _receiver(report.site.expression)  # `logits.argmax()` of `logits.argmax().item()`
@@ -224,10 +225,10 @@ def _receiver(expression: str | None) -> tuple[str | None, str | None, str | Non
     return ast.unparse(body.func.value), body.func.attr, ast.unparse(base)
 
 
-def _roots(model: torch.nn.Module | None, named: list[tuple[str, Any]], user_frames: list[FrameType],
+def _roots(model: torch.nn.Module | None, held_as: str, named: list[tuple[str, Any]], user_frames: list[FrameType],
            torch_frames: list[FrameType]) -> list[tuple[str, torch.nn.Module]]:
     """Modules that may own the meta tensors, with the names the user knows them by, nearest first."""
-    out: list[tuple[str, torch.nn.Module]] = [("model", unwrap(model))] if model is not None else []
+    out: list[tuple[str, torch.nn.Module]] = [(held_as, unwrap(model))] if model is not None else []
     out += [(label, m) for label, m in named if isinstance(m, torch.nn.Module)]
     for frame in user_frames:
         for name, value in frame.f_locals.items():

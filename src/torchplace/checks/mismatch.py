@@ -108,7 +108,7 @@ class MismatchReport:
     unregistered: str | None = None  # "model.heads" when the module was found in a plain list or dict
     optimizer_state: list[str] = field(default_factory=list)  # "model.fc.weight['exp_avg'] on cpu (parameter on ...)"
     meta: tuple[str, Fix | None] | None = None  # (why, fix) when meta tensors (no data) meet real ones
-    held_as: str | None = None  # "predictor.net": where the user's code holds the model named `model` here
+    root: str = "model"  # the model as the user's code holds it (`t_net`, `predictor.net`): module paths start there
 
     @property
     def culprits(self) -> list[Operand]:
@@ -135,8 +135,6 @@ class MismatchReport:
         chain = [c for c in self.calls if c not in shown]
         if chain:
             lines.append("Called from: " + " > ".join(str(c) for c in chain[-4:]))
-        if self.held_as:
-            lines.append(f"model: your code holds it as {self.held_as}")
         if self.model_split and not (self.meta and self.meta[1]):  # meta weights: loaded, not moved
             lines.append(f"Note: the model itself spans devices ({'; '.join(self.model_split)}), a bug unless the "
                          "split is deliberate.")
@@ -178,20 +176,20 @@ class MismatchReport:
             kind = "dict" if self.unregistered.endswith("]") and "['" in self.unregistered else "list"
             container = self.unregistered.rsplit("[", 1)[0]
             out.append(Fix(f"make {container} nn.{'ModuleDict' if kind == 'dict' else 'ModuleList'}(...): a plain "
-                           f"Python {kind} hides its modules from model.to()"))
+                           f"Python {kind} hides its modules from {self.root}.to()"))
         groups: dict[tuple[str, str], list[Operand]] = {}
         for t in self.culprits:
-            key = _cause(t, bool(self.unregistered), bool(self.meta))
+            key = _cause(t, bool(self.unregistered), bool(self.meta), self.root)
             if key is not None:
                 groups.setdefault(key, []).append(t)
-        out += [_fix_for(kind, owner, ts, target) for (kind, owner), ts in groups.items()]
+        out += [_fix_for(kind, owner, ts, target, self.root) for (kind, owner), ts in groups.items()]
         if not out:
             out.append(Fix("put every tensor this op uses on one device",
                            "torchplace.explain(model, *inputs) shows where each parameter, buffer and input lives"))
         return list({f.fix: f for f in out}.values())
 
 
-def _cause(t: Operand, unregistered: bool, meta: bool) -> tuple[str, str] | None:
+def _cause(t: Operand, unregistered: bool, meta: bool, root: str) -> tuple[str, str] | None:
     """Why this culprit is where it is, as (kind of fix, whose): culprits with one cause share one fix."""
     if t.kind == "generator":
         return ("generator", "")
@@ -203,7 +201,7 @@ def _cause(t: Operand, unregistered: bool, meta: bool) -> tuple[str, str] | None
         return ("attribute", "")
     if t.kind in ("parameter", "buffer") and (unregistered or (meta and t.device == "meta")):
         return None  # said above: a module in a plain container, or a meta weight (loaded, not moved)
-    if t.kind in ("parameter", "buffer") and t.origin and not t.origin.startswith("model"):
+    if t.kind in ("parameter", "buffer") and t.origin and not t.origin.startswith((f"{root}.", f"{root}[")):
         return ("outside", t.origin.rpartition(".")[0])
     if t.kind in ("parameter", "buffer"):
         return ("behind", "")
@@ -214,7 +212,7 @@ def _cause(t: Operand, unregistered: bool, meta: bool) -> tuple[str, str] | None
     return ("move", "")
 
 
-def _fix_for(kind: str, owner: str, tensors: list[Operand], target: str) -> Fix:
+def _fix_for(kind: str, owner: str, tensors: list[Operand], target: str, root: str) -> Fix:
     names = ", ".join(t.origin or t.label for t in tensors) if kind != "factory" else ""
     labels = ", ".join(t.label for t in tensors)
     if kind == "generator":
@@ -232,11 +230,11 @@ def _fix_for(kind: str, owner: str, tensors: list[Operand], target: str) -> Fix:
         return Fix(f"register {names} as buffer(s): self.register_buffer(name, tensor, persistent=False)",
                    anchor="plain-tensor-attributes")
     if kind == "outside":
-        return Fix(f"call {owner}.to({target!r}) too: {owner} is not part of the model, so model.to() does not "
+        return Fix(f"call {owner}.to({target!r}) too: {owner} is not part of the model, so {root}.to() does not "
                    f"move its {tensors[0].kind}s", f"make {owner} a submodule of the model", "outside-the-model")
     if kind == "behind":
         owners = ", ".join(dict.fromkeys((t.origin or "").rpartition(".")[0] or "the model" for t in tensors))
-        return Fix(f"call model.to({target!r}) after the whole model is built: {owners} was added or replaced after "
+        return Fix(f"call {root}.to({target!r}) after the whole model is built: {owners} was added or replaced after "
                    "the move", anchor="left-behind")
     if kind == "inline":
         return Fix(f"make {labels} on the other operands' device (device=x.device, here {target})",
@@ -269,18 +267,15 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
     user_entries = [e for e in entries[: op_idx + 1] if fr.is_user(e[0].f_code.co_filename)]
     user_frames = [e[0] for e in user_entries]
     report.calls = [fr.site_of(*e) for e in user_entries]
-    root, root_label = culprits.root_of(model, chain)
-    held = [n for f in user_frames for n, v in f.f_locals.items() if v is root and n[0] != "_" and n != "self"]
-    if model is not None and "model" not in held:  # the user's own name for the model: `net`, or `predictor.net`
-        report.held_as = held[0] if held else next(
-            (n for n, v in culprits.user_modules(user_frames, None, "") if v is root and n != root_label), None)
-    names = culprits.ModuleNames(root, root_label, user_frames)
+    names = culprits.ModuleNames(model, chain, [e[0] for e in entries[: op_idx + 1]])
+    root, root_label = names.root, names.label
+    report.root = root_label
     if chain:
         report.module = names.path(chain[-1]) or culprits.module_path(chain, root, root_label)
         report.module_type = type(chain[-1]).__name__
         if "[" in (report.module or "") and (root is None or not culprits.contains(root, chain[-1])):
             report.unregistered = report.module
-    origins = culprits.origins_of(root, root_label, chain, user_frames, names)
+    origins = culprits.origins_of(chain, user_frames, names)
     traced = compiled.user_frames_in_message(report.torch_message)  # torch.compile traced the forward
     call = (op_frame, report.site.expression)  # where the compiled model was called: its arguments count too
     if traced:

@@ -11,18 +11,25 @@ from torch import nn
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The module inside DataParallel / DistributedDataParallel / torch.compile / Fabric wrappers."""
+    return reach(model)[1]
+
+
+def reach(model: nn.Module) -> tuple[str, nn.Module]:
+    """(how code reaches it, the module inside the wrappers): `.module` through DataParallel and DDP, nothing
+    through torch.compile and Fabric, which pass attribute lookups on to the module they wrap."""
+    path = ""
     while True:
         if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-            inner = model.module
+            inner, step = model.module, ".module"
         elif type(model).__name__ == "OptimizedModule":
-            inner = getattr(model, "_orig_mod", None)
+            inner, step = getattr(model, "_orig_mod", None), ""
         elif type(model).__name__ == "_FabricModule":  # Lightning Fabric's wrapper (around DDP, FSDP, ...)
-            inner = getattr(model, "_original_module", None)
+            inner, step = getattr(model, "_original_module", None), ""
         else:
-            return model
+            return path, model
         if not isinstance(inner, nn.Module):
-            return model
-        model = inner
+            return path, model
+        path, model = path + step, inner
 
 
 def meta_names(model: nn.Module) -> list[str]:
