@@ -152,17 +152,17 @@ class Runtime:
         """A GradScaler, enabled only when the precision needs one (fp16)."""
         return self.precision.make_grad_scaler(**kwargs)
 
-    def save(self, path: str | os.PathLike[str], **state: Any) -> Path:
+    def save(self, path: Any, f: str | os.PathLike[str] | None = None, /, **state: Any) -> Path:
         """`torchplace.save` (atomic; only rank 0 writes under torchrun)."""
         from .checkpoint.saving import save
 
-        return save(path, **self._with_position(path, state))
+        return save(path, f, **self._with_position(path if f is None else f, state))
 
-    def save_async(self, path: str | os.PathLike[str], **state: Any) -> SaveFuture:
+    def save_async(self, path: Any, f: str | os.PathLike[str] | None = None, /, **state: Any) -> SaveFuture:
         """`torchplace.save_async`: returns once the state is copied; the file is written in the background."""
         from .checkpoint.background import save_async
 
-        return save_async(path, **self._with_position(path, state))
+        return save_async(path, f, **self._with_position(path if f is None else f, state))
 
     def load(self, path: str | os.PathLike[str], **kwargs: Any) -> Checkpoint:
         """`torchplace.load` onto this runtime's device."""

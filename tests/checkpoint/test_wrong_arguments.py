@@ -96,3 +96,17 @@ def test_torch_loads_own_arguments_get_torchplaces_way(saved: Path, arg: str, fi
     """A drop-in `tp.load(path, map_location="cpu")` was told to read ck['map_location'] from the result."""
     with pytest.raises(TypeError, match=rf"{arg}=.*an argument of torch.load.*Fix: .*{fix}"):
         tp.load(saved, model=nn.Linear(2, 2), **{arg: "cpu" if arg == "map_location" else True})
+
+
+def test_load_state_dict_of_a_checkpoint_names_the_fix(saved: Path) -> None:
+    """`model.load_state_dict(tp.load(path))`, the torch.load idiom: torch said only 'Expected state_dict to be
+    dict-like'; now the Checkpoint is a mapping of what the file holds, and load_state_dict is refused with the fix."""
+    m = nn.Linear(2, 2)
+    before = m.weight.detach().clone()
+    ck = tp.load(saved)
+    said = r"(?s)tp.load returns a Checkpoint .*'model'.*Fix: tp.load\(.*model=model"
+    with pytest.raises(tp.CheckpointError, match=said):
+        m.load_state_dict(ck)
+    assert torch.equal(m.weight, before)
+    m.load_state_dict(ck["model"])  # the message's other fix
+    assert dict(ck.items()).keys() == set(ck.keys()) and len(ck) == len(ck.keys())

@@ -69,7 +69,7 @@ from ..errors import CheckpointError
 from . import sharded as tpsharded
 from .fileio import Planned, plan_file
 from .rotation import rotate, series_lock
-from .saving import capture_rng, check_request, collect_side, collect_state, series_info
+from .saving import capture_rng, check_request, collect_side, collect_state, series_info, torch_order
 from .staging import HostStaging, check_memory, local_bytes
 from .stream import default_workers, lower_priority
 
@@ -307,7 +307,8 @@ def default_saver() -> BackgroundSaver:
         return _saver
 
 
-def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] | None = None,
+def save_async(path: str | os.PathLike[str] | nn.Module | Mapping[str, Any], f: str | os.PathLike[str] | None = None,
+               /, *, model: nn.Module | Mapping[str, Any] | None = None,
                optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
                extra: Mapping[str, Any] | None = None, keep_last: int | None = None, latest: bool = False,
                rng_state: bool = True, allow_pickle: bool = False, all_ranks: bool = False, max_in_flight: int = 1,
@@ -320,8 +321,12 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
     as soon as this returns. Each save in flight needs a host copy of the state's tensors (this
     rank's shards for a sharded model; see the module docstring).
 
+    `save_async(state, path)`, torch.save's order, saves STATE as `save_async(path, model=state)` for a module or
+    state dict, as `save_async(path, **state)` for a dict of entries.
+
     Args:
         path: the file to write, as for `save`.
+        f: as for `save`.
         model: as for `save`.
         optimizer: as for `save`.
         scheduler: as for `save`.
@@ -365,6 +370,12 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
         print(pending.result())  # wait for the last one before exiting
         ```
     """
+    if f is not None or not isinstance(path, (str, os.PathLike)):  # save_async(state, path), as torch.save
+        where, state, _ = torch_order("save_async", path, f, {"model": model, "optimizer": optimizer,
+                                                              "scheduler": scheduler, "scaler": scaler,
+                                                              "extra": extra, **more_state})
+        return save_async(where, **state, keep_last=keep_last, latest=latest, rng_state=rng_state,
+                          allow_pickle=allow_pickle, all_ranks=all_ranks, max_in_flight=max_in_flight, workers=workers)
     target = check_request(path, keep_last, more_state)
     if not isinstance(max_in_flight, int) or isinstance(max_in_flight, bool) or max_in_flight < 1:
         raise ValueError(f"max_in_flight={max_in_flight!r}: allow at least 1 save in flight.")

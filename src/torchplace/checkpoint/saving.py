@@ -93,6 +93,32 @@ def check_request(path: str | os.PathLike[str], keep_last: int | None, more_stat
     return target
 
 
+def torch_order(call: str, obj: Any, f: Any,
+                given: Mapping[str, Any]) -> tuple[str | os.PathLike[str], dict[str, Any], bool]:
+    """CALL(obj, f), torch.save's order: (the path F, the keywords OBJ stands for with GIVEN, the state given by name,
+    whether OBJ alone is all: a model's weights, to save as `torch.save(state_dict, f)` does). A module or a state
+    dict is the model; any other mapping (nanoGPT's, imagenet's checkpoint dict) is named state, each entry at the
+    file's top level."""
+    if not isinstance(f, (str, os.PathLike)):
+        raise TypeError(f"{call}({type(obj).__name__}, {type(f).__name__}): the second argument, as in torch.save, "
+                        f"is the path. Fix: {call}(path, model=model, optimizer=opt, ...) or {call}(state, path).")
+    if isinstance(obj, nn.Module) or (isinstance(obj, Mapping) and obj
+                                      and all(isinstance(v, torch.Tensor) for v in obj.values())):
+        if given.get("model") is not None:
+            raise TypeError(f"{call}(state, path, model=...): the model is given twice. Fix: {call}(path, "
+                            f"model=model, ...) or {call}(model.state_dict(), path).")
+        return f, {**given, "model": obj}, all(v is None for v in given.values())
+    if isinstance(obj, Mapping) and all(isinstance(k, str) for k in obj):
+        twice = sorted(set(obj) & {k for k, v in given.items() if v is not None})
+        if twice:
+            raise TypeError(f"{call}(state, path, {twice[0]}=...): {twice[0]!r} is given twice, in the dict and by "
+                            "name. Fix: give it once.")
+        return f, {**given, **obj}, False
+    raise TypeError(f"{call}({type(obj).__name__}, {str(f)!r}): torchplace saves a module, a state dict or a dict "
+                    f"of named entries, never a pickled object. Fix: {call}({str(f)!r}, model=model, ...), or "
+                    f"{call}({{'name': value, ...}}, {str(f)!r}).")
+
+
 def capture_rng(rng_state: bool, world_size: int) -> Any:
     """The RNG states to save (every rank's, gathered on rank 0, in a process group), or None."""
     rng_tree: Any = rng.capture() if rng_state else None
@@ -133,7 +159,8 @@ def series_info(target: Path, rotate_after: bool) -> dict[str, Any]:
     return {"sequence": next_sequence(target.parent)}
 
 
-def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] | None = None,
+def save(path: str | os.PathLike[str] | nn.Module | Mapping[str, Any], f: str | os.PathLike[str] | None = None, /, *,
+         model: nn.Module | Mapping[str, Any] | None = None,
          optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
          extra: Mapping[str, Any] | None = None, keep_last: int | None = None, latest: bool = False,
          rng_state: bool = True, allow_pickle: bool = False, all_ranks: bool = False, weights_only: bool = False,
@@ -144,10 +171,15 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
     previous file intact. Tensors are stored as safetensors with checksums, with the device each
     came from, so the checkpoint loads anywhere (a GPU job's file on a laptop and back).
 
+    `save(state, path)`, torch.save's order, works too: a module or state dict alone is written as
+    `weights_only=True` does, what `torch.save(model.state_dict(), path)` writes; a dict of entries
+    (nanoGPT's `checkpoint`) is saved as named state, `save(path, **checkpoint)`.
+
     Args:
         path: the file to write; its directory must exist. ".safetensors" or ".tpck": torchplace's
             format. ".pt", ".pth", ".tar", ".ckpt" or ".bin": a torch.save file that torch.load (weights_only)
             and Fabric.load read, named values at its top level (no keep_last/latest there).
+        f: the path, when PATH is the state, as in `torch.save(state, f)`.
         model: a module or its state dict.
         optimizer: an optimizer or its state dict.
         scheduler: a learning-rate scheduler or its state dict.
@@ -192,6 +224,13 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
         tp.save("runs/step-000100.safetensors", model=model, optimizer=opt, extra={"step": 100}, keep_last=3)
         ```
     """
+    if f is not None or not isinstance(path, (str, os.PathLike)):  # save(state, path), as torch.save
+        target, state, weights = torch_order("save", path, f, {"model": model, "optimizer": optimizer,
+                                                               "scheduler": scheduler, "scaler": scaler,
+                                                               "extra": extra, **more_state})
+        alone = weights and keep_last is None and not (latest or allow_pickle or all_ranks)
+        return save(target, **state, keep_last=keep_last, latest=latest, rng_state=rng_state, allow_pickle=allow_pickle,
+                    all_ranks=all_ranks, weights_only=weights_only or alone)
     if weights_only:
         others = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, "extra": extra,
                   "keep_last": keep_last, "latest": latest or None, "allow_pickle": allow_pickle or None,
