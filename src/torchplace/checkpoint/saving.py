@@ -207,9 +207,9 @@ def save(path: str | os.PathLike[str] | nn.Module | Mapping[str, Any], f: str | 
             pointer; the previous file at PATH is then untouched.
 
     In a process group rank 0 writes, with no collective: `if rank == 0: save(...)` works, and a call
-    on another rank returns at once without writing (its RNG states are not in the file unless
-    `all_ranks=True`). A sharded model (FSDP, DTensor) needs every rank: called on some ranks only, save
-    raises within TORCHPLACE_SAVE_JOIN_S (60 s) naming the ranks absent, as with `all_ranks=True`.
+    on another rank writes nothing and returns once rank 0 has saved the same path (its RNG states are
+    not in the file unless `all_ranks=True`). A sharded model (FSDP, DTensor) needs every rank: called on
+    some ranks only, save raises within TORCHPLACE_SAVE_JOIN_S (60 s) naming the ranks absent, as with `all_ranks=True`.
     `torchplace.save_async` saves with training going on while the file is written (every rank calls it).
 
     Example:
@@ -258,7 +258,8 @@ def save(path: str | os.PathLike[str] | nn.Module | Mapping[str, Any], f: str | 
     if collective:
         tpsharded.join_ranks(target, "saving a sharded model" if sharded else "save(all_ranks=True)")
     elif world_size > 1 and rank != 0:
-        return target  # rank 0 writes; this rank's call has nothing to do
+        tpsharded.rank0_alone(lambda: target, target)  # rank 0 writes; this rank returns once the file is there
+        return target
     rng_tree = capture_rng(rng_state, world_size if collective else 1)
     info: dict[str, Any] = {"world_size": world_size, "rotation": rotate_after}
     if world_size > 1 and not collective and rng_tree is not None:
@@ -288,7 +289,7 @@ def save(path: str | os.PathLike[str] | nn.Module | Mapping[str, Any], f: str | 
     if collective:
         tpsharded.on_rank0(write, target)
         return target
-    return write()
+    return tpsharded.rank0_alone(write, target) or target if world_size > 1 else write()
 
 
 def _save_weights(path: str | os.PathLike[str], model: Any, others: list[str]) -> Path:
@@ -304,14 +305,14 @@ def _save_weights(path: str | os.PathLike[str], model: Any, others: list[str]) -
         raise CheckpointError(f"save({str(target)!r}, weights_only=True): a sharded model (FSDP, DTensor) has no "
                               "whole state dict on one rank; nothing was written. Fix: save it without weights_only "
                               "(a folder), then `torchplace ckpt convert --weights-only` that folder.")
-    rank, world_size = tpsharded.world()
-    if world_size > 1 and rank != 0:
-        return target
     from .conversion import write_weights
 
-    state = clean_state(state_of(model, "model"))
-    write_weights(target, target, "torchplace", {"model": state}, "", [], versions_of(state) or None)
-    return target
+    def write() -> Path:
+        state = clean_state(state_of(model, "model"))
+        write_weights(target, target, "torchplace", {"model": state}, "", [], versions_of(state) or None)
+        return target
+
+    return tpsharded.rank0_alone(write, target) or target if tpsharded.world()[1] > 1 else write()
 
 
 def _versions_info(tree: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Checkpoints in a process group: one writer, everyone told the outcome; sharded models to DCP.
 
 - Replicated models (DDP, or any run where every rank holds the full weights): rank 0 writes, with
-  no collective, so `if rank == 0: save(...)` works (other ranks' calls return at once). With
+  no collective, so `if rank == 0: save(...)` works (another rank's call returns once rank 0 saved the path). With
   `all_ranks=True` every rank calls `save`, the RNG states are gathered from every rank (each rank
   resumes its own streams), and rank 0 broadcasts whether it succeeded, so no rank returns before
   the file is complete and none reports a success rank 0 did not have.
@@ -137,6 +137,49 @@ def join_ranks(target: Path, why: str) -> None:
         f"{why} needs every rank; nothing was written. Fix: call it on every rank (not under `if rank == 0:`); a "
         f"model that is not sharded can be saved by rank 0 alone without all_ranks=True. ({JOIN_WAIT_ENV} sets the "
         "wait.)")
+
+
+_alone: dict[str, int] = {}  # this process's saves per path written by rank 0 alone: the n-th meets rank 0's n-th
+
+
+def rank0_alone(write: Callable[[], T], target: Path) -> T | None:
+    """A save rank 0 writes with no collective (`if rank == 0: save(...)` works). Rank 0 runs WRITE and posts its
+    outcome in the group's store; another rank's call waits there for rank 0's save of the same path (its n-th call
+    for TARGET meets rank 0's n-th), so a rank that reads the file right after (imagenet's copy to
+    model_best.pth.tar, on every rank) finds the new one. Raises, naming the fix, when rank 0 has not begun that
+    save within `join_wait_s()` (a rank's own file name: rank 0 never writes it), or when rank 0's write failed."""
+    import time
+
+    store = dist.distributed_c10d._get_default_store()
+    rank, _ = world()
+    path = os.path.abspath(target)
+    count = _alone[path] = _alone.get(path, 0) + 1
+    key = f"torchplace/save-alone/{path}/{count}"
+    if rank == 0:
+        store.set(key, "writing")
+        try:
+            result = write()
+        except BaseException as exc:
+            store.set(key, f"failed: {type(exc).__name__}: {exc}")
+            raise
+        store.set(key, "ok")
+        return result
+    deadline = time.monotonic() + join_wait_s()
+    while not store.check([key]):
+        if time.monotonic() > deadline:
+            _alone[path] -= 1
+            raise CheckpointError(
+                f"save({str(target)!r}) on rank {rank}: in a process group rank 0 writes every checkpoint, and rank 0 "
+                f"has not saved this path within {join_wait_s():g} s ({JOIN_WAIT_ENV} sets the wait); nothing was "
+                "written. Fix: save one path on every rank, or under `if rank == 0:`; for a file per rank, "
+                "all_ranks=True gathers every rank's RNG state into rank 0's file.")
+        time.sleep(0.02)
+    while (state := store.get(key)) == b"writing":  # rank 0 is writing: as long as its write takes
+        time.sleep(0.02)
+    if state != b"ok":
+        raise CheckpointError(f"rank 0 could not save {target}, so no rank has a new checkpoint: "
+                              f"{state.decode(errors='replace')[len('failed: '):]}")
+    return None
 
 
 def on_rank0(write: Callable[[], T], target: Path) -> T | None:
