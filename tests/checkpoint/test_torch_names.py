@@ -202,3 +202,15 @@ def test_other_names_get_torchplaces_format(tmp_path: Path) -> None:
     model, _ = _trained()
     for name in ("checkpoint", "run.state", "step-1.tpck"):
         assert read_header(torchplace.save(tmp_path / name, model=model)).meta is not None
+
+
+def test_inspect_names_torchplaces_torch_save_file(tmp_path: Path) -> None:
+    """`torchplace ckpt inspect ckpt.pt` of nanoGPT's tp.save said 'made by torch.save (training dict)' and put
+    iter_num, the RNG states and torchplace's metadata under one 'extra' entry, unlike tp.load."""
+    from torchplace.checkpoint import inspect
+
+    model, opt = _trained()
+    info = inspect(torchplace.save(tmp_path / "ckpt.pt", model=model, optimizer=opt, iter_num=3))
+    assert info.tool == torchplace.load(tmp_path / "ckpt.pt").tool == "torchplace (torch.save file)"
+    assert list(info.contents) == ["model", "optimizer", "iter_num", "rng"] and info.contents["iter_num"] == "3"
+    assert info.metadata["objects"]["optimizer"] == "torch.optim.adamw.AdamW"
