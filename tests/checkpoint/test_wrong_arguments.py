@@ -110,3 +110,18 @@ def test_load_state_dict_of_a_checkpoint_names_the_fix(saved: Path) -> None:
     assert torch.equal(m.weight, before)
     m.load_state_dict(ck["model"])  # the message's other fix
     assert dict(ck.items()).keys() == set(ck.keys()) and len(ck) == len(ck.keys())
+
+
+def test_an_open_file_is_asked_for_by_its_path(saved: Path, tmp_path: Path) -> None:
+    """word_language_model's `with open(args.save, 'wb') as f: torch.save(model, f)` and `model = torch.load(f)`:
+    tp.load said only 'expected str, bytes or os.PathLike object, not BufferedReader'."""
+    m = nn.Linear(2, 2)
+    with open(tmp_path / "w.pt", "wb") as f:
+        for call in (tp.save, tp.save_async):
+            with pytest.raises(TypeError, match=r"open file \(BufferedWriter\).*Fix: pass the path \('.*w.pt': f.name"):
+                call(m, f)
+    with open(saved, "rb") as f, pytest.raises(TypeError, match=r"open file \(BufferedReader\).*Fix: pass the path"):
+        tp.load(f)
+    with pytest.raises(AttributeError, match=r"no attribute 'eval': tp.load returns what m.pt holds .*Fix: build"):
+        tp.load(saved).eval()  # `model = torch.load(f)` of a pickled module, ported
+    assert not hasattr(tp.load(saved), "eval")

@@ -33,6 +33,7 @@ from .format import read_header
 from .options import ReadOptions
 from .reading import Read, kind_of, place_optimizer_state, read_any
 from .rotation import POINTER, check_format, complete_checkpoints, cut_files, warn_cut
+from .saving import not_a_path
 from .state_dicts import module_device, saved_versions, unwrap, versions_of
 
 
@@ -83,6 +84,16 @@ class Checkpoint(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self.keys())
+
+    def __getattr__(self, name: str) -> Any:
+        """Only for names a Checkpoint lacks (`model = tp.load(path); model.eval()`, where torch.load gave back a
+        pickled module): the AttributeError says what tp.load returns, and the fix."""
+        if name.startswith("_") or "state" not in self.__dict__:
+            raise AttributeError(name)
+        raise AttributeError(
+            f"'Checkpoint' object has no attribute {name!r}: tp.load returns what {self.path.name} holds "
+            f"({', '.join(map(repr, self.keys())) or 'nothing'}), not a module or optimizer (torchplace never pickles "
+            f"one). Fix: build the model, then tp.load(path, model=model); ck[key] reads an entry of the file.")
 
     @property
     def _metadata(self) -> Any:
@@ -421,6 +432,9 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
         print(ck.extra["step"], torch.equal(fresh.weight, model.weight))
         ```
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise not_a_path("load", path, f"load({type(path).__name__}): the path of a checkpoint file or folder is "
+                                       "needed. Fix: tp.load('ckpt.pt', model=model).")
     state_dicts.module_to_fill(model)
     objects = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, **more_state}
     for name, obj in objects.items():

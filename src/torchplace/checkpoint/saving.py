@@ -93,6 +93,18 @@ def check_request(path: str | os.PathLike[str], keep_last: int | None, more_stat
     return target
 
 
+def not_a_path(call: str, given: Any, otherwise: str) -> TypeError:
+    """The TypeError for GIVEN where CALL takes a path: for an open file (word_language_model's `with open(...) as
+    f: torch.save(model, f)`), that torchplace reads and writes by name; else OTHERWISE."""
+    name = getattr(given, "name", None)
+    if not (callable(getattr(given, "read", None)) or callable(getattr(given, "write", None))):
+        return TypeError(otherwise)
+    return TypeError(f"{call}() got an open file ({type(given).__name__}); torchplace takes the file's path: it writes "
+                     "a temporary file and renames it over the target (atomic), and reads it with its own threads. "
+                     f"Fix: pass the path{f' ({name!r}: f.name)' if isinstance(name, str) else ''} instead of the "
+                     "open file.")
+
+
 def torch_order(call: str, obj: Any, f: Any,
                 given: Mapping[str, Any]) -> tuple[str | os.PathLike[str], dict[str, Any], bool]:
     """CALL(obj, f), torch.save's order: (the path F, the keywords OBJ stands for with GIVEN, the state given by name,
@@ -100,8 +112,9 @@ def torch_order(call: str, obj: Any, f: Any,
     dict is the model; any other mapping (nanoGPT's, imagenet's checkpoint dict) is named state, each entry at the
     file's top level."""
     if not isinstance(f, (str, os.PathLike)):
-        raise TypeError(f"{call}({type(obj).__name__}, {type(f).__name__}): the second argument, as in torch.save, "
-                        f"is the path. Fix: {call}(path, model=model, optimizer=opt, ...) or {call}(state, path).")
+        raise not_a_path(call, f, f"{call}({type(obj).__name__}, {type(f).__name__}): the second argument, as in "
+                                  f"torch.save, is the path. Fix: {call}(path, model=model, optimizer=opt, ...) or "
+                                  f"{call}(state, path).")
     if isinstance(obj, nn.Module) or (isinstance(obj, Mapping) and obj
                                       and all(isinstance(v, torch.Tensor) for v in obj.values())):
         if given.get("model") is not None:
