@@ -132,6 +132,12 @@ def every_rank_saves(rank: int, root: Path, model: nn.Module) -> None:
             shutil.copyfile(path, root / "model_best.pth.tar")
             assert torch.load(root / "model_best.pth.tar")["epoch"] == epoch + 1
         dist.barrier()
+    try:  # rank 0's failure is rank 1's too
+        torchplace.save({"epoch": 3}, root / "missing-dir" / "checkpoint.pth.tar")
+    except torchplace.CheckpointError as exc:
+        assert rank == 0 or "rank 0 could not save" in str(exc), str(exc)
+    else:
+        raise AssertionError(f"rank {rank}: a save rank 0 could not write returned as written")
 
 
 def refused_on_rank0_alone(call: Callable[[], object]) -> None:
