@@ -167,6 +167,7 @@ def test_torch_saves_order_saves_what_torch_save_would(tmp_path: Path) -> None:
     fresh = _trained(seed=1)[0]
     fresh.load_state_dict(torch.load(torchplace.save(model.state_dict(), tmp_path / "ckpt.pt")))
     assert torch.equal(fresh[0].weight, model[0].weight)
+    fresh.load_state_dict(torch.load(torchplace.save(tmp_path / "ckpt.pt", model.state_dict())))  # path first too
     assert set(torch.load(torchplace.save(model, str(tmp_path / "m.pth")))) == set(model.state_dict())
     nano = {"model": model.state_dict(), "optimizer": opt.state_dict(), "iter_num": 5, "model_args": {"n_layer": 2}}
     raw = torch.load(torchplace.save(nano, tmp_path / "nano.pt"))  # nanoGPT's checkpoint dict, entries at the top

@@ -110,7 +110,9 @@ def torch_order(call: str, obj: Any, f: Any,
     """CALL(obj, f), torch.save's order: (the path F, the keywords OBJ stands for with GIVEN, the state given by name,
     whether OBJ alone is all: a model's weights, to save as `torch.save(state_dict, f)` does). A module or a state
     dict is the model; any other mapping (nanoGPT's, imagenet's checkpoint dict) is named state, each entry at the
-    file's top level."""
+    file's top level. `CALL(path, state)` means the same: only the path can be a str."""
+    if isinstance(obj, (str, os.PathLike)) and isinstance(f, (nn.Module, Mapping)):
+        obj, f = f, obj
     if not isinstance(f, (str, os.PathLike)):
         raise not_a_path(call, f, f"{call}({type(obj).__name__}, {type(f).__name__}): the second argument, as in "
                                   f"torch.save, is the path. Fix: {call}(path, model=model, optimizer=opt, ...) or "
@@ -186,7 +188,7 @@ def save(path: str | os.PathLike[str] | nn.Module | Mapping[str, Any], f: str | 
 
     `save(state, path)`, torch.save's order, works too: a module or state dict alone is written as
     `weights_only=True` does, what `torch.save(model.state_dict(), path)` writes; a dict of entries
-    (nanoGPT's `checkpoint`) is saved as named state, `save(path, **checkpoint)`.
+    (nanoGPT's `checkpoint`) is saved as named state, `save(path, **checkpoint)`. `save(path, state)` too.
 
     Args:
         path: the file to write; its directory must exist. ".safetensors" or ".tpck": torchplace's
