@@ -215,3 +215,17 @@ def test_inspect_names_torchplaces_torch_save_file(tmp_path: Path) -> None:
     assert info.tool == torchplace.load(tmp_path / "ckpt.pt").tool == "torchplace (torch.save file)"
     assert list(info.contents) == ["model", "optimizer", "iter_num", "rng"] and info.contents["iter_num"] == "3"
     assert info.metadata["objects"]["optimizer"] == "torch.optim.adamw.AdamW"
+
+
+def test_weights_only_convert_takes_imagenets_state_dict_entry(tmp_path: Path) -> None:
+    """`torchplace ckpt convert --weights-only checkpoint.pth.tar w.pt` of imagenet's dict saved by tp.save said
+    'holds no model weights', though tp.load(path, model=...) takes its 'state_dict' as the model's."""
+    from torchplace.checkpoint import convert
+
+    model, opt = _trained()
+    src = torchplace.save(tmp_path / "checkpoint.pth.tar", epoch=2, state_dict=model.state_dict(),
+                          optimizer=opt.state_dict())
+    done = convert(src, tmp_path / "w.pt", weights_only=True)
+    fresh = _trained(seed=1)[0]
+    fresh.load_state_dict(torch.load(done.path))
+    assert torch.equal(fresh[0].weight, model[0].weight) and any("'state_dict'" in n for n in done.notes)
