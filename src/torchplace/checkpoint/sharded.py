@@ -152,7 +152,7 @@ def rank0_alone(write: Callable[[], T], target: Path) -> T | None:
 
     store = dist.distributed_c10d._get_default_store()
     rank, _ = world()
-    path = os.path.abspath(target)
+    path = str(target)  # as the program names it: each rank computes it alike, whatever a node's mounts
     count = _alone[path] = _alone.get(path, 0) + 1
     key = f"torchplace/save-alone/{path}/{count}"
     if rank == 0:
