@@ -171,8 +171,9 @@ def rank0_alone(write: Callable[[], T], target: Path) -> T | None:
             raise CheckpointError(
                 f"save({str(target)!r}) on rank {rank}: in a process group rank 0 writes every checkpoint, and rank 0 "
                 f"has not saved this path within {join_wait_s():g} s ({JOIN_WAIT_ENV} sets the wait); nothing was "
-                "written. Fix: save one path on every rank, or under `if rank == 0:`; for a file per rank, "
-                "all_ranks=True gathers every rank's RNG state into rank 0's file.")
+                "written. Fix: decide the save on rank 0 (`if rank == 0:`) or alike on every rank (a best-so-far "
+                "judged by an all-reduced metric, not each rank's own), under one name for all ranks; a file per "
+                "rank is not written: all_ranks=True gathers every rank's RNG state into rank 0's file.")
         time.sleep(0.02)
     while (state := store.get(key)) == b"writing":  # rank 0 is writing: as long as its write takes
         time.sleep(0.02)
