@@ -5,7 +5,7 @@
 
 Save writes model weights (unwrapped: no `module.` / `_orig_mod.`, not even from compiled
 submodules, with the modules' versions), optimizer, scheduler, scaler, RNG states, extras and
-metadata as one safetensors-compatible file, atomically, with checksums (or, under a .pt/.pth/.tar/.ckpt/.bin
+metadata as one safetensors-compatible file, atomically, with checksums (or, under a .pt/.pth/.tar/.ckpt/.bin/.pkl
 name, as the torch.save file such a name promises: _torchfile.py). In a process group only
 rank 0 writes; sharded models go through torch.distributed.checkpoint (see `distributed`).
 Reading it back is loading.py.
@@ -71,7 +71,7 @@ def _collect(model: Any, optimizer: Any, scheduler: Any, scaler: Any, extra: Any
 def check_request(path: str | os.PathLike[str], keep_last: int | None, more_state: Mapping[str, Any],
                   torch_names: bool = False) -> Path:
     """PATH as a Path, after the checks every save makes before touching anything. TORCH_NAMES: the caller
-    writes a torch.save file under a .pt/.pth/.tar/.ckpt/.bin name (_torchfile.py); otherwise such a name is refused."""
+    writes a torch.save file under a torch name (_torchfile.SUFFIXES); otherwise such a name is refused."""
     bad = [k for k in more_state if k in RESERVED]
     if bad:
         raise TypeError(f"save() got {bad[0]!r} as named state; that name is reserved. Use another name.")
@@ -191,9 +191,9 @@ def save(path: str | os.PathLike[str] | nn.Module | Mapping[str, Any], f: str | 
     (nanoGPT's `checkpoint`) is saved as named state, `save(path, **checkpoint)`. `save(path, state)` too.
 
     Args:
-        path: the file to write; its directory must exist. ".safetensors" or ".tpck": torchplace's
-            format. ".pt", ".pth", ".tar", ".ckpt" or ".bin": a torch.save file that torch.load (weights_only)
-            and Fabric.load read, named values at its top level (no keep_last/latest there).
+        path: the file to write; its directory must exist. ".pt", ".pth", ".tar", ".ckpt", ".bin" or ".pkl":
+            a torch.save file that torch.load (weights_only) and Fabric.load read, named values at its top level
+            (no keep_last/latest there). Any other name (".safetensors", ".tpck", none): torchplace's format.
         f: the path, when PATH is the state, as in `torch.save(state, f)`.
         model: a module or its state dict.
         optimizer: an optimizer or its state dict.
