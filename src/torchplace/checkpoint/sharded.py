@@ -142,45 +142,61 @@ def join_ranks(target: Path, why: str) -> None:
 _alone: dict[str, int] = {}  # this process's saves per path written by rank 0 alone: the n-th meets rank 0's n-th
 
 
-def rank0_alone(write: Callable[[], T], target: Path) -> T | None:
-    """A save rank 0 writes with no collective (`if rank == 0: save(...)` works). Rank 0 runs WRITE and posts its
-    outcome in the group's store; another rank's call waits there for rank 0's save of the same path (its n-th call
-    for TARGET meets rank 0's n-th), so a rank that reads the file right after (imagenet's copy to
-    model_best.pth.tar, on every rank) finds the new one. Raises, naming the fix, when rank 0 has not begun that
-    save within `join_wait_s()` (a rank's own file name: rank 0 never writes it), or when rank 0's write failed."""
-    import time
+class AloneSave:
+    """A save rank 0 writes with no collective (`if rank == 0: save(...)` works), as every rank sees it in the
+    group's store: rank 0 posts its outcome (`post`), and another rank's call waits for it (`wait`): its n-th call
+    for a path meets rank 0's n-th, so a rank that reads the file right after (imagenet's copy to
+    model_best.pth.tar, on every rank) finds the new one."""
 
-    store = dist.distributed_c10d._get_default_store()
-    rank, _ = world()
-    path = str(target)  # as the program names it: each rank computes it alike, whatever a node's mounts
-    count = _alone[path] = _alone.get(path, 0) + 1
-    key = f"torchplace/save-alone/{path}/{count}"
-    if rank == 0:
-        store.set(key, "writing")
-        try:
-            result = write()
-        except BaseException as exc:
-            store.set(key, f"failed: {type(exc).__name__}: {exc}")
-            raise
-        store.set(key, "ok")
-        return result
-    deadline = time.monotonic() + join_wait_s()
-    while not store.check([key]):
-        if time.monotonic() > deadline:
-            _alone[path] -= 1
-            raise CheckpointError(
-                f"save({str(target)!r}) on rank {rank}: in a process group rank 0 writes every checkpoint, and rank 0 "
-                f"has not saved this path within {join_wait_s():g} s ({JOIN_WAIT_ENV} sets the wait); nothing was "
-                "written. Fix: decide the save on rank 0 (`if rank == 0:`) or alike on every rank (a best-so-far "
-                "judged by an all-reduced metric, not each rank's own), under one name for all ranks; a file per "
-                "rank is not written: all_ranks=True gathers every rank's RNG state into rank 0's file.")
-        time.sleep(0.02)
-    while (state := store.get(key)) == b"writing":  # rank 0 is writing: as long as its write takes
-        time.sleep(0.02)
-    if state != b"ok":
-        raise CheckpointError(f"rank 0 could not save {target}, so no rank has a new checkpoint: "
-                              f"{state.decode(errors='replace')[len('failed: '):]}")
-    return None
+    def __init__(self, target: Path) -> None:
+        self.target, self.rank = target, world()[0]
+        self.path = str(target)  # as the program names it: each rank computes it alike, whatever a node's mounts
+        self.count = _alone[self.path] = _alone.get(self.path, 0) + 1
+        self.key = f"torchplace/save-alone/{self.path}/{self.count}"
+        self.store = dist.distributed_c10d._get_default_store()
+
+    def post(self, error: BaseException | None = None, writing: bool = False) -> None:
+        """On rank 0: the save began (WRITING), succeeded (no ERROR) or failed with ERROR."""
+        self.store.set(self.key, "writing" if writing else "ok" if error is None else
+                       f"failed: {type(error).__name__}: {error}")
+
+    def wait(self) -> None:
+        """On another rank: return once rank 0's save is complete; raise its failure, or, naming the fix, when rank 0
+        has not begun it within `join_wait_s()` (a rank's own file name: rank 0 never writes it)."""
+        import time
+
+        deadline = time.monotonic() + join_wait_s()
+        while not self.store.check([self.key]):
+            if time.monotonic() > deadline:
+                _alone[self.path] -= 1
+                raise CheckpointError(
+                    f"save({self.path!r}) on rank {self.rank}: in a process group rank 0 writes every checkpoint, and "
+                    f"rank 0 has not saved this path within {join_wait_s():g} s ({JOIN_WAIT_ENV} sets the wait); "
+                    "nothing was written. Fix: decide the save on rank 0 (`if rank == 0:`) or alike on every rank (a "
+                    "best-so-far judged by an all-reduced metric, not each rank's own), under one name for all ranks; "
+                    "a file per rank is not written: all_ranks=True gathers every rank's RNG state into rank 0's file.")
+            time.sleep(0.02)
+        while (state := self.store.get(self.key)) == b"writing":  # rank 0 is writing: as long as its write takes
+            time.sleep(0.02)
+        if state != b"ok":
+            raise CheckpointError(f"rank 0 could not save {self.target}, so no rank has a new checkpoint: "
+                                  f"{state.decode(errors='replace')[len('failed: '):]}")
+
+
+def rank0_alone(write: Callable[[], T], target: Path) -> T | None:
+    """Run WRITE on rank 0 (another rank waits for it) with no collective: `AloneSave`."""
+    save = AloneSave(target)
+    if save.rank != 0:
+        save.wait()
+        return None
+    save.post(writing=True)
+    try:
+        result = write()
+    except BaseException as exc:
+        save.post(exc)
+        raise
+    save.post()
+    return result
 
 
 def on_rank0(write: Callable[[], T], target: Path) -> T | None:
