@@ -9,7 +9,7 @@ MASTER_ADDR / MASTER_PORT come from the environment. Checks, in order:
    every rank (imagenet's) returns on rank 1 once rank 0's file is there, and one of rank 1's own is refused;
 3. a sharded (DTensor) model goes through torch.distributed.checkpoint and comes back, with its
    optimizer, scheduler and extras, into a model sharded the same way;
-4. save_async: rank 0 writes the state at the call, rank 1's future is done at once, a failure of
+4. save_async: rank 0 writes the state at the call, rank 1's future ends with rank 0's write, a failure of
    rank 0's background write is raised on every rank at the next save_async (sharded models:
    async_sharded_worker.py).
 Prints "ok RANK" at the end; any failure exits non-zero with a traceback.
@@ -205,11 +205,14 @@ def sharded(rank: int, root: Path) -> None:
 def background(rank: int, root: Path) -> None:
     model = nn.parallel.DistributedDataParallel(nn.Linear(4, 3))
     path = root / "async.safetensors"
+    if rank == 0:
+        time.sleep(0.5)  # rank 0 is the slower one
     pending = torchplace.save_async(path, model=model, extra={"rank": rank})
     with torch.no_grad():
         model.module.weight.add_(1.0)  # after the call: not in the file
-    assert pending.written_here == (rank == 0) and (rank == 0 or pending.done())
-    assert pending.result(timeout=120) == path
+    assert pending.written_here == (rank == 0)
+    assert pending.result(timeout=120) == path  # rank 1's future ends with rank 0's write: the file is there
+    assert torchplace.load(path).extra == {"rank": 0}
     dist.barrier()
     ck = torchplace.load(path)
     assert ck.extra == {"rank": 0} and torch.equal(ck["model"]["weight"] + 1.0, model.module.weight.detach())
