@@ -152,17 +152,17 @@ class Runtime:
         """A GradScaler, enabled only when the precision needs one (fp16)."""
         return self.precision.make_grad_scaler(**kwargs)
 
-    def save(self, path: str | os.PathLike[str], **state: Any) -> Path:
+    def save(self, path: Any, f: str | os.PathLike[str] | None = None, /, **state: Any) -> Path:
         """`torchplace.save` (atomic; only rank 0 writes under torchrun)."""
         from .checkpoint.saving import save
 
-        return save(path, **self._with_position(path, state))
+        return save(path, f, **self._with_position(path if f is None else f, state))
 
-    def save_async(self, path: str | os.PathLike[str], **state: Any) -> SaveFuture:
+    def save_async(self, path: Any, f: str | os.PathLike[str] | None = None, /, **state: Any) -> SaveFuture:
         """`torchplace.save_async`: returns once the state is copied; the file is written in the background."""
         from .checkpoint.background import save_async
 
-        return save_async(path, **self._with_position(path, state))
+        return save_async(path, f, **self._with_position(path if f is None else f, state))
 
     def load(self, path: str | os.PathLike[str], **kwargs: Any) -> Checkpoint:
         """`torchplace.load` onto this runtime's device."""
@@ -385,12 +385,13 @@ def setup(device: DeviceSpec = "auto", precision: str | torch.dtype | None = "au
     plan = None
     from .policy.threads import configure_threads, users_thread_count
 
+    local_world = launch.local_world_size or (info.local_world_size if info is not None else None)  # mp.spawn: counted
     kept = users_thread_count(os.environ, torch.get_num_threads(), _THREADS_AT_IMPORT, launch.launcher,
-                              launch.local_world_size or 1) if threads == "auto" else None
+                              local_world or 1) if threads == "auto" else None
     if kept:
         decisions.append(f"threads: {torch.get_num_threads()} intra-op, kept: {kept}; threads=N sets another count")
     elif threads not in (None, False):
-        plan = configure_threads(intra_op=threads if isinstance(threads, int) else None)
+        plan = configure_threads(intra_op=threads if isinstance(threads, int) else None, local_world_size=local_world)
         decisions.append(f"threads: {plan.intra_op} intra-op, {plan.inter_op} inter-op of "
                          f"{plan.usable_cpus} usable CPU(s) over {plan.local_world_size} local process(es)"
                          + (" (threads= given)" if isinstance(threads, int) else " (torchplace's plan)"))

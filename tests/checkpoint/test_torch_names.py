@@ -158,3 +158,74 @@ def test_save_weights_only_writes_what_the_models_own_readers_take(tmp_path: Pat
     with pytest.raises(CheckpointError, match="no model= was given"):
         torchplace.save(tmp_path / "none.pth", weights_only=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "net.pth"]
+
+
+def test_torch_saves_order_saves_what_torch_save_would(tmp_path: Path) -> None:
+    """`tp.save(model.state_dict(), "ckpt.pt")`, a port of torch.save, raised 'takes 1 positional argument': a state
+    dict (or module) alone is its bare weights, which torch.load gives back; a dict of entries is named state."""
+    model, opt = _trained()
+    fresh = _trained(seed=1)[0]
+    fresh.load_state_dict(torch.load(torchplace.save(model.state_dict(), tmp_path / "ckpt.pt")))
+    assert torch.equal(fresh[0].weight, model[0].weight)
+    fresh.load_state_dict(torch.load(torchplace.save(tmp_path / "ckpt.pt", model.state_dict())))  # path first too
+    assert set(torch.load(torchplace.save(model, str(tmp_path / "m.pth")))) == set(model.state_dict())
+    nano = {"model": model.state_dict(), "optimizer": opt.state_dict(), "iter_num": 5, "model_args": {"n_layer": 2}}
+    raw = torch.load(torchplace.save(nano, tmp_path / "nano.pt"))  # nanoGPT's checkpoint dict, entries at the top
+    assert raw["iter_num"] == 5 and raw["model_args"] == {"n_layer": 2} and set(raw["model"]) == set(nano["model"])
+    back, back_opt = _trained(seed=2)
+    ck = torchplace.load(tmp_path / "nano.pt", model=back, optimizer=back_opt)
+    assert ck["iter_num"] == 5 and torch.equal(back[2].bias, model[2].bias) and ck.rng_restored
+    with pytest.raises(TypeError, match=r"model is given twice.*Fix"):
+        torchplace.save(model.state_dict(), tmp_path / "x.pt", model=model)
+    with pytest.raises(TypeError, match=r"second argument, as in torch.save, is the path.*Fix"):
+        torchplace.save(model.state_dict())
+    with pytest.raises(TypeError, match=r"never a pickled object.*Fix"):
+        torchplace.save([1, 2], tmp_path / "x.pt")
+    fut = torchplace.save_async(model.state_dict(), tmp_path / "a.tpck")  # save_async writes torchplace's format
+    fresh = _trained(seed=3)[0]
+    torchplace.load(fut.result(), model=fresh)
+    assert torch.equal(fresh[0].weight, model[0].weight)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.tpck", "ckpt.pt", "m.pth", "nano.pt"]
+
+
+@pytest.mark.parametrize("name", ["ckpt.pkl", "model_best.pth.tar", "last.ckpt"])
+def test_pickle_and_tar_names_get_the_torch_save_file(tmp_path: Path, name: str) -> None:
+    """A .pkl name (torch.save's pickle) got torchplace's format, which torch.load refuses with a pickle error."""
+    model, _ = _trained()
+    raw = torch.load(torchplace.save(tmp_path / name, model=model, epoch=2))
+    assert raw["epoch"] == 2 and set(raw["model"]) == set(model.state_dict())
+
+
+def test_other_names_get_torchplaces_format(tmp_path: Path) -> None:
+    """No suffix, or one that promises no torch.save file: torchplace's format, which tp.load reads."""
+    from torchplace.checkpoint import read_header
+
+    model, _ = _trained()
+    for name in ("checkpoint", "run.state", "step-1.tpck"):
+        assert read_header(torchplace.save(tmp_path / name, model=model)).meta is not None
+
+
+def test_inspect_names_torchplaces_torch_save_file(tmp_path: Path) -> None:
+    """`torchplace ckpt inspect ckpt.pt` of nanoGPT's tp.save said 'made by torch.save (training dict)' and put
+    iter_num, the RNG states and torchplace's metadata under one 'extra' entry, unlike tp.load."""
+    from torchplace.checkpoint import inspect
+
+    model, opt = _trained()
+    info = inspect(torchplace.save(tmp_path / "ckpt.pt", model=model, optimizer=opt, iter_num=3))
+    assert info.tool == torchplace.load(tmp_path / "ckpt.pt").tool == "torchplace (torch.save file)"
+    assert list(info.contents) == ["model", "optimizer", "iter_num", "rng"] and info.contents["iter_num"] == "3"
+    assert info.metadata["objects"]["optimizer"] == "torch.optim.adamw.AdamW"
+
+
+def test_weights_only_convert_takes_imagenets_state_dict_entry(tmp_path: Path) -> None:
+    """`torchplace ckpt convert --weights-only checkpoint.pth.tar w.pt` of imagenet's dict saved by tp.save said
+    'holds no model weights', though tp.load(path, model=...) takes its 'state_dict' as the model's."""
+    from torchplace.checkpoint import convert
+
+    model, opt = _trained()
+    src = torchplace.save(tmp_path / "checkpoint.pth.tar", epoch=2, state_dict=model.state_dict(),
+                          optimizer=opt.state_dict())
+    done = convert(src, tmp_path / "w.pt", weights_only=True)
+    fresh = _trained(seed=1)[0]
+    fresh.load_state_dict(torch.load(done.path))
+    assert torch.equal(fresh[0].weight, model[0].weight) and any("'state_dict'" in n for n in done.notes)

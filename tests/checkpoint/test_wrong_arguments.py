@@ -96,3 +96,32 @@ def test_torch_loads_own_arguments_get_torchplaces_way(saved: Path, arg: str, fi
     """A drop-in `tp.load(path, map_location="cpu")` was told to read ck['map_location'] from the result."""
     with pytest.raises(TypeError, match=rf"{arg}=.*an argument of torch.load.*Fix: .*{fix}"):
         tp.load(saved, model=nn.Linear(2, 2), **{arg: "cpu" if arg == "map_location" else True})
+
+
+def test_load_state_dict_of_a_checkpoint_names_the_fix(saved: Path) -> None:
+    """`model.load_state_dict(tp.load(path))`, the torch.load idiom: torch said only 'Expected state_dict to be
+    dict-like'; now the Checkpoint is a mapping of what the file holds, and load_state_dict is refused with the fix."""
+    m = nn.Linear(2, 2)
+    before = m.weight.detach().clone()
+    ck = tp.load(saved)
+    said = r"(?s)tp.load returns a Checkpoint .*'model'.*Fix: tp.load\(.*model=model"
+    with pytest.raises(tp.CheckpointError, match=said):
+        m.load_state_dict(ck)
+    assert torch.equal(m.weight, before)
+    m.load_state_dict(ck["model"])  # the message's other fix
+    assert dict(ck.items()).keys() == set(ck.keys()) and len(ck) == len(ck.keys())
+
+
+def test_an_open_file_is_asked_for_by_its_path(saved: Path, tmp_path: Path) -> None:
+    """word_language_model's `with open(args.save, 'wb') as f: torch.save(model, f)` and `model = torch.load(f)`:
+    tp.load said only 'expected str, bytes or os.PathLike object, not BufferedReader'."""
+    m = nn.Linear(2, 2)
+    with open(tmp_path / "w.pt", "wb") as f:
+        for call in (tp.save, tp.save_async):
+            with pytest.raises(TypeError, match=r"open file \(BufferedWriter\).*Fix: pass the path \('.*w.pt': f.name"):
+                call(m, f)
+    with open(saved, "rb") as f, pytest.raises(TypeError, match=r"open file \(BufferedReader\).*Fix: pass the path"):
+        tp.load(f)
+    with pytest.raises(AttributeError, match=r"no attribute 'eval': tp.load returns what m.pt holds .*Fix: build"):
+        tp.load(saved).eval()  # `model = torch.load(f)` of a pickled module, ported
+    assert not hasattr(tp.load(saved), "eval")

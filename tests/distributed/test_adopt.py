@@ -61,3 +61,19 @@ def test_init_inside_a_fabric_launched_two_process_cpu_job(scripts, child_env, t
         assert r["adopted"] and r["world_size"] == 2 and r["device"] == "cpu" and r["setup_device"] == "cpu"
         assert r["all_reduce"] == 3.0 and r["health_world"] == 2
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_ranks_started_by_mp_spawn_are_counted_on_their_host(scripts, child_env, tmp_path):
+    """imagenet's mp.spawn + init_process_group sets no LOCAL_* variables: setup() planned threads for 1 local
+    process (2 intra-op threads each on a 2-CPU machine) and said local rank None."""
+    from ports import free_port
+
+    env = {k: v for k, v in child_env().items() if k != "OMP_NUM_THREADS"}  # torchplace plans the threads
+    out = subprocess.run([sys.executable, str(scripts / "adopt_worker.py"), "spawn", str(tmp_path), str(free_port())],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=180)
+    ranks = _ranks(tmp_path)
+    assert [r["rank"] for r in ranks] == [0, 1], out.stderr[-3000:]
+    for r in ranks:
+        assert r["adopted"] and r["local"] == [r["rank"], 2] and r["all_reduce"] == 3.0
+        assert "over 2 local process(es)" in r["threads"], r["threads"]
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""A save under a torch.save name (`.pt`, `.pth`, `.tar`, `.ckpt`, `.bin`): a file torch.load reads.
+"""A save under a torch.save name (`.pt`, `.pth`, `.tar`, `.ckpt`, `.bin`, `.pkl`): a file torch.load reads.
 
 nanoGPT, pytorch/examples and Lightning Fabric read their checkpoints back with `torch.load` (whose
 default is `weights_only=True` since torch 2.6) and `Fabric.load`. A checkpoint saved under such a
@@ -31,7 +31,7 @@ import torch
 from ..errors import CheckpointError
 from .atomic import FileSink, atomic_write
 
-SUFFIXES = (".pt", ".pth", ".tar", ".ckpt", ".bin")  # names torch.save, pytorch/examples, Fabric and HF use
+SUFFIXES = (".pt", ".pth", ".tar", ".ckpt", ".bin", ".pkl")  # names torch.save, pytorch/examples, Fabric, HF use
 MARK = "torchplace"  # the top-level key of the file's metadata
 FORMAT = "torchplace torch.save checkpoint 1"
 

@@ -69,7 +69,7 @@ from ..errors import CheckpointError
 from . import sharded as tpsharded
 from .fileio import Planned, plan_file
 from .rotation import rotate, series_lock
-from .saving import capture_rng, check_request, collect_side, collect_state, series_info
+from .saving import capture_rng, check_request, collect_side, collect_state, series_info, torch_order
 from .staging import HostStaging, check_memory, local_bytes
 from .stream import default_workers, lower_priority
 
@@ -125,6 +125,7 @@ class SaveFuture:
         self._error: CheckpointError | None = None
         self._collected = False
         self._pid = os.getpid()  # a forked child holds a copy that no thread of its own will ever finish
+        self._alone: tpsharded.AloneSave | None = None  # rank 0 of a group, saving alone: told at _finish
 
     @property
     def stall_s(self) -> float:
@@ -156,6 +157,11 @@ class SaveFuture:
 
     def _finish(self, error: CheckpointError | None) -> None:
         self._error = error
+        if self._alone is not None:
+            try:
+                self._alone.post(error)  # the other ranks' futures end with this one
+            except Exception:  # noqa: BLE001 - the group may be gone at exit: the outcome stays this rank's
+                pass
         self._event.set()
 
     def __repr__(self) -> str:
@@ -307,7 +313,25 @@ def default_saver() -> BackgroundSaver:
         return _saver
 
 
-def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] | None = None,
+def _follow(fut: SaveFuture, alone: tpsharded.AloneSave | None) -> None:
+    """End FUT, another rank's, once rank 0's save ALONE is (at once where there is none to wait for)."""
+    if alone is None:
+        fut._finish(None)
+        return
+
+    def wait() -> None:
+        try:
+            alone.wait()
+        except CheckpointError as exc:
+            fut._finish(exc)
+        else:
+            fut._finish(None)
+
+    threading.Thread(target=wait, name="torchplace-save-async-follow", daemon=True).start()
+
+
+def save_async(path: str | os.PathLike[str] | nn.Module | Mapping[str, Any], f: str | os.PathLike[str] | None = None,
+               /, *, model: nn.Module | Mapping[str, Any] | None = None,
                optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
                extra: Mapping[str, Any] | None = None, keep_last: int | None = None, latest: bool = False,
                rng_state: bool = True, allow_pickle: bool = False, all_ranks: bool = False, max_in_flight: int = 1,
@@ -320,8 +344,12 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
     as soon as this returns. Each save in flight needs a host copy of the state's tensors (this
     rank's shards for a sharded model; see the module docstring).
 
+    `save_async(state, path)`, torch.save's order, saves STATE as `save_async(path, model=state)` for a module or
+    state dict, as `save_async(path, **state)` for a dict of entries.
+
     Args:
         path: the file to write, as for `save`.
+        f: as for `save`.
         model: as for `save`.
         optimizer: as for `save`.
         scheduler: as for `save`.
@@ -333,7 +361,8 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
         allow_pickle: as for `save`.
         all_ranks: as for `save`: every rank calls it, every rank's RNG states are gathered and an
             earlier failure of any rank's write is raised on every rank. Without it, in a process
-            group, rank 0 alone may call it (`if rank == 0:`) and other ranks' calls return done.
+            group, rank 0 alone may call it (`if rank == 0:`), and another rank's call returns a future
+            that ends with rank 0's write of the same path.
         max_in_flight: saves that may be writing at once (default 1: a call waits for the previous
             save to finish first).
         workers: writer threads (default: up to MAX_BACKGROUND_WORKERS, 4); they run at a CPU
@@ -365,6 +394,12 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
         print(pending.result())  # wait for the last one before exiting
         ```
     """
+    if f is not None or not isinstance(path, (str, os.PathLike)):  # save_async(state, path), as torch.save
+        where, state, _ = torch_order("save_async", path, f, {"model": model, "optimizer": optimizer,
+                                                              "scheduler": scheduler, "scaler": scaler,
+                                                              "extra": extra, **more_state})
+        return save_async(where, **state, keep_last=keep_last, latest=latest, rng_state=rng_state,
+                          allow_pickle=allow_pickle, all_ranks=all_ranks, max_in_flight=max_in_flight, workers=workers)
     target = check_request(path, keep_last, more_state)
     if not isinstance(max_in_flight, int) or isinstance(max_in_flight, bool) or max_in_flight < 1:
         raise ValueError(f"max_in_flight={max_in_flight!r}: allow at least 1 save in flight.")
@@ -376,6 +411,7 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
     if collective:  # bounded: a call under `if rank == 0:` raises naming the absent ranks instead of hanging
         tpsharded.join_ranks(target, "saving a sharded model" if sharded is not None else "save_async(all_ranks=True)")
     staging: HostStaging | None = None
+    posted: tpsharded.AloneSave | None = None  # rank 0's save alone, once the other ranks were told it began
     waited = 0.0
     if rank == 0 or sharded is not None:  # the ranks that write
         staging, waited = saver.acquire(max_in_flight)
@@ -384,10 +420,14 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
         rng_tree = capture_rng(rng_state, world_size if collective else 1)
         fut = SaveFuture(target)
         fut.wait_s = waited
-        if staging is None:  # another rank: rank 0 writes
+        alone = tpsharded.AloneSave(target) if world_size > 1 and not collective else None
+        if staging is None:  # another rank: rank 0 writes, and this future ends with rank 0's
             fut.written_here = False
-            fut._finish(None)
+            _follow(fut, alone)
             return fut
+        if alone is not None:
+            alone.post(writing=True)
+            fut._alone = posted = alone
         start = time.perf_counter()
         info: dict[str, Any] = {"world_size": world_size, "rotation": rotate_after}
         if world_size > 1 and not collective and rng_tree is not None:
@@ -407,7 +447,9 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
             write, copied = _stage_file(fut, staging, planned, meta, keep_last=keep_last,
                                         rotate_after=rotate_after, max_in_flight=max_in_flight,
                                         threads=_writer_threads(workers))
-    except BaseException:
+    except BaseException as exc:
+        if posted is not None:  # the other ranks' futures fail with this call
+            posted.post(exc)
         if staging is not None:
             staging.settle()  # copies start_repeat queued may still be writing into it
             saver.give_back(staging)
@@ -416,7 +458,10 @@ def save_async(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, 
     saver.submit(fut, staging, write, gate)  # the writer thread starts while the copies run; it owns STAGING now
     try:
         copied()
-    except BaseException:
+    except BaseException as exc:
+        if fut._alone is not None:  # cancelled: the writer's end must not tell the other ranks it wrote
+            fut._alone.post(exc)
+            fut._alone = None
         gate.cancel()
         raise
     fut.copy_s = time.perf_counter() - start

@@ -31,7 +31,7 @@ from ..errors import CheckpointError
 from ..progress import ProgressFn, begin, reporting
 from ..shared.tree import leaves
 from . import _torchfile as torchfile
-from . import keymap
+from . import foreign, keymap
 from .atomic import write_bytes
 from .fileio import write_file
 from .options import ReadOptions
@@ -81,6 +81,12 @@ def _convert(src: Path, dst: Path, opts: ReadOptions, *, weights_only: bool) -> 
     prefix = ""
     versions: dict[str, Any] | None = None
     model = state.get("model")
+    if weights_only and not isinstance(model, Mapping):  # tp.save of imagenet's dict: the weights as 'state_dict'
+        key, named = foreign.model_entry(state)
+        if key is not None:
+            model = state["model"] = named
+            del state[key]
+            notes.append(f"model weights: taken from the saved entry {key!r}, the model's state dict")
     if isinstance(model, Mapping):
         cleaned, versions, changed = keymap.clean(model, saved_versions(meta.get("module_versions")) or
                                                   versions_of(model) or None)

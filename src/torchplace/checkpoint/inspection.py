@@ -20,6 +20,7 @@ from ..errors import CheckpointError, CheckpointFormatError
 from ..progress import ProgressFn, begin, reporting
 from ..shared.tree import leaves
 from . import codec, foreign
+from ._torchfile import from_torch_save
 from .dcp_reader import read_dcp_metadata
 from .format import SIDE_FILE, Header, dtype_name, open_for_read, read_header
 from .options import ReadOptions
@@ -125,7 +126,12 @@ def _from_torch_file(path: Path, info: CheckpointInfo, opts: ReadOptions, zipped
         return storage
 
     obj = foreign.torch_load(path, opts, map_location=record, mmap=zipped, verify=verify)
-    info.tool, state = foreign.normalize(obj, path)
+    ours = from_torch_save(obj)
+    if ours is not None:  # torchplace.save under a torch.save name: its own entries and metadata, as load reads them
+        info.tool, state = "torchplace (torch.save file)", ours[0]
+        info.metadata = {k: ours[1][k] for k in _META_SHOWN if k in ours[1]}
+    else:
+        info.tool, state = foreign.normalize(obj, path)
     for where, t in leaves(state):
         key = "/".join(map(str, where))
         loc = locations.get(t.untyped_storage().data_ptr())

@@ -33,19 +33,20 @@ from .format import read_header
 from .options import ReadOptions
 from .reading import Read, kind_of, place_optimizer_state, read_any
 from .rotation import POINTER, check_format, complete_checkpoints, cut_files, warn_cut
+from .saving import not_a_path
 from .state_dicts import module_device, saved_versions, unwrap, versions_of
 
 
-@dataclass
-class Checkpoint:
+@dataclass(eq=False)
+class Checkpoint(Mapping[str, Any]):
     """What `load` found and did.
 
     `state` holds everything in the file (tensors on the devices they were loaded to):
     'model', 'optimizer', 'scheduler', 'scaler', 'extra', 'rng' and any named state given to
-    save; `ck["name"]` reads it. Another tool's dict file (a torch.save training dict, Lightning)
-    keeps its own keys too, as torch.load gives them: `ck["epoch"]`, `ck["state_dict"]` (`source`).
-    A key that is not there raises a KeyError saying where it is (`ck.extra[...]`) or what there is.
-    The rest reports what load did, so nothing happens silently.
+    save; `ck["name"]` reads it, and `ck` is a read-only mapping of those names. Another tool's dict file
+    (a torch.save training dict, Lightning) keeps its own keys too, as torch.load gives them: `ck["epoch"]`,
+    `ck["state_dict"]` (`source`). A key that is not there raises a KeyError saying where it is
+    (`ck.extra[...]`) or what there is. The rest reports what load did, so nothing happens silently.
     """
 
     path: Path
@@ -77,9 +78,34 @@ class Checkpoint:
         """The names `ck[name]` reads, the file's own first (without it, iterating asked for ck[0])."""
         return iter(dict.fromkeys([*(self.source or {}), *self.state]))
 
-    def keys(self) -> list[str]:
+    def keys(self) -> list[str]:  # type: ignore[override]  # a list, as it was before Checkpoint was a Mapping
         """The names `ck[name]` reads, as `checkpoint.keys()` of what torch.load gave."""
-        return list(self)
+        return list(iter(self))  # not list(self): that asks len(self), which counts these
+
+    def __len__(self) -> int:
+        return len(self.keys())
+
+    def __getattr__(self, name: str) -> Any:
+        """Only for names a Checkpoint lacks (`model = tp.load(path); model.eval()`, where torch.load gave back a
+        pickled module): the AttributeError says what tp.load returns, and the fix."""
+        if name.startswith("_") or "state" not in self.__dict__:
+            raise AttributeError(name)
+        raise AttributeError(
+            f"'Checkpoint' object has no attribute {name!r}: tp.load returns what {self.path.name} holds "
+            f"({', '.join(map(repr, self.keys())) or 'nothing'}), not a module or optimizer (torchplace never pickles "
+            f"one). Fix: build the model, then tp.load(path, model=model); ck[key] reads an entry of the file.")
+
+    @property
+    def _metadata(self) -> Any:
+        """Refused with the fix: torch's `load_state_dict` reads this first of the state dict it is given, and a
+        Checkpoint is what the file holds (model, optimizer, rng, ...), not one object's state dict."""
+        held = ", ".join(map(repr, self.keys())) or "nothing"
+        raise CheckpointError(
+            f"load_state_dict(tp.load({str(self.path)!r})): tp.load returns a Checkpoint of everything the file "
+            f"holds ({held}), not a state dict; nothing was loaded.\n"
+            f"Fix: tp.load({str(self.path)!r}, model=model) fills the model (keys matched, onto its device; "
+            "optimizer=, scheduler= likewise).\n"
+            f"Or: model.load_state_dict(tp.load({str(self.path)!r})['model']).")
 
     def _where(self, name: str) -> str:
         """The KeyError's message for NAME: where it went (extra=, a named value), or what the file holds."""
@@ -406,6 +432,9 @@ def load(path: str | os.PathLike[str], *, device: DeviceSpec = None, model: nn.M
         print(ck.extra["step"], torch.equal(fresh.weight, model.weight))
         ```
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise not_a_path("load", path, f"load({type(path).__name__}): the path of a checkpoint file or folder is "
+                                       "needed. Fix: tp.load('ckpt.pt', model=model).")
     state_dicts.module_to_fill(model)
     objects = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, **more_state}
     for name, obj in objects.items():

@@ -5,7 +5,7 @@
 
 Save writes model weights (unwrapped: no `module.` / `_orig_mod.`, not even from compiled
 submodules, with the modules' versions), optimizer, scheduler, scaler, RNG states, extras and
-metadata as one safetensors-compatible file, atomically, with checksums (or, under a .pt/.pth/.tar/.ckpt/.bin
+metadata as one safetensors-compatible file, atomically, with checksums (or, under a .pt/.pth/.tar/.ckpt/.bin/.pkl
 name, as the torch.save file such a name promises: _torchfile.py). In a process group only
 rank 0 writes; sharded models go through torch.distributed.checkpoint (see `distributed`).
 Reading it back is loading.py.
@@ -71,7 +71,7 @@ def _collect(model: Any, optimizer: Any, scheduler: Any, scaler: Any, extra: Any
 def check_request(path: str | os.PathLike[str], keep_last: int | None, more_state: Mapping[str, Any],
                   torch_names: bool = False) -> Path:
     """PATH as a Path, after the checks every save makes before touching anything. TORCH_NAMES: the caller
-    writes a torch.save file under a .pt/.pth/.tar/.ckpt/.bin name (_torchfile.py); otherwise such a name is refused."""
+    writes a torch.save file under a torch name (_torchfile.SUFFIXES); otherwise such a name is refused."""
     bad = [k for k in more_state if k in RESERVED]
     if bad:
         raise TypeError(f"save() got {bad[0]!r} as named state; that name is reserved. Use another name.")
@@ -91,6 +91,47 @@ def check_request(path: str | os.PathLike[str], keep_last: int | None, more_stat
         raise torchfile.refuse(target, "save_async writes torchplace's own format (torchplace.save writes the "
                                        "torch.save file)")
     return target
+
+
+def not_a_path(call: str, given: Any, otherwise: str) -> TypeError:
+    """The TypeError for GIVEN where CALL takes a path: for an open file (word_language_model's `with open(...) as
+    f: torch.save(model, f)`), that torchplace reads and writes by name; else OTHERWISE."""
+    name = getattr(given, "name", None)
+    if not (callable(getattr(given, "read", None)) or callable(getattr(given, "write", None))):
+        return TypeError(otherwise)
+    return TypeError(f"{call}() got an open file ({type(given).__name__}); torchplace takes the file's path: it writes "
+                     "a temporary file and renames it over the target (atomic), and reads it with its own threads. "
+                     f"Fix: pass the path{f' ({name!r}: f.name)' if isinstance(name, str) else ''} instead of the "
+                     "open file.")
+
+
+def torch_order(call: str, obj: Any, f: Any,
+                given: Mapping[str, Any]) -> tuple[str | os.PathLike[str], dict[str, Any], bool]:
+    """CALL(obj, f), torch.save's order: (the path F, the keywords OBJ stands for with GIVEN, the state given by name,
+    whether OBJ alone is all: a model's weights, to save as `torch.save(state_dict, f)` does). A module or a state
+    dict is the model; any other mapping (nanoGPT's, imagenet's checkpoint dict) is named state, each entry at the
+    file's top level. `CALL(path, state)` means the same: only the path can be a str."""
+    if isinstance(obj, (str, os.PathLike)) and isinstance(f, (nn.Module, Mapping)):
+        obj, f = f, obj
+    if not isinstance(f, (str, os.PathLike)):
+        raise not_a_path(call, f, f"{call}({type(obj).__name__}, {type(f).__name__}): the second argument, as in "
+                                  f"torch.save, is the path. Fix: {call}(path, model=model, optimizer=opt, ...) or "
+                                  f"{call}(state, path).")
+    if isinstance(obj, nn.Module) or (isinstance(obj, Mapping) and obj
+                                      and all(isinstance(v, torch.Tensor) for v in obj.values())):
+        if given.get("model") is not None:
+            raise TypeError(f"{call}(state, path, model=...): the model is given twice. Fix: {call}(path, "
+                            f"model=model, ...) or {call}(model.state_dict(), path).")
+        return f, {**given, "model": obj}, all(v is None for v in given.values())
+    if isinstance(obj, Mapping) and all(isinstance(k, str) for k in obj):
+        twice = sorted(set(obj) & {k for k, v in given.items() if v is not None})
+        if twice:
+            raise TypeError(f"{call}(state, path, {twice[0]}=...): {twice[0]!r} is given twice, in the dict and by "
+                            "name. Fix: give it once.")
+        return f, {**given, **obj}, False
+    raise TypeError(f"{call}({type(obj).__name__}, {str(f)!r}): torchplace saves a module, a state dict or a dict "
+                    f"of named entries, never a pickled object. Fix: {call}({str(f)!r}, model=model, ...), or "
+                    f"{call}({{'name': value, ...}}, {str(f)!r}).")
 
 
 def capture_rng(rng_state: bool, world_size: int) -> Any:
@@ -133,7 +174,8 @@ def series_info(target: Path, rotate_after: bool) -> dict[str, Any]:
     return {"sequence": next_sequence(target.parent)}
 
 
-def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] | None = None,
+def save(path: str | os.PathLike[str] | nn.Module | Mapping[str, Any], f: str | os.PathLike[str] | None = None, /, *,
+         model: nn.Module | Mapping[str, Any] | None = None,
          optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
          extra: Mapping[str, Any] | None = None, keep_last: int | None = None, latest: bool = False,
          rng_state: bool = True, allow_pickle: bool = False, all_ranks: bool = False, weights_only: bool = False,
@@ -144,10 +186,15 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
     previous file intact. Tensors are stored as safetensors with checksums, with the device each
     came from, so the checkpoint loads anywhere (a GPU job's file on a laptop and back).
 
+    `save(state, path)`, torch.save's order, works too: a module or state dict alone is written as
+    `weights_only=True` does, what `torch.save(model.state_dict(), path)` writes; a dict of entries
+    (nanoGPT's `checkpoint`) is saved as named state, `save(path, **checkpoint)`. `save(path, state)` too.
+
     Args:
-        path: the file to write; its directory must exist. ".safetensors" or ".tpck": torchplace's
-            format. ".pt", ".pth", ".tar", ".ckpt" or ".bin": a torch.save file that torch.load (weights_only)
-            and Fabric.load read, named values at its top level (no keep_last/latest there).
+        path: the file to write; its directory must exist. ".pt", ".pth", ".tar", ".ckpt", ".bin" or ".pkl":
+            a torch.save file that torch.load (weights_only) and Fabric.load read, named values at its top level
+            (no keep_last/latest there). Any other name (".safetensors", ".tpck", none): torchplace's format.
+        f: the path, when PATH is the state, as in `torch.save(state, f)`.
         model: a module or its state dict.
         optimizer: an optimizer or its state dict.
         scheduler: a learning-rate scheduler or its state dict.
@@ -175,9 +222,9 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
             pointer; the previous file at PATH is then untouched.
 
     In a process group rank 0 writes, with no collective: `if rank == 0: save(...)` works, and a call
-    on another rank returns at once without writing (its RNG states are not in the file unless
-    `all_ranks=True`). A sharded model (FSDP, DTensor) needs every rank: called on some ranks only, save
-    raises within TORCHPLACE_SAVE_JOIN_S (60 s) naming the ranks absent, as with `all_ranks=True`.
+    on another rank writes nothing and returns once rank 0 has saved the same path (its RNG states are
+    not in the file unless `all_ranks=True`). A sharded model (FSDP, DTensor) needs every rank: called on
+    some ranks only, save raises within TORCHPLACE_SAVE_JOIN_S (60 s) naming the ranks absent, as with `all_ranks=True`.
     `torchplace.save_async` saves with training going on while the file is written (every rank calls it).
 
     Example:
@@ -192,6 +239,13 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
         tp.save("runs/step-000100.safetensors", model=model, optimizer=opt, extra={"step": 100}, keep_last=3)
         ```
     """
+    if f is not None or not isinstance(path, (str, os.PathLike)):  # save(state, path), as torch.save
+        target, state, weights = torch_order("save", path, f, {"model": model, "optimizer": optimizer,
+                                                               "scheduler": scheduler, "scaler": scaler,
+                                                               "extra": extra, **more_state})
+        alone = weights and keep_last is None and not (latest or allow_pickle or all_ranks)
+        return save(target, **state, keep_last=keep_last, latest=latest, rng_state=rng_state, allow_pickle=allow_pickle,
+                    all_ranks=all_ranks, weights_only=weights_only or alone)
     if weights_only:
         others = {"optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, "extra": extra,
                   "keep_last": keep_last, "latest": latest or None, "allow_pickle": allow_pickle or None,
@@ -219,7 +273,8 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
     if collective:
         tpsharded.join_ranks(target, "saving a sharded model" if sharded else "save(all_ranks=True)")
     elif world_size > 1 and rank != 0:
-        return target  # rank 0 writes; this rank's call has nothing to do
+        tpsharded.rank0_alone(lambda: target, target)  # rank 0 writes; this rank returns once the file is there
+        return target
     rng_tree = capture_rng(rng_state, world_size if collective else 1)
     info: dict[str, Any] = {"world_size": world_size, "rotation": rotate_after}
     if world_size > 1 and not collective and rng_tree is not None:
@@ -249,7 +304,7 @@ def save(path: str | os.PathLike[str], *, model: nn.Module | Mapping[str, Any] |
     if collective:
         tpsharded.on_rank0(write, target)
         return target
-    return write()
+    return tpsharded.rank0_alone(write, target) or target if world_size > 1 else write()
 
 
 def _save_weights(path: str | os.PathLike[str], model: Any, others: list[str]) -> Path:
@@ -265,14 +320,14 @@ def _save_weights(path: str | os.PathLike[str], model: Any, others: list[str]) -
         raise CheckpointError(f"save({str(target)!r}, weights_only=True): a sharded model (FSDP, DTensor) has no "
                               "whole state dict on one rank; nothing was written. Fix: save it without weights_only "
                               "(a folder), then `torchplace ckpt convert --weights-only` that folder.")
-    rank, world_size = tpsharded.world()
-    if world_size > 1 and rank != 0:
-        return target
     from .conversion import write_weights
 
-    state = clean_state(state_of(model, "model"))
-    write_weights(target, target, "torchplace", {"model": state}, "", [], versions_of(state) or None)
-    return target
+    def write() -> Path:
+        state = clean_state(state_of(model, "model"))
+        write_weights(target, target, "torchplace", {"model": state}, "", [], versions_of(state) or None)
+        return target
+
+    return tpsharded.rank0_alone(write, target) or target if tpsharded.world()[1] > 1 else write()
 
 
 def _versions_info(tree: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Checkpoints in a process group: one writer, everyone told the outcome; sharded models to DCP.
 
 - Replicated models (DDP, or any run where every rank holds the full weights): rank 0 writes, with
-  no collective, so `if rank == 0: save(...)` works (other ranks' calls return at once). With
+  no collective, so `if rank == 0: save(...)` works (another rank's call returns once rank 0 saved the path). With
   `all_ranks=True` every rank calls `save`, the RNG states are gathered from every rank (each rank
   resumes its own streams), and rank 0 broadcasts whether it succeeded, so no rank returns before
   the file is complete and none reports a success rank 0 did not have.
@@ -137,6 +137,66 @@ def join_ranks(target: Path, why: str) -> None:
         f"{why} needs every rank; nothing was written. Fix: call it on every rank (not under `if rank == 0:`); a "
         f"model that is not sharded can be saved by rank 0 alone without all_ranks=True. ({JOIN_WAIT_ENV} sets the "
         "wait.)")
+
+
+_alone: dict[str, int] = {}  # this process's saves per path written by rank 0 alone: the n-th meets rank 0's n-th
+
+
+class AloneSave:
+    """A save rank 0 writes with no collective (`if rank == 0: save(...)` works), as every rank sees it in the
+    group's store: rank 0 posts its outcome (`post`), and another rank's call waits for it (`wait`): its n-th call
+    for a path meets rank 0's n-th, so a rank that reads the file right after (imagenet's copy to
+    model_best.pth.tar, on every rank) finds the new one."""
+
+    def __init__(self, target: Path) -> None:
+        self.target, self.rank = target, world()[0]
+        self.path = str(target)  # as the program names it: each rank computes it alike, whatever a node's mounts
+        self.count = _alone[self.path] = _alone.get(self.path, 0) + 1
+        self.key = f"torchplace/save-alone/{self.path}/{self.count}"
+        self.store = dist.distributed_c10d._get_default_store()
+
+    def post(self, error: BaseException | None = None, writing: bool = False) -> None:
+        """On rank 0: the save began (WRITING), succeeded (no ERROR) or failed with ERROR."""
+        self.store.set(self.key, "writing" if writing else "ok" if error is None else
+                       f"failed: {type(error).__name__}: {error}")
+
+    def wait(self) -> None:
+        """On another rank: return once rank 0's save is complete; raise its failure, or, naming the fix, when rank 0
+        has not begun it within `join_wait_s()` (a rank's own file name: rank 0 never writes it)."""
+        import time
+
+        deadline = time.monotonic() + join_wait_s()
+        while not self.store.check([self.key]):
+            if time.monotonic() > deadline:
+                _alone[self.path] -= 1
+                raise CheckpointError(
+                    f"save({self.path!r}) on rank {self.rank}: in a process group rank 0 writes every checkpoint, and "
+                    f"rank 0 has not saved this path within {join_wait_s():g} s ({JOIN_WAIT_ENV} sets the wait); "
+                    "nothing was written. Fix: decide the save on rank 0 (`if rank == 0:`) or alike on every rank (a "
+                    "best-so-far judged by an all-reduced metric, not each rank's own), under one name for all ranks; "
+                    "a file per rank is not written: all_ranks=True gathers every rank's RNG state into rank 0's file.")
+            time.sleep(0.02)
+        while (state := self.store.get(self.key)) == b"writing":  # rank 0 is writing: as long as its write takes
+            time.sleep(0.02)
+        if state != b"ok":
+            raise CheckpointError(f"rank 0 could not save {self.target}, so no rank has a new checkpoint: "
+                                  f"{state.decode(errors='replace')[len('failed: '):]}")
+
+
+def rank0_alone(write: Callable[[], T], target: Path) -> T | None:
+    """Run WRITE on rank 0 (another rank waits for it) with no collective: `AloneSave`."""
+    save = AloneSave(target)
+    if save.rank != 0:
+        save.wait()
+        return None
+    save.post(writing=True)
+    try:
+        result = write()
+    except BaseException as exc:
+        save.post(exc)
+        raise
+    save.post()
+    return result
 
 
 def on_rank0(write: Callable[[], T], target: Path) -> T | None:

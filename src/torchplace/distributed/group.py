@@ -226,9 +226,15 @@ def _adopt(device: str | torch.device | None, environ: Mapping[str, str]) -> Dis
             f"so this rank would use another rank's GPU. Fix: call torch.{dev.type}.set_device("
             f"{launch.local_rank}) before making the group, or pass device='{dev.type}:{launch.local_rank}'.")
     gloo = dist.group.WORLD if backend == "gloo" else dist.new_group(backend="gloo")
+    local_rank, local_world = launch.local_rank, launch.local_world_size
+    if local_world is None and world > 1:  # mp.spawn (imagenet's --multiprocessing-distributed): no launcher said
+        hosts: list[Any] = [None] * world  # how many ranks share this host, so count them (for the threads' plan)
+        dist.all_gather_object(hosts, socket.gethostname(), group=gloo)
+        mine = [r for r, host in enumerate(hosts) if host == hosts[rank]]
+        local_world, local_rank = len(mine), mine.index(rank) if local_rank is None else local_rank
     store = dist.distributed_c10d._get_default_store()  # the group's own store; torch has no public getter
-    STATE.info = DistInfo(rank=rank, world_size=world, local_rank=launch.local_rank,
-                          local_world_size=launch.local_world_size, device=dev, backend=backend,
+    STATE.info = DistInfo(rank=rank, world_size=world, local_rank=local_rank,
+                          local_world_size=local_world, device=dev, backend=backend,
                           launcher=launch.launcher, node_rank=launch.node_rank,
                           hostname=socket.gethostname(), adopted=True)
     STATE.launch, STATE.store, STATE.gloo = launch, dist.PrefixStore("torchplace/adopted/", store), gloo

@@ -5,10 +5,11 @@ MASTER_ADDR / MASTER_PORT come from the environment. Checks, in order:
    each rank gets its own RNG streams back;
 2. a failure on rank 0 is raised on every rank (all_ranks=True);
 2b. rank-0 saves (`if rank == 0: save(...)`, as every DDP program does): rank 0 writes alone while
-   rank 1 trains on; a sharded save or save(all_ranks=True) on rank 0 alone raises naming rank 1;
+   rank 1 trains on; a sharded save or save(all_ranks=True) on rank 0 alone raises naming rank 1; a save on
+   every rank (imagenet's) returns on rank 1 once rank 0's file is there, and one of rank 1's own is refused;
 3. a sharded (DTensor) model goes through torch.distributed.checkpoint and comes back, with its
    optimizer, scheduler and extras, into a model sharded the same way;
-4. save_async: rank 0 writes the state at the call, rank 1's future is done at once, a failure of
+4. save_async: rank 0 writes the state at the call, rank 1's future ends with rank 0's write, a failure of
    rank 0's background write is raised on every rank at the next save_async (sharded models:
    async_sharded_worker.py).
 Prints "ok RANK" at the end; any failure exits non-zero with a traceback.
@@ -80,10 +81,15 @@ def rank0_saves(rank: int, root: Path) -> None:
             assert torchplace.save(path, model=model, optimizer=opt, extra={"iter_num": step}) == path
             assert path.exists()
     weights = [p.detach().clone() for p in model.parameters()]
-    if rank == 1:
-        assert torchplace.save(root / "not-written.safetensors", model=model) == root / "not-written.safetensors"
+    if rank == 1:  # a file of its own, which rank 0 never writes: named within TORCHPLACE_SAVE_JOIN_S, not silent
+        try:
+            torchplace.save(root / "not-written.safetensors", model=model)
+        except torchplace.CheckpointError as exc:
+            assert "rank 0 has not saved this path within 3 s" in str(exc) and "Fix:" in str(exc), str(exc)
+        else:
+            raise AssertionError("rank 1's save of a path rank 0 never saves returned as if written")
     dist.barrier()
-    assert not (root / "not-written.safetensors").exists()  # rank 1's call has nothing to do
+    assert not (root / "not-written.safetensors").exists()
     before = torch.get_rng_state()
     ck = torchplace.load(path, model=model, optimizer=opt)
     assert ck.extra == {"iter_num": 1} and ck.metadata["rng_rank"] == 0
@@ -101,9 +107,37 @@ def rank0_saves(rank: int, root: Path) -> None:
         refused_on_rank0_alone(lambda: torchplace.save(root / "sharded", model=sharded_model))
         refused_on_rank0_alone(lambda: torchplace.save(root / "all.safetensors", model=model, all_ranks=True))
         assert sorted(p.name for p in root.iterdir()) == ["best.safetensors"]
+    every_rank_saves(rank, root, model)
     dist.barrier()
     torchplace.save(root / "sharded", model=sharded_model)  # every rank: the save after the refusal works
     assert (root / "sharded" / ".metadata").is_file()
+
+
+def every_rank_saves(rank: int, root: Path, model: nn.Module) -> None:
+    """imagenet's save_checkpoint runs on every rank under torchrun: `tp.save(state, 'checkpoint.pth.tar')`, then
+    `shutil.copyfile` to model_best.pth.tar. Rank 1's save returned at once, and its copy found no file (or the
+    previous epoch's): every rank's call now returns once rank 0's file is there."""
+    import shutil
+
+    root = root / "every"
+    if rank == 0:
+        root.mkdir()
+    dist.barrier()
+    path = root / "checkpoint.pth.tar"
+    for epoch in range(2):
+        if rank == 0:
+            time.sleep(0.5)  # rank 0 is the slower one
+        torchplace.save({"epoch": epoch + 1, "state_dict": model.state_dict()}, path)
+        if rank == 1:
+            shutil.copyfile(path, root / "model_best.pth.tar")
+            assert torch.load(root / "model_best.pth.tar")["epoch"] == epoch + 1
+        dist.barrier()
+    try:  # rank 0's failure is rank 1's too
+        torchplace.save({"epoch": 3}, root / "missing-dir" / "checkpoint.pth.tar")
+    except torchplace.CheckpointError as exc:
+        assert rank == 0 or "rank 0 could not save" in str(exc), str(exc)
+    else:
+        raise AssertionError(f"rank {rank}: a save rank 0 could not write returned as written")
 
 
 def refused_on_rank0_alone(call: Callable[[], object]) -> None:
@@ -171,11 +205,14 @@ def sharded(rank: int, root: Path) -> None:
 def background(rank: int, root: Path) -> None:
     model = nn.parallel.DistributedDataParallel(nn.Linear(4, 3))
     path = root / "async.safetensors"
+    if rank == 0:
+        time.sleep(0.5)  # rank 0 is the slower one
     pending = torchplace.save_async(path, model=model, extra={"rank": rank})
     with torch.no_grad():
         model.module.weight.add_(1.0)  # after the call: not in the file
-    assert pending.written_here == (rank == 0) and (rank == 0 or pending.done())
-    assert pending.result(timeout=120) == path
+    assert pending.written_here == (rank == 0)
+    assert pending.result(timeout=120) == path  # rank 1's future ends with rank 0's write: the file is there
+    assert torchplace.load(path).extra == {"rank": 0}
     dist.barrier()
     ck = torchplace.load(path)
     assert ck.extra == {"rank": 0} and torch.equal(ck["model"]["weight"] + 1.0, model.module.weight.detach())

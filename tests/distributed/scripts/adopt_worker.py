@@ -1,7 +1,8 @@
 """A worker whose process group another library made; torchplace adopts it.
 
-Usage: adopt_worker.py torch|fabric OUTDIR. Writes OUTDIR/rank<N>.json per rank: what torchplace.dist.init()
-and setup() saw, an all_reduce on the adopted group, and a health check run on it.
+Usage: adopt_worker.py torch|fabric|spawn OUTDIR [PORT]. Writes OUTDIR/rank<N>.json per rank: what
+torchplace.dist.init() and setup() saw, an all_reduce on the adopted group, and a health check run on it. spawn:
+two processes of torch.multiprocessing.spawn joining at 127.0.0.1:PORT (imagenet's --multiprocessing-distributed).
 """
 
 from __future__ import annotations
@@ -17,8 +18,20 @@ import torchplace
 from torchplace import dist as tpdist
 
 
+def spawned(index: int, outdir: Path, port: int) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=index, world_size=2)
+    main("spawned", outdir)
+
+
 def main(maker: str, outdir: Path) -> None:
-    if maker == "fabric":
+    if maker == "spawn":
+        import torch.multiprocessing as mp
+
+        mp.spawn(spawned, nprocs=2, args=(outdir, int(sys.argv[3])))
+        return
+    if maker == "spawned":
+        pass
+    elif maker == "fabric":
         from lightning.fabric import Fabric
 
         fabric = Fabric(accelerator="cpu", devices=2, strategy="ddp")
@@ -34,7 +47,8 @@ def main(maker: str, outdir: Path) -> None:
                       "rank": info.rank, "world_size": info.world_size, "adopted": info.adopted,
                       "backend": info.backend, "device": str(info.device), "setup_rank": again.rank,
                       "setup_device": str(again.device), "all_reduce": value.item(),
-                      "health_world": report.world_size}))
+                      "health_world": report.world_size, "local": [info.local_rank, info.local_world_size],
+                      "threads": next(line for line in again.decisions if line.startswith("threads:"))}))
     tpdist.teardown()
     assert dist.is_initialized(), "teardown destroyed a group torchplace did not make"
     dist.barrier()
