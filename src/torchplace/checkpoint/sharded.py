@@ -161,20 +161,25 @@ class AloneSave:
                        f"failed: {type(error).__name__}: {error}")
 
     def wait(self) -> None:
-        """On another rank: return once rank 0's save is complete; raise its failure, or, naming the fix, when rank 0
-        has not begun it within `join_wait_s()` (a rank's own file name: rank 0 never writes it)."""
+        """On another rank: return once rank 0's save is complete, or raise its failure. Where rank 0 has not begun
+        it within `join_wait_s()` (the ranks decided apart, e.g. a best-so-far judged by each rank's own metric, or
+        a rank's own file name), warn naming the fix and return: nothing written here, training goes on."""
         import time
+        import warnings
+
+        from ..errors import TorchplaceWarning
 
         deadline = time.monotonic() + join_wait_s()
         while not self.store.check([self.key]):
             if time.monotonic() > deadline:
-                _alone[self.path] -= 1
-                raise CheckpointError(
-                    f"save({self.path!r}) on rank {self.rank}: in a process group rank 0 writes every checkpoint, and "
-                    f"rank 0 has not saved this path within {join_wait_s():g} s ({JOIN_WAIT_ENV} sets the wait); "
-                    "nothing was written. Fix: decide the save on rank 0 (`if rank == 0:`) or alike on every rank (a "
-                    "best-so-far judged by an all-reduced metric, not each rank's own), under one name for all ranks; "
-                    "a file per rank is not written: all_ranks=True gathers every rank's RNG state into rank 0's file.")
+                _alone[self.path] -= 1  # this call met no save of rank 0's: the next one meets rank 0's next
+                warnings.warn(TorchplaceWarning(
+                    f"save({self.path!r}) on rank {self.rank}: in a process group rank 0 writes every checkpoint, "
+                    f"and rank 0 has not saved this path within {join_wait_s():g} s ({JOIN_WAIT_ENV} sets the wait), "
+                    "so this call wrote nothing. Fix: decide the save on rank 0 (`if rank == 0:`) or alike on every "
+                    "rank (a best-so-far judged by an all-reduced metric, not each rank's own), under one name for all "
+                    "ranks; all_ranks=True gathers every rank's RNG state into rank 0's file."), stacklevel=4)
+                return
             time.sleep(0.02)
         while (state := self.store.get(self.key)) == b"writing":  # rank 0 is writing: as long as its write takes
             time.sleep(0.02)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -81,13 +82,12 @@ def rank0_saves(rank: int, root: Path) -> None:
             assert torchplace.save(path, model=model, optimizer=opt, extra={"iter_num": step}) == path
             assert path.exists()
     weights = [p.detach().clone() for p in model.parameters()]
-    if rank == 1:  # a file of its own, which rank 0 never writes: named within TORCHPLACE_SAVE_JOIN_S, not silent
-        try:
-            torchplace.save(root / "not-written.safetensors", model=model)
-        except torchplace.CheckpointError as exc:
-            assert "rank 0 has not saved this path within 3 s" in str(exc) and "Fix:" in str(exc), str(exc)
-        else:
-            raise AssertionError("rank 1's save of a path rank 0 never saves returned as if written")
+    if rank == 1:  # a file of its own, which rank 0 never writes: warned within TORCHPLACE_SAVE_JOIN_S, not silent,
+        with warnings.catch_warnings(record=True) as said:  # and training goes on (a crash would lose the run)
+            warnings.simplefilter("always")
+            assert torchplace.save(root / "not-written.safetensors", model=model) == root / "not-written.safetensors"
+        told = [str(w.message) for w in said if issubclass(w.category, torchplace.TorchplaceWarning)]
+        assert told and "rank 0 has not saved this path within 3 s" in told[0] and "Fix:" in told[0], told
     dist.barrier()
     assert not (root / "not-written.safetensors").exists()
     before = torch.get_rng_state()
