@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run torchplace's GPU checks on a lent GPU machine; everything lands in one tarball under $OUT.
 #   bash tools/gpu_suite.sh tests|twice [pytest args...]   (the whole GPU suite; twice: two runs, one after the other)
-#   bash tools/gpu_suite.sh close   (a session's last call: the whole GPU suite, then every diagnosis corpus on this GPU)
+#   CORPORA='corpus_a corpus_b' bash tools/gpu_suite.sh close   (a session's last call: the whole GPU suite, the corpora, stalls)
 #   bash tools/gpu_suite.sh bench34   (issue 34: bench checkpoint at default sizes, then bench strict; <= 360 s)
 #   bash tools/gpu_suite.sh bench-ddp | final-bench PAGE...   (bench ddp; benches, then docs/PAGE.md's runnable blocks)
 # The GPU machine has no network and lacks isal (fast CRC-32) and fastsafetensors: fetch their wheels
@@ -33,16 +33,19 @@ case $part in
         | tee "$R/pytest-gpu-$tag-run$run.txt" | tail -6
     done
     ;;
-  close)  # a session's last GPU call: the whole GPU suite in default order, then every diagnosis corpus on this GPU
+  close)  # a session's last GPU call: the whole GPU suite in default order (GPU_SUITE_S bounds it), then the corpora
+    # named in CORPORA (default: every one) on cuda:0 vs cpu, each with its JSON (every case's outcome), then the
+    # save_async stall of the two model-shaped layouts
     tp doctor --json > "$R/snapshot-h200-$tag.json"
-    tp doctor --check-driver > "$R/doctor-$tag.txt" 2>&1
-    timeout 330 python3 -m pytest -m gpu -q -rsxX -p no:cacheprovider --timeout 240 "$@" 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -25
-    timeout 120 python3 -m torchplace bench diagnose --out "$R/shipped" 2>&1 | tee "$R/bench-diagnose-shipped-$tag.txt" | tail -12
-    for f in tests/checks/corpus_*.py; do
-      c=$(basename "$f" .py); [ "$c" = corpus_kit ] && continue
-      timeout 120 python3 -m torchplace bench diagnose --corpus "$f" --out "$R/$c" 2>&1 \
-        | tee "$R/bench-diagnose-$c-$tag.txt" | tail -12
+    timeout -s INT -k 20 "${GPU_SUITE_S:-330}" python3 -m pytest -m gpu -q -rfsxX -p no:cacheprovider --timeout 240 \
+      --durations=15 "$@" 2>&1 | tee "$R/pytest-gpu-$tag.txt" | tail -25
+    for c in ${CORPORA:-$(cd tests/checks && ls corpus_*.py | sed 's/\.py$//' | grep -v corpus_kit)}; do
+      mkdir -p "$R/$c"
+      timeout 120 python3 -m torchplace bench diagnose --pairs cuda-cpu --corpus "tests/checks/$c.py" --out "$R/$c" 2>&1 \
+        | tee "$R/bench-diagnose-$c-$tag.txt" | grep -E "^note: (strict|watch|explain|false)"
     done
+    timeout 90 python3 -m torchplace bench checkpoint --sizes none --layouts gpt2,llama --out "$R" 2>&1 \
+      | tee "$R/bench-checkpoint-layouts-$tag.txt" | grep -E "stall|^target"
     ;;
   bench34)  # issue 34: checkpoint (1GiB, 10GiB, llama, gpt2; peers from .whl) then strict, each with its JSON
     rm -rf "$R"; mkdir -p "$R"
