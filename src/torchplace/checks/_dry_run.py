@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dis
+import functools
+import importlib.util
 import inspect
 import io
 import linecache
@@ -21,6 +23,7 @@ import types
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -122,22 +125,14 @@ def _call_of(frame: FrameType) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | 
     return func, args, {**{k: local[k] for k in kwonly}, **(local[varkw] if varkw else {})}
 
 
-_A = torch.ops.aten
-_NO_CPU_SCALAR = (_A.cat.default, _A.stack.default, _A.clamp.Tensor, _A.clamp_.Tensor, _A.clamp_min.Tensor,
-                  _A.clamp_max.Tensor)
-
-
 class _EagerChecks(TorchDispatchMode):
-    """The device checks eager kernels make and fake tensors skip: torch.cat, torch.stack and clamp's tensor
-    bounds take no 0-dim CPU tensor among tensors elsewhere, a foreach op (an optimizer's step) none at one index of
-    its lists on another device, a random op no generator of another device type, a CPU tensor no index on
-    another device, and packing no lengths off the CPU."""
+    """The device checks eager kernels make and fake tensors skip: an op's tensors on one device unless torch
+    marks it mixed (_no_check()), a foreach op's (an optimizer's step) at each index of its lists, a random op's
+    generator of its device type, no index elsewhere than a CPU tensor, and packing's lengths on the CPU."""
 
     def __torch_dispatch__(self, func: Any, types_: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func in _NO_CPU_SCALAR and args:
-            _one_device([*(args[0] if isinstance(args[0], (list, tuple)) else args), *kwargs.values()], False)
-        elif func.__name__.startswith("_foreach_") and args and isinstance(args[0], (list, tuple)):
+        if func.__name__.startswith("_foreach_") and args and isinstance(args[0], (list, tuple)):
             for row in zip(*(a for a in args if isinstance(a, (list, tuple)))):  # one op per index, as torch runs it
                 _one_device(row)
         elif isinstance(kwargs.get("generator"), torch.Generator):  # a random op draws from its device's generator
@@ -146,12 +141,26 @@ class _EagerChecks(TorchDispatchMode):
             if kwargs["generator"].device.type != kind:
                 raise RuntimeError(f"Expected a '{kind}' device type for generator but found "
                                    f"'{kwargs['generator'].device.type}'")
-        elif func is _A._pack_padded_sequence.default and args[1].device.type != "cpu":  # read on the host
-            raise RuntimeError(f"'lengths' argument should be a 1D CPU int64 tensor, but got 1D {args[1].device}")
+        elif func is torch.ops.aten._pack_padded_sequence.default:  # the lengths are read on the host
+            if args[1].device.type != "cpu":
+                raise RuntimeError(f"'lengths' argument should be a 1D CPU int64 tensor, but got 1D {args[1].device}")
         elif func is torch.ops.aten.index.Tensor and args and args[0].device.type == "cpu":
             if any(isinstance(i, torch.Tensor) and i.device.type != "cpu" for i in args[1]):
                 raise RuntimeError("indices should be either on cpu or on the same device as the indexed tensor (cpu)")
+        elif getattr(func, "namespace", "") == "aten" and _no_check() and func.__name__ not in _no_check():
+            _one_device(tree_flatten((args, kwargs))[0], False)  # convolution, embedding_bag: fake kernels skip it
         return func(*args, **kwargs)
+
+
+@functools.cache
+def _no_check() -> frozenset[str]:
+    """The aten ops torch lets take tensors on several devices (`device_check: NoCheck` in its
+    native_functions.yaml: TensorIterator's CPU scalars, indices, copies); empty where torchgen is missing."""
+    spec = importlib.util.find_spec("torchgen")
+    yaml = Path(spec.origin).parent / "packaged/ATen/native/native_functions.yaml" if spec and spec.origin else Path()
+    names = [e.split("(", 1)[0] for e in yaml.read_text().split("\n- func: ")
+             if "device_check: NoCheck" in e] if yaml.is_file() else []
+    return frozenset(n if "." in n else f"{n}.default" for n in names)
 
 
 _TWO = "Expected all tensors to be on the same device, but found at least two devices, {} and {}!"  # torch's words
