@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch._subclasses import fake_tensor as ft
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
@@ -188,7 +188,7 @@ class FakeDevices(TorchFunctionMode):
     def __init__(self, target: torch.device | None, swap: _Swap | None = None) -> None:
         super().__init__()
         self.target, self.swap = target, swap
-        self.fake = swap.mode if swap is not None else FakeTensorMode(allow_non_fake_inputs=True)
+        self.fake = swap.mode if swap is not None else _fake_mode()
         self.simulated = target is not None and target.type == "cuda" and not _has(target)
         self.leaves: dict[int, torch.Tensor] = {}  # not weak: a weak reference stops Module.to() swapping a fake
 
@@ -269,6 +269,12 @@ def fake_cuda() -> Any:
             torch.__future__.set_swap_module_params_on_conversion(swap)
 
 
+def _fake_mode() -> FakeTensorMode:
+    """Fake tensors of the user's shapes; an op whose output's size or value depends on data (nonzero, item())
+    gives a size or number of its own symbol, which code may carry on with until it branches on it."""
+    return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
+
+
 def _names_cuda(spec: Any) -> bool:
     """Whether SPEC names a cuda device."""
     try:
@@ -337,7 +343,7 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
             reading.optimizers.append((optimizer, site))
 
     world = _WORLD.get()  # inside fake_cuda(): its fake tensors and their mode
-    mode = world.fake if world is not None else FakeTensorMode(allow_non_fake_inputs=True)
+    mode = world.fake if world is not None else _fake_mode()
     swap = _Swap(mode, device)
     saved = [(b, b.detach().clone()) for b in model.buffers()] if real else []
     handles = [model.register_forward_pre_hook(before_model), model.register_forward_hook(after_model)]
