@@ -2,8 +2,9 @@
 
 The function runs under torch's FakeTensorMode: every tensor it reaches is a fake one (no data, no kernel)
 on the same device, or, for a dry run for another machine, the model's on that device; the user's objects
-are put back after. A device error is named by watch()'s diagnosis; an op fake tensors cannot run (its
-output depends on data) ends the run, said, never guessed past; a loop stops at the model's second call.
+are put back after. A device error is named by watch()'s diagnosis; data an op makes (nonzero's size, item())
+is a symbol, and code that branches on one ends the run, said, never guessed past; a loop stops at the model's
+second call.
 """
 
 from __future__ import annotations
