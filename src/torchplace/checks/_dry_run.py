@@ -261,9 +261,10 @@ def fake_cuda() -> Any:
     from ..hardware.visible import map_visible
     from ..policy.devices import ASSUMED, Machine
 
-    swap = torch.__future__.get_swap_module_params_on_conversion()
-    torch.__future__.set_swap_module_params_on_conversion(True)  # a parameter moved there stays the same object,
-    with FakeDevices(torch.device("cuda", 0)) as mode:  # as Module.to's `.data =` keeps it on a GPU: the optimizer's
+    swap = torch.__future__.get_swap_module_params_on_conversion()  # a parameter moved there stays the same object,
+    torch.__future__.set_swap_module_params_on_conversion(True)  # as Module.to's `.data =` keeps it on a GPU: the
+    # optimizer's; torch.save() keeps tensors' shapes and devices, not their values (fake ones have none)
+    with FakeDevices(torch.device("cuda", 0)) as mode, torch.serialization.skip_data(materialize_fake_tensors=True):
         tokens = _WORLD.set(mode), ASSUMED.set(Machine(1, map_visible()))  # torchplace.device() resolves cuda:0
         try:
             yield mode
