@@ -3,8 +3,8 @@
 The function runs under torch's FakeTensorMode: every tensor it reaches is a fake one (no data, no kernel)
 on the same device, or, for a dry run for another machine, the model's on that device; the user's objects
 are put back after. A device error is named by watch()'s diagnosis; data an op makes (nonzero's size, item())
-is a symbol, and code that branches on one ends the run, said, never guessed past; a loop stops where the
-model is called on the shapes of an earlier call.
+is a symbol, and code that branches on one ends the run, said, never guessed past; a loop stops at the model's
+call after an optimizer stepped, or at its 16th.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class StepRun:
 
 
 class _Stop(BaseException):
-    """The model was called again on the shapes of an earlier call (or _CALLS times): one step has been seen."""
+    """The model was called after an optimizer stepped (or _CALLS times): one step has been seen."""
 
 
 _CALLS = 16
@@ -331,19 +331,19 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
         return StepRun(ran=f"not run: a {wrapped[0]} is not run on fake tensors")
     func, args, kwargs = call
     reading = StepRun()
-    calls: list[str] = []  # the shapes of each call's tensors
+    calls, stepped = [0], [False]
 
-    def before_model(module: torch.nn.Module, inputs: Any) -> None:
-        shapes = str([tuple(t.shape) for t in tree_flatten(inputs)[0] if isinstance(t, torch.Tensor)])
-        if shapes in calls or len(calls) >= _CALLS:  # a loop's next batch: one step has been seen
+    def before_model(*_: Any) -> None:  # a generation loop's or a list of batches' calls go on
+        if stepped[0] or calls[0] >= _CALLS:  # an optimizer stepped (a training loop): one step has been seen
             raise _Stop
-        calls.append(shapes)  # a call on other shapes (a generation loop's longer input) goes on
+        calls[0] += 1
 
     def after_model(*_: Any) -> None:
         reading.model_ran = True
 
     def before_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
         swap.value(optimizer)  # one the step reaches otherwise (a global): swapped now, before it steps
+        stepped[0] = True
         site = _user_site()
         if site:
             reading.optimizers.append((optimizer, site))
@@ -386,7 +386,7 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
         reading.problems.append({"kind": "meta-tensor" if no_data else kind, "where": where, "severity": "error",
                                  "message": failed(what, exc)})
     except Exception as exc:  # an op fake tensors cannot run, or the step's own error: said, not guessed past
-        if must_call_model and not calls and not is_device_mismatch(exc) and not isinstance(exc, _NO_FAKE):
+        if must_call_model and not calls[0] and not is_device_mismatch(exc) and not isinstance(exc, _NO_FAKE):
             return None  # it failed before reaching the model: not the step (a function around explain())
         at = _stopped_at(exc)
         what = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}" if str(exc) else type(exc).__name__
@@ -407,7 +407,7 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
             for buffer, value in saved:
                 if buffer.device == value.device and buffer.shape == value.shape:
                     buffer.copy_(value)
-    return reading if calls or reading.ran != "ran" or not must_call_model else None
+    return reading if calls[0] or reading.ran != "ran" or not must_call_model else None
 
 
 @contextlib.contextmanager
