@@ -47,6 +47,7 @@ from .mismatch import is_device_mismatch
 from .watch import watch
 
 _FRAMES = 3  # the function that called explain() and the two that called it
+_CALLS = 16  # the model's calls a run follows (a generation loop's) when no optimizer steps
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _RUNNING: contextvars.ContextVar[Any] = contextvars.ContextVar("torchplace_dry_run", default=None)
 _WORLD: contextvars.ContextVar[FakeDevices | None] = contextvars.ContextVar("torchplace_fake_cuda", default=None)
@@ -66,9 +67,6 @@ class _Stop(BaseException):
     """The model was called after an optimizer stepped (or _CALLS times): one step has been seen."""
 
 
-_CALLS = 16
-
-
 def faking() -> bool:
     """Inside fake_cuda(): its tensors are fake, so the real forward is no fallback."""
     return _WORLD.get() is not None
@@ -81,9 +79,8 @@ def running() -> Any:
 
 def read_callers(start: FrameType | None, model: torch.nn.Module, companions: list[Any], current: Any,
                  device: torch.device | None = None) -> StepRun:
-    """Re-run the nearest user function from START outwards whose run calls the model, on fake tensors
-    (never past a module's top level: what runs around a script is not the step). CURRENT: what explain()
-    called again inside the run returns; DEVICE: where the model's parameters and buffers are put (see run())."""
+    """Re-run on fake tensors the nearest user function from START outwards whose run calls the model (never
+    past a module's top level). CURRENT: what explain() called in the run returns; DEVICE: see run()."""
     frame, seen = start, 0
     while frame is not None and seen < _FRAMES:
         filename = frame.f_code.co_filename
@@ -141,10 +138,9 @@ class _EagerChecks(TorchDispatchMode):
                 _one_device(row)
         elif isinstance(kwargs.get("generator"), torch.Generator):  # a random op draws from its device's generator
             made = kwargs.get("device") or next((a.device for a in args if isinstance(a, torch.Tensor)), None)
-            kind = torch.device(made).type if made is not None else "cpu"
-            if kwargs["generator"].device.type != kind:
-                raise RuntimeError(f"Expected a '{kind}' device type for generator but found "
-                                   f"'{kwargs['generator'].device.type}'")
+            kind, found = torch.device(made).type if made is not None else "cpu", kwargs["generator"].device.type
+            if found != kind:
+                raise RuntimeError(f"Expected a '{kind}' device type for generator but found '{found}'")
         elif func is torch.ops.aten._pack_padded_sequence.default:  # the lengths are read on the host
             if args[1].device.type != "cpu":
                 raise RuntimeError(f"'lengths' argument should be a 1D CPU int64 tensor, but got 1D {args[1].device}")
@@ -171,8 +167,7 @@ _TWO = "Expected all tensors to be on the same device, but found at least two de
 
 
 def _one_device(tensors: Any, cpu_scalars: bool = True) -> str | None:
-    """The one device of TENSORS (0-dim CPU tensors aside, with CPU_SCALARS), as torch's rule wants; else
-    torch's error."""
+    """The one device of TENSORS (0-dim CPU tensors aside, with CPU_SCALARS), as torch wants; else torch's error."""
     devices = list(dict.fromkeys(str(t.device) for t in tensors if isinstance(t, torch.Tensor)
                                  and not (cpu_scalars and t.device.type == "cpu" and t.dim() == 0)))
     if len(devices) > 1:
@@ -184,10 +179,9 @@ class FakeDevices(TorchFunctionMode):
     """Devices as a run on fake tensors sees them: the one home of "run this on fake devices". With SWAP
     (explain()'s dry run) every tensor a torch call reaches is its fake copy; without (fake_cuda()) what the code
     puts on cuda is fake there, the rest real. Without a TARGET, a device this machine lacks fails the run as the
-    real step would, before a fake tensor is made there (torch aborts the process for a device it was built
-    without). With one, every device exists, "cuda" is cuda:0, and where this torch has no cuda code an op is
-    worked out on meta without autograd, a backward pass simulated (a gradient for each leaf the ops used) and
-    pinning skipped: torch's device rules kept, its kernels skipped."""
+    real step would (torch aborts the process for a device it was built without). With one, every device exists,
+    "cuda" is cuda:0, and where this torch has no cuda code an op is worked out on meta without autograd, a
+    backward simulated (a zero gradient for each leaf used) and pinning skipped: torch's device rules kept."""
 
     def __init__(self, target: torch.device | None, swap: _Swap | None = None) -> None:
         super().__init__()
@@ -275,8 +269,7 @@ def fake_cuda() -> Any:
 
 
 def _fake_mode() -> FakeTensorMode:
-    """Fake tensors of the user's shapes; an op whose output's size or value depends on data (nonzero, item())
-    gives a size or number of its own symbol, which code may carry on with until it branches on it."""
+    """Fake tensors of the user's shapes; what an op makes from data (nonzero's size, item()) is a symbol."""
     return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
 
 
@@ -295,8 +288,7 @@ def _has(spec: Any) -> bool:
 
 
 def _indexed(spec: Any) -> Any:
-    """"cuda" or torch.device("cuda") as cuda:0 (torch's current device when nothing set another); anything else
-    as it is."""
+    """"cuda" or torch.device("cuda") as cuda:0 (torch's current device when nothing set another), else SPEC."""
     return torch.device("cuda", 0) if isinstance(spec, (str, torch.device)) and str(spec) == "cuda" else spec
 
 
@@ -307,12 +299,8 @@ def _on_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     index = getattr(func, "__name__", "") in ("__getitem__", "__setitem__")  # CPU index tensors are fine
     tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
     device = _one_device([t for t in tensors if not (index and t is not args[0] and t.device.type == "cpu")])
-
-    def meta(t: torch.Tensor) -> torch.Tensor:
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") if t.device.type == "cuda" \
-            else t
-
-    on_meta, kw_on_meta = tree_map_only(torch.Tensor, meta, (args, kwargs))
+    on_meta, kw_on_meta = tree_map_only(torch.Tensor, lambda t: torch.empty_strided(
+        t.shape, t.stride(), dtype=t.dtype, device="meta") if t.device.type == "cuda" else t, (args, kwargs))
     return tree_map_only(torch.Tensor, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
                          if t.device.type == "meta" else t, func(*on_meta, **kw_on_meta))
 
@@ -321,10 +309,9 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
         current: Any, device: torch.device | None = None, must_call_model: bool = False,
         kind: str = "step-device", real: bool = False) -> StepRun | None:
     """Run CALL (function, args, kwargs) on fake tensors and say what torch did. DEVICE: the model's parameters
-    and buffers are made there (as model.to(device) would put them); everything else keeps its device. With
-    MUST_CALL_MODEL, None when the call is not the step (it failed before calling the model, or never did).
-    REAL: on the real tensors instead (where fake tensors cannot run an op), without autograd, the model's
-    buffers and the random streams put back after."""
+    and buffers are made there (as model.to(device) would); the rest keeps its device. With MUST_CALL_MODEL, None
+    when the call is not the step (it failed before calling the model, or never did). REAL: on the real tensors
+    (where fake tensors cannot run an op), without autograd, the model's buffers and random streams put back."""
     wrapped = [type(m).__name__ for m in model.modules() if isinstance(m, DistributedDataParallel)
                or type(m).__name__ == "OptimizedModule"]
     if wrapped and not real:  # their communication and compilation are not for fake tensors
@@ -365,9 +352,11 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
             for companion in companions:
                 swap.value(companion)
             args, kwargs = swap.value(args), swap.value(kwargs)
-            modes = [_quiet_log("torch._subclasses.fake_tensor"), mode, _EagerChecks(),
-                     FakeDevices(device or (world.target if world else None), swap)]
+            modes = [mode, _EagerChecks(), FakeDevices(device or (world.target if world else None), swap)]
         with contextlib.ExitStack() as stack:
+            log = logging.getLogger("torch._subclasses.fake_tensor")  # it logs each meta kernel that fails, as errors
+            stack.callback(setattr, log, "disabled", log.disabled)
+            log.disabled = True
             for entered in (warnings.catch_warnings(), contextlib.redirect_stdout(quiet),
                             contextlib.redirect_stderr(quiet), *modes, watch(model)):
                 stack.enter_context(entered)
@@ -408,17 +397,6 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
                 if buffer.device == value.device and buffer.shape == value.shape:
                     buffer.copy_(value)
     return reading if calls[0] or reading.ran != "ran" or not must_call_model else None
-
-
-@contextlib.contextmanager
-def _quiet_log(name: str) -> Any:
-    """Logger NAME silenced for the block (fake tensors log each meta kernel that fails, as errors)."""
-    logger = logging.getLogger(name)
-    old, logger.disabled = logger.disabled, True
-    try:
-        yield
-    finally:
-        logger.disabled = old
 
 
 class _Unreachable(RuntimeError):
