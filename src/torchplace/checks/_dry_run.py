@@ -4,7 +4,7 @@ The function runs under torch's FakeTensorMode: every tensor it reaches is a fak
 on the same device, or, for a dry run for another machine, the model's on that device; the user's objects
 are put back after. A device error is named by watch()'s diagnosis; data an op makes (nonzero's size, item())
 is a symbol, and code that branches on one ends the run, said, never guessed past; a loop stops at the model's
-call after an optimizer stepped, or at its 16th.
+call after an optimizer stepped, on the tensors of an earlier call, or at its 16th.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class StepRun:
 
 
 class _Stop(BaseException):
-    """The model was called after an optimizer stepped (or _CALLS times): one step has been seen."""
+    """The model was called after an optimizer stepped, again on the same tensors, or _CALLS times."""
 
 
 def faking() -> bool:
@@ -318,12 +318,13 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
         return StepRun(ran=f"not run: a {wrapped[0]} is not run on fake tensors")
     func, args, kwargs = call
     reading = StepRun()
-    calls, stepped = [0], [False]
+    calls, stepped = list[list[int]](), [False]  # the tensors of each call (a generation loop's calls go on)
 
-    def before_model(*_: Any) -> None:  # a generation loop's or a list of batches' calls go on
-        if stepped[0] or calls[0] >= _CALLS:  # an optimizer stepped (a training loop): one step has been seen
+    def before_model(_: Any, args: Any, kwargs: Any) -> None:  # a training loop's next step, or the same call again
+        tensors = [id(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if stepped[0] or tensors in calls or len(calls) >= _CALLS:
             raise _Stop
-        calls[0] += 1
+        calls.append(tensors)
 
     def after_model(*_: Any) -> None:
         reading.model_ran = True
@@ -339,8 +340,8 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
     mode = world.fake if world is not None else _fake_mode()
     swap = _Swap(mode, device)
     saved = [(b, b.detach().clone()) for b in model.buffers()] if real else []
-    handles = [model.register_forward_pre_hook(before_model), model.register_forward_hook(after_model)]
-    handles += [] if real else [register_optimizer_step_pre_hook(before_step)]
+    handles = [model.register_forward_pre_hook(before_model, with_kwargs=True), model.register_forward_hook(
+        after_model), *([] if real else [register_optimizer_step_pre_hook(before_step)])]
     token, births = _RUNNING.set(current), BIRTHS.set({})
     quiet = io.StringIO()
     try:
@@ -375,7 +376,7 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
         reading.problems.append({"kind": "meta-tensor" if no_data else kind, "where": where, "severity": "error",
                                  "message": failed(what, exc)})
     except Exception as exc:  # an op fake tensors cannot run, or the step's own error: said, not guessed past
-        if must_call_model and not calls[0] and not is_device_mismatch(exc) and not isinstance(exc, _NO_FAKE):
+        if must_call_model and not calls and not is_device_mismatch(exc) and not isinstance(exc, _NO_FAKE):
             return None  # it failed before reaching the model: not the step (a function around explain())
         at = _stopped_at(exc)
         what = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}" if str(exc) else type(exc).__name__
@@ -396,7 +397,7 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
             for buffer, value in saved:
                 if buffer.device == value.device and buffer.shape == value.shape:
                     buffer.copy_(value)
-    return reading if calls[0] or reading.ran != "ran" or not must_call_model else None
+    return reading if calls or reading.ran != "ran" or not must_call_model else None
 
 
 class _Unreachable(RuntimeError):
