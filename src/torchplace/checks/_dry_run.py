@@ -113,8 +113,7 @@ def _call_of(frame: FrameType) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | 
     if func is None:
         return None
     n = code.co_argcount + code.co_kwonlyargcount
-    names = code.co_varnames[: code.co_argcount]
-    kwonly = code.co_varnames[code.co_argcount: n]
+    names, kwonly = code.co_varnames[: code.co_argcount], code.co_varnames[code.co_argcount: n]
     varargs = code.co_varnames[n] if code.co_flags & inspect.CO_VARARGS else None
     varkw = code.co_varnames[n + bool(varargs)] if code.co_flags & inspect.CO_VARKEYWORDS else None
     wanted = [*names, *kwonly, *(v for v in (varargs, varkw) if v)]
@@ -127,7 +126,7 @@ def _call_of(frame: FrameType) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | 
 
 
 class _EagerChecks(TorchDispatchMode):
-    """The device checks eager kernels make and fake tensors skip: an op's tensors on one device unless torch
+    """The device checks eager kernels make and fake tensors skip: a CUDA op's tensors on one device unless torch
     marks it mixed (_no_check()), a foreach op's (an optimizer's step) at each index of its lists, a random op's
     generator of its device type, no index elsewhere than a CPU tensor, and packing's lengths on the CPU."""
 
@@ -144,11 +143,13 @@ class _EagerChecks(TorchDispatchMode):
         elif func is torch.ops.aten._pack_padded_sequence.default:  # the lengths are read on the host
             if args[1].device.type != "cpu":
                 raise RuntimeError(f"'lengths' argument should be a 1D CPU int64 tensor, but got 1D {args[1].device}")
+            raise ft.DynamicOutputShapeException(func)  # its sizes are data (torch's fake kernel puts them off the CPU)
         elif func is torch.ops.aten.index.Tensor and args and args[0].device.type == "cpu":
             if any(isinstance(i, torch.Tensor) and i.device.type != "cpu" for i in args[1]):
                 raise RuntimeError("indices should be either on cpu or on the same device as the indexed tensor (cpu)")
-        elif getattr(func, "namespace", "") == "aten" and _no_check() and func.__name__ not in _no_check():
-            _one_device(tree_flatten((args, kwargs))[0], False)  # convolution, embedding_bag: fake kernels skip it
+        elif getattr(func, "namespace", "") == "aten" and _no_check() and func.__name__ not in _no_check() and any(
+                isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in tree_flatten((args, kwargs))[0]):
+            _one_device(tree_flatten((args, kwargs))[0], False)  # as CUDA kernels check (meta ones do not)
         return func(*args, **kwargs)
 
 
@@ -235,9 +236,8 @@ class FakeDevices(TorchFunctionMode):
     def _backward(self) -> None:
         """What a backward pass leaves: a gradient (zeros) for each fake leaf an op used that wants one."""
         with self.fake:
-            for leaf in self.leaves.values():
-                if leaf.requires_grad and leaf.grad is None:
-                    leaf.grad = torch.zeros_like(leaf)
+            for leaf in (t for t in self.leaves.values() if t.requires_grad and t.grad is None):
+                leaf.grad = torch.zeros_like(leaf)
 
     def _forget(self) -> None:
         """Empty fake tensors' caches of the tensors they converted (weak references to the real and the fake)."""
