@@ -13,7 +13,6 @@ import contextlib
 import contextvars
 import dis
 import functools
-import importlib.util
 import inspect
 import io
 import linecache
@@ -29,6 +28,7 @@ from types import FrameType
 from typing import Any
 
 import torch
+import torchgen  # type: ignore[import-untyped]
 from torch._subclasses import fake_tensor as ft
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
@@ -125,14 +125,19 @@ def _call_of(frame: FrameType) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | 
     return func, args, {**{k: local[k] for k in kwonly}, **(local[varkw] if varkw else {})}
 
 
+_NO_CPU_SCALAR = {"cat.default", "stack.default", *(f"clamp{k}.Tensor" for k in ("", "_", "_min", "_max"))}
+
+
 class _EagerChecks(TorchDispatchMode):
     """The device checks eager kernels make and fake tensors skip: a CUDA op's tensors on one device unless torch
-    marks it mixed (_no_check()), a foreach op's (an optimizer's step) at each index of its lists, a random op's
-    generator of its device type, no index elsewhere than a CPU tensor, and packing's lengths on the CPU."""
+    marks it mixed (_no_check()), no 0-dim CPU tensor in cat, stack or clamp's bounds (on meta too), a foreach op's
+    at each index, a random op's generator of its device type, no index off a CPU tensor, packing's lengths on CPU."""
 
     def __torch_dispatch__(self, func: Any, types_: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func.__name__.startswith("_foreach_") and args and isinstance(args[0], (list, tuple)):
+        if func.__name__ in _NO_CPU_SCALAR and args:
+            _one_device([*(args[0] if isinstance(args[0], (list, tuple)) else args), *kwargs.values()], False)
+        elif func.__name__.startswith("_foreach_") and args and isinstance(args[0], (list, tuple)):
             for row in zip(*(a for a in args if isinstance(a, (list, tuple)))):  # one op per index, as torch runs it
                 _one_device(row)
         elif isinstance(kwargs.get("generator"), torch.Generator):  # a random op draws from its device's generator
@@ -156,9 +161,8 @@ class _EagerChecks(TorchDispatchMode):
 @functools.cache
 def _no_check() -> frozenset[str]:
     """The aten ops torch lets take tensors on several devices (`device_check: NoCheck` in its
-    native_functions.yaml: TensorIterator's CPU scalars, indices, copies); empty where torchgen is missing."""
-    spec = importlib.util.find_spec("torchgen")
-    yaml = Path(spec.origin).parent / "packaged/ATen/native/native_functions.yaml" if spec and spec.origin else Path()
+    native_functions.yaml: TensorIterator's CPU scalars, indices, copies); empty where that file is missing."""
+    yaml = Path(torchgen.__file__).parent / "packaged/ATen/native/native_functions.yaml"  # shipped with torch
     names = [e.split("(", 1)[0] for e in yaml.read_text().split("\n- func: ")
              if "device_check: NoCheck" in e] if yaml.is_file() else []
     return frozenset(n if "." in n else f"{n}.default" for n in names)
@@ -283,8 +287,7 @@ def _names_cuda(spec: Any) -> bool:
 
 def _has(spec: Any) -> bool:
     """Whether this machine has the cuda device SPEC."""
-    index = torch.device(spec).index or 0
-    return index < (torch.cuda.device_count() if torch.cuda.is_available() else 0)  # cuda-only: a cuda spec
+    return (torch.device(spec).index or 0) < torch.cuda.device_count()  # cuda-only: a cuda spec (0 without cuda)
 
 
 def _indexed(spec: Any) -> Any:
@@ -332,12 +335,10 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
     def before_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
         swap.value(optimizer)  # one the step reaches otherwise (a global): swapped now, before it steps
         stepped[0] = True
-        site = _user_site()
-        if site:
+        if site := _user_site():
             reading.optimizers.append((optimizer, site))
 
-    world = _WORLD.get()  # inside fake_cuda(): its fake tensors and their mode
-    mode = world.fake if world is not None else _fake_mode()
+    mode = world.fake if (world := _WORLD.get()) is not None else _fake_mode()  # inside fake_cuda(): its mode
     swap = _Swap(mode, device)
     saved = [(b, b.detach().clone()) for b in model.buffers()] if real else []
     handles = [model.register_forward_pre_hook(before_model, with_kwargs=True), model.register_forward_hook(
