@@ -50,7 +50,8 @@ _FRAMES = 3  # the function that called explain() and the two that called it
 _CALLS = 16  # the model's calls a run follows (a generation loop's) when no optimizer steps
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _RUNNING: contextvars.ContextVar[Any] = contextvars.ContextVar("torchplace_dry_run", default=None)
-_WORLD: contextvars.ContextVar[FakeDevices | None] = contextvars.ContextVar("torchplace_fake_cuda", default=None)
+WORLD: contextvars.ContextVar[FakeDevices | None] = contextvars.ContextVar("torchplace_fake_cuda", default=None)  # set:
+# inside fake_cuda(), whose tensors are fake (so the real forward is no fallback)
 
 
 @dataclass
@@ -65,11 +66,6 @@ class StepRun:
 
 class _Stop(BaseException):
     """The model was called after an optimizer stepped, again on the same tensors, or _CALLS times."""
-
-
-def faking() -> bool:
-    """Inside fake_cuda(): its tensors are fake, so the real forward is no fallback."""
-    return _WORLD.get() is not None
 
 
 def running() -> Any:
@@ -130,8 +126,8 @@ _NO_CPU_SCALAR = {"cat.default", "stack.default", *(f"clamp{k}.Tensor" for k in 
 
 class _EagerChecks(TorchDispatchMode):
     """The device checks eager kernels make and fake tensors skip: a CUDA op's tensors on one device unless torch
-    marks it mixed (_no_check()), no 0-dim CPU tensor in cat, stack or clamp's bounds (on meta too), a foreach op's
-    at each index, a random op's generator of its device type, no index off a CPU tensor, packing's lengths on CPU."""
+    marks it mixed (_no_check()), no 0-dim CPU tensor in cat, stack, clamp's bounds (meta too), a foreach op's at
+    each index, a generator of the op's device type, no index off a CPU tensor, packing's lengths on the CPU."""
 
     def __torch_dispatch__(self, func: Any, types_: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
@@ -263,18 +259,19 @@ def fake_cuda() -> Any:
     torch.__future__.set_swap_module_params_on_conversion(True)  # as Module.to's `.data =` keeps it on a GPU: the
     # optimizer's; torch.save() keeps tensors' shapes and devices, not their values (fake ones have none)
     with FakeDevices(torch.device("cuda", 0)) as mode, torch.serialization.skip_data(materialize_fake_tensors=True):
-        tokens = _WORLD.set(mode), ASSUMED.set(Machine(1, map_visible()))  # torchplace.device() resolves cuda:0
+        tokens = WORLD.set(mode), ASSUMED.set(Machine(1, map_visible()))  # torchplace.device() resolves cuda:0
         try:
             yield mode
         finally:
-            _WORLD.reset(tokens[0])
+            WORLD.reset(tokens[0])
             ASSUMED.reset(tokens[1])
             torch.__future__.set_swap_module_params_on_conversion(swap)
 
 
-def _fake_mode() -> FakeTensorMode:
-    """Fake tensors of the user's shapes; what an op makes from data (nonzero's size, item()) is a symbol."""
-    return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
+def _fake_mode(meta: bool = False) -> FakeTensorMode:
+    """Fake tensors of the user's shapes; what an op makes from data (nonzero's size, item()) is a symbol, but
+    for a META model (it has no data: such an op fails, as it would)."""
+    return FakeTensorMode(allow_non_fake_inputs=True, shape_env=None if meta else ShapeEnv(), static_shapes=True)
 
 
 def _names_cuda(spec: Any) -> bool:
@@ -338,7 +335,8 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
         if site := _user_site():
             reading.optimizers.append((optimizer, site))
 
-    mode = world.fake if (world := _WORLD.get()) is not None else _fake_mode()  # inside fake_cuda(): its mode
+    meta = any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+    mode = world.fake if (world := WORLD.get()) is not None else _fake_mode(meta)  # inside fake_cuda(): its mode
     swap = _Swap(mode, device)
     saved = [(b, b.detach().clone()) for b in model.buffers()] if real else []
     handles = [model.register_forward_pre_hook(before_model, with_kwargs=True), model.register_forward_hook(
