@@ -27,7 +27,6 @@ OUTSIDE_XFAIL: dict[tuple[str, str | None], str] = {
 
 # (case, tool): what corpus_outside2.py's reports lack when it was written (2026-12-02, cpu vs meta)
 OUTSIDE2_XFAIL: dict[tuple[str, str | None], str] = {
-    ("generate_input_tokens_on_cpu", "explain"): "no report: the mistake is in the generation loop after the model",
 }
 
 

@@ -5,6 +5,7 @@ run instead of the process; strict() names a tensor passed into the model where 
 from __future__ import annotations
 
 import contextlib
+import io
 
 import pytest
 import torch
@@ -102,7 +103,7 @@ def loop_step(model, x, seen, reports):
 def test_a_loop_is_run_for_one_step_only():
     seen: list = []
     run_step(loop_step, Toy(), torch.randn(2, 8), seen)
-    assert seen == ["Tensor"] * 5  # the run got a copy of the list, and stopped at its second model call
+    assert seen == ["Tensor"] * 5  # the run got a copy of the list
 
 
 def far_device_step(model, x, reports):
@@ -249,3 +250,57 @@ def test_an_optimizer_built_before_the_move_fails_its_step_in_a_dry_run():
     assert "'sum'] on cpu" in errors[0]["message"] and "optimizer" in errors[0]["message"]
     first = next(iter(model.parameters()))
     assert optimizer.state[first]["step"].item() == 0 and first.device.type == "cpu"  # the user's step count as it was
+
+
+
+def errors_of(model, step, *inputs):
+    """The errors of explain(model, *inputs, step=step) for a machine with a cuda:0 (a CPU-only torch fakes it)."""
+    report = tp.explain(model, *inputs, step=step, device="cuda:0")
+    return report, [p for p in report.problems if p["severity"] == "error"]
+
+
+def test_ops_whose_fake_kernels_skip_the_device_check_are_judged_as_cuda_judges_them():
+    """Fake tensors' own kernels for a convolution and an embedding bag take a CPU operand beside a cuda one;
+    torch's CUDA kernels refuse it (not device_check: NoCheck in native_functions.yaml)."""
+    kernel = torch.ones(1, 1, 3)  # a tensor the model does not hold: it stays on the CPU
+    conv = nn.Conv1d(1, 1, 3)
+    _, [failure] = errors_of(conv, lambda x: F.conv1d(conv(x.to("cuda:0")), kernel), torch.randn(2, 1, 8))
+    assert "kernel: cpu" in failure["message"] and "cuda:0 and cpu" in failure["message"], failure["message"]
+    bag = nn.EmbeddingBag(10, 4)
+    _, [failure] = errors_of(bag, lambda ids: bag(ids), torch.tensor([[1, 2]]))
+    assert "on cpu" in failure["message"] and "cuda:0" in failure["message"], failure["message"]
+
+
+def test_data_an_op_makes_is_a_symbol_and_a_generation_loop_is_followed():
+    """nonzero()'s size and item() are symbols on fake tensors, so the run goes past them; the model called on
+    growing inputs (no optimizer steps) is followed to the code after the loop."""
+    model = nn.Embedding(10, 4)
+    scale = torch.ones(1)  # on the CPU, beside what the model puts on cuda:0
+
+    def step(ids):
+        ids = ids.to("cuda:0")
+        picked = model(ids)[(ids != 0).nonzero()[:, 1]]
+        return picked.sum().item() * picked * scale
+
+    report, [failure] = errors_of(model, step, torch.tensor([[1, 0, 2]]))
+    assert "scale on cpu" in failure["message"], report.problems
+
+    def generate(prompt):
+        ids = prompt.to("cuda:0")
+        for _ in range(3):
+            ids = torch.cat([ids, model(ids)[:, -1:, 0].long().clamp(0, 9)], 1)
+        return torch.cat([prompt, ids], 1)  # the CPU prompt beside the generated ids
+
+    report, [failure] = errors_of(model, generate, torch.tensor([[1, 2]]))
+    assert "prompt on cpu" in failure["message"], report.problems
+
+
+def test_a_checkpoint_of_fake_cuda_tensors_is_saved_and_loaded():
+    """Inside fake_cuda() (bench diagnose --fake-gpu) torch.save() keeps fake tensors' shapes, not their values."""
+    from torchplace.checks._dry_run import fake_cuda
+
+    buffer = io.BytesIO()
+    with fake_cuda():
+        torch.save({"d": torch.ones(3, device="cuda")}, buffer)
+        buffer.seek(0)
+        assert torch.load(buffer, map_location="cpu")["d"].shape == (3,)

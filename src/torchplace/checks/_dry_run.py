@@ -2,8 +2,9 @@
 
 The function runs under torch's FakeTensorMode: every tensor it reaches is a fake one (no data, no kernel)
 on the same device, or, for a dry run for another machine, the model's on that device; the user's objects
-are put back after. A device error is named by watch()'s diagnosis; an op fake tensors cannot run (its
-output depends on data) ends the run, said, never guessed past; a loop stops at the model's second call.
+are put back after. A device error is named by watch()'s diagnosis; data an op makes (nonzero's size, item())
+is a symbol, and code that branches on one ends the run, said, never guessed past; a loop stops at the model's
+call after an optimizer stepped, on the tensors of an earlier call, or at its 16th.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dis
+import functools
 import inspect
 import io
 import linecache
@@ -21,13 +23,15 @@ import types
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import torch
+import torchgen  # type: ignore[import-untyped]
 from torch._subclasses import fake_tensor as ft
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.overrides import TorchFunctionMode
@@ -43,9 +47,11 @@ from .mismatch import is_device_mismatch
 from .watch import watch
 
 _FRAMES = 3  # the function that called explain() and the two that called it
+_CALLS = 16  # the model's calls a run follows (a generation loop's) when no optimizer steps
 _STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 _RUNNING: contextvars.ContextVar[Any] = contextvars.ContextVar("torchplace_dry_run", default=None)
-_WORLD: contextvars.ContextVar[FakeDevices | None] = contextvars.ContextVar("torchplace_fake_cuda", default=None)
+WORLD: contextvars.ContextVar[FakeDevices | None] = contextvars.ContextVar("torchplace_fake_cuda", default=None)  # set:
+# inside fake_cuda(), whose tensors are fake (so the real forward is no fallback)
 
 
 @dataclass
@@ -59,12 +65,7 @@ class StepRun:
 
 
 class _Stop(BaseException):
-    """The model was called a second time: one step has been seen."""
-
-
-def faking() -> bool:
-    """Inside fake_cuda(): its tensors are fake, so the real forward is no fallback."""
-    return _WORLD.get() is not None
+    """The model was called after an optimizer stepped, again on the same tensors, or _CALLS times."""
 
 
 def running() -> Any:
@@ -74,9 +75,8 @@ def running() -> Any:
 
 def read_callers(start: FrameType | None, model: torch.nn.Module, companions: list[Any], current: Any,
                  device: torch.device | None = None) -> StepRun:
-    """Re-run the nearest user function from START outwards whose run calls the model, on fake tensors
-    (never past a module's top level: what runs around a script is not the step). CURRENT: what explain()
-    called again inside the run returns; DEVICE: where the model's parameters and buffers are put (see run())."""
+    """Re-run on fake tensors the nearest user function from START outwards whose run calls the model (never
+    past a module's top level). CURRENT: what explain() called in the run returns; DEVICE: see run()."""
     frame, seen = start, 0
     while frame is not None and seen < _FRAMES:
         filename = frame.f_code.co_filename
@@ -109,8 +109,7 @@ def _call_of(frame: FrameType) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | 
     if func is None:
         return None
     n = code.co_argcount + code.co_kwonlyargcount
-    names = code.co_varnames[: code.co_argcount]
-    kwonly = code.co_varnames[code.co_argcount: n]
+    names, kwonly = code.co_varnames[: code.co_argcount], code.co_varnames[code.co_argcount: n]
     varargs = code.co_varnames[n] if code.co_flags & inspect.CO_VARARGS else None
     varkw = code.co_varnames[n + bool(varargs)] if code.co_flags & inspect.CO_VARKEYWORDS else None
     wanted = [*names, *kwonly, *(v for v in (varargs, varkw) if v)]
@@ -122,44 +121,54 @@ def _call_of(frame: FrameType) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | 
     return func, args, {**{k: local[k] for k in kwonly}, **(local[varkw] if varkw else {})}
 
 
-_A = torch.ops.aten
-_NO_CPU_SCALAR = (_A.cat.default, _A.stack.default, _A.clamp.Tensor, _A.clamp_.Tensor, _A.clamp_min.Tensor,
-                  _A.clamp_max.Tensor)
+_NO_CPU_SCALAR = {"cat.default", "stack.default", *(f"clamp{k}.Tensor" for k in ("", "_", "_min", "_max"))}
 
 
 class _EagerChecks(TorchDispatchMode):
-    """The device checks eager kernels make and fake tensors skip: torch.cat, torch.stack and clamp's tensor
-    bounds take no 0-dim CPU tensor among tensors elsewhere, a foreach op (an optimizer's step) none at one index of
-    its lists on another device, a random op no generator of another device type, a CPU tensor no index on
-    another device, and packing no lengths off the CPU."""
+    """The device checks eager kernels make and fake tensors skip: a CUDA op's tensors on one device unless torch
+    marks it mixed (_no_check()), no 0-dim CPU tensor in cat, stack, clamp's bounds (meta too), a foreach op's at
+    each index, a generator of the op's device type, no index off a CPU tensor, packing's lengths on the CPU."""
 
     def __torch_dispatch__(self, func: Any, types_: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func in _NO_CPU_SCALAR and args:
+        if func.__name__ in _NO_CPU_SCALAR and args:
             _one_device([*(args[0] if isinstance(args[0], (list, tuple)) else args), *kwargs.values()], False)
         elif func.__name__.startswith("_foreach_") and args and isinstance(args[0], (list, tuple)):
             for row in zip(*(a for a in args if isinstance(a, (list, tuple)))):  # one op per index, as torch runs it
                 _one_device(row)
         elif isinstance(kwargs.get("generator"), torch.Generator):  # a random op draws from its device's generator
             made = kwargs.get("device") or next((a.device for a in args if isinstance(a, torch.Tensor)), None)
-            kind = torch.device(made).type if made is not None else "cpu"
-            if kwargs["generator"].device.type != kind:
-                raise RuntimeError(f"Expected a '{kind}' device type for generator but found "
-                                   f"'{kwargs['generator'].device.type}'")
-        elif func is _A._pack_padded_sequence.default and args[1].device.type != "cpu":  # read on the host
-            raise RuntimeError(f"'lengths' argument should be a 1D CPU int64 tensor, but got 1D {args[1].device}")
+            kind, found = torch.device(made).type if made is not None else "cpu", kwargs["generator"].device.type
+            if found != kind:
+                raise RuntimeError(f"Expected a '{kind}' device type for generator but found '{found}'")
+        elif func is torch.ops.aten._pack_padded_sequence.default:  # the lengths are read on the host
+            if args[1].device.type != "cpu":
+                raise RuntimeError(f"'lengths' argument should be a 1D CPU int64 tensor, but got 1D {args[1].device}")
+            raise ft.DynamicOutputShapeException(func)  # its sizes are data (torch's fake kernel puts them off the CPU)
         elif func is torch.ops.aten.index.Tensor and args and args[0].device.type == "cpu":
             if any(isinstance(i, torch.Tensor) and i.device.type != "cpu" for i in args[1]):
                 raise RuntimeError("indices should be either on cpu or on the same device as the indexed tensor (cpu)")
+        elif getattr(func, "namespace", "") == "aten" and _no_check() and func.__name__ not in _no_check() and any(
+                isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in tree_flatten((args, kwargs))[0]):
+            _one_device(tree_flatten((args, kwargs))[0], False)  # as CUDA kernels check (meta ones do not)
         return func(*args, **kwargs)
+
+
+@functools.cache
+def _no_check() -> frozenset[str]:
+    """The aten ops torch lets take tensors on several devices (`device_check: NoCheck` in its
+    native_functions.yaml: TensorIterator's CPU scalars, indices, copies); empty where that file is missing."""
+    yaml = Path(torchgen.__file__).parent / "packaged/ATen/native/native_functions.yaml"  # shipped with torch
+    names = [e.split("(", 1)[0] for e in yaml.read_text().split("\n- func: ")
+             if "device_check: NoCheck" in e] if yaml.is_file() else []
+    return frozenset(n if "." in n else f"{n}.default" for n in names)
 
 
 _TWO = "Expected all tensors to be on the same device, but found at least two devices, {} and {}!"  # torch's words
 
 
 def _one_device(tensors: Any, cpu_scalars: bool = True) -> str | None:
-    """The one device of TENSORS (0-dim CPU tensors aside, with CPU_SCALARS), as torch's rule wants; else
-    torch's error."""
+    """The one device of TENSORS (0-dim CPU tensors aside, with CPU_SCALARS), as torch wants; else torch's error."""
     devices = list(dict.fromkeys(str(t.device) for t in tensors if isinstance(t, torch.Tensor)
                                  and not (cpu_scalars and t.device.type == "cpu" and t.dim() == 0)))
     if len(devices) > 1:
@@ -171,15 +180,14 @@ class FakeDevices(TorchFunctionMode):
     """Devices as a run on fake tensors sees them: the one home of "run this on fake devices". With SWAP
     (explain()'s dry run) every tensor a torch call reaches is its fake copy; without (fake_cuda()) what the code
     puts on cuda is fake there, the rest real. Without a TARGET, a device this machine lacks fails the run as the
-    real step would, before a fake tensor is made there (torch aborts the process for a device it was built
-    without). With one, every device exists, "cuda" is cuda:0, and where this torch has no cuda code an op is
-    worked out on meta without autograd, a backward pass simulated (a gradient for each leaf the ops used) and
-    pinning skipped: torch's device rules kept, its kernels skipped."""
+    real step would (torch aborts the process for a device it was built without). With one, every device exists,
+    "cuda" is cuda:0, and where this torch has no cuda code an op is worked out on meta without autograd, a
+    backward simulated (a zero gradient for each leaf used) and pinning skipped: torch's device rules kept."""
 
     def __init__(self, target: torch.device | None, swap: _Swap | None = None) -> None:
         super().__init__()
         self.target, self.swap = target, swap
-        self.fake = swap.mode if swap is not None else FakeTensorMode(allow_non_fake_inputs=True)
+        self.fake = swap.mode if swap is not None else _fake_mode()
         self.simulated = target is not None and target.type == "cuda" and not _has(target)
         self.leaves: dict[int, torch.Tensor] = {}  # not weak: a weak reference stops Module.to() swapping a fake
 
@@ -228,9 +236,8 @@ class FakeDevices(TorchFunctionMode):
     def _backward(self) -> None:
         """What a backward pass leaves: a gradient (zeros) for each fake leaf an op used that wants one."""
         with self.fake:
-            for leaf in self.leaves.values():
-                if leaf.requires_grad and leaf.grad is None:
-                    leaf.grad = torch.zeros_like(leaf)
+            for leaf in (t for t in self.leaves.values() if t.requires_grad and t.grad is None):
+                leaf.grad = torch.zeros_like(leaf)
 
     def _forget(self) -> None:
         """Empty fake tensors' caches of the tensors they converted (weak references to the real and the fake)."""
@@ -248,16 +255,23 @@ def fake_cuda() -> Any:
     from ..hardware.visible import map_visible
     from ..policy.devices import ASSUMED, Machine
 
-    swap = torch.__future__.get_swap_module_params_on_conversion()
-    torch.__future__.set_swap_module_params_on_conversion(True)  # a parameter moved there stays the same object,
-    with FakeDevices(torch.device("cuda", 0)) as mode:  # as Module.to's `.data =` keeps it on a GPU: the optimizer's
-        tokens = _WORLD.set(mode), ASSUMED.set(Machine(1, map_visible()))  # torchplace.device() resolves cuda:0
+    swap = torch.__future__.get_swap_module_params_on_conversion()  # a parameter moved there stays the same object,
+    torch.__future__.set_swap_module_params_on_conversion(True)  # as Module.to's `.data =` keeps it on a GPU: the
+    # optimizer's; torch.save() keeps tensors' shapes and devices, not their values (fake ones have none)
+    with FakeDevices(torch.device("cuda", 0)) as mode, torch.serialization.skip_data(materialize_fake_tensors=True):
+        tokens = WORLD.set(mode), ASSUMED.set(Machine(1, map_visible()))  # torchplace.device() resolves cuda:0
         try:
             yield mode
         finally:
-            _WORLD.reset(tokens[0])
+            WORLD.reset(tokens[0])
             ASSUMED.reset(tokens[1])
             torch.__future__.set_swap_module_params_on_conversion(swap)
+
+
+def _fake_mode(meta: bool = False) -> FakeTensorMode:
+    """Fake tensors of the user's shapes; what an op makes from data (nonzero's size, item()) is a symbol, but
+    for a META model (it has no data: such an op fails, as it would)."""
+    return FakeTensorMode(allow_non_fake_inputs=True, shape_env=None if meta else ShapeEnv(), static_shapes=True)
 
 
 def _names_cuda(spec: Any) -> bool:
@@ -270,13 +284,11 @@ def _names_cuda(spec: Any) -> bool:
 
 def _has(spec: Any) -> bool:
     """Whether this machine has the cuda device SPEC."""
-    index = torch.device(spec).index or 0
-    return index < (torch.cuda.device_count() if torch.cuda.is_available() else 0)  # cuda-only: a cuda spec
+    return (torch.device(spec).index or 0) < torch.cuda.device_count()  # cuda-only: a cuda spec (0 without cuda)
 
 
 def _indexed(spec: Any) -> Any:
-    """"cuda" or torch.device("cuda") as cuda:0 (torch's current device when nothing set another); anything else
-    as it is."""
+    """"cuda" or torch.device("cuda") as cuda:0 (torch's current device when nothing set another), else SPEC."""
     return torch.device("cuda", 0) if isinstance(spec, (str, torch.device)) and str(spec) == "cuda" else spec
 
 
@@ -287,12 +299,8 @@ def _on_meta(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     index = getattr(func, "__name__", "") in ("__getitem__", "__setitem__")  # CPU index tensors are fine
     tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
     device = _one_device([t for t in tensors if not (index and t is not args[0] and t.device.type == "cpu")])
-
-    def meta(t: torch.Tensor) -> torch.Tensor:
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") if t.device.type == "cuda" \
-            else t
-
-    on_meta, kw_on_meta = tree_map_only(torch.Tensor, meta, (args, kwargs))
+    on_meta, kw_on_meta = tree_map_only(torch.Tensor, lambda t: torch.empty_strided(
+        t.shape, t.stride(), dtype=t.dtype, device="meta") if t.device.type == "cuda" else t, (args, kwargs))
     return tree_map_only(torch.Tensor, lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
                          if t.device.type == "meta" else t, func(*on_meta, **kw_on_meta))
 
@@ -301,38 +309,38 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
         current: Any, device: torch.device | None = None, must_call_model: bool = False,
         kind: str = "step-device", real: bool = False) -> StepRun | None:
     """Run CALL (function, args, kwargs) on fake tensors and say what torch did. DEVICE: the model's parameters
-    and buffers are made there (as model.to(device) would put them); everything else keeps its device. With
-    MUST_CALL_MODEL, None when the call is not the step (it failed before calling the model, or never did).
-    REAL: on the real tensors instead (where fake tensors cannot run an op), without autograd, the model's
-    buffers and the random streams put back after."""
+    and buffers are made there (as model.to(device) would); the rest keeps its device. With MUST_CALL_MODEL, None
+    when the call is not the step (it failed before calling the model, or never did). REAL: on the real tensors
+    (where fake tensors cannot run an op), without autograd, the model's buffers and random streams put back."""
     wrapped = [type(m).__name__ for m in model.modules() if isinstance(m, DistributedDataParallel)
                or type(m).__name__ == "OptimizedModule"]
     if wrapped and not real:  # their communication and compilation are not for fake tensors
         return StepRun(ran=f"not run: a {wrapped[0]} is not run on fake tensors")
     func, args, kwargs = call
     reading = StepRun()
-    calls = [0]
+    calls, stepped = list[list[int]](), [False]  # the tensors of each call (a generation loop's calls go on)
 
-    def before_model(module: torch.nn.Module, _: Any) -> None:
-        calls[0] += 1
-        if calls[0] > 1:
+    def before_model(_: Any, args: Any, kwargs: Any) -> None:  # a training loop's next step, or the same call again
+        tensors = [id(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if stepped[0] or tensors in calls or len(calls) >= _CALLS:
             raise _Stop
+        calls.append(tensors)
 
     def after_model(*_: Any) -> None:
         reading.model_ran = True
 
     def before_step(optimizer: torch.optim.Optimizer, *_: Any) -> None:
         swap.value(optimizer)  # one the step reaches otherwise (a global): swapped now, before it steps
-        site = _user_site()
-        if site:
+        stepped[0] = True
+        if site := _user_site():
             reading.optimizers.append((optimizer, site))
 
-    world = _WORLD.get()  # inside fake_cuda(): its fake tensors and their mode
-    mode = world.fake if world is not None else FakeTensorMode(allow_non_fake_inputs=True)
+    meta = any(t.is_meta for t in (*model.parameters(), *model.buffers()))
+    mode = world.fake if (world := WORLD.get()) is not None else _fake_mode(meta)  # inside fake_cuda(): its mode
     swap = _Swap(mode, device)
     saved = [(b, b.detach().clone()) for b in model.buffers()] if real else []
-    handles = [model.register_forward_pre_hook(before_model), model.register_forward_hook(after_model)]
-    handles += [] if real else [register_optimizer_step_pre_hook(before_step)]
+    handles = [model.register_forward_pre_hook(before_model, with_kwargs=True), model.register_forward_hook(
+        after_model), *([] if real else [register_optimizer_step_pre_hook(before_step)])]
     token, births = _RUNNING.set(current), BIRTHS.set({})
     quiet = io.StringIO()
     try:
@@ -344,9 +352,11 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
             for companion in companions:
                 swap.value(companion)
             args, kwargs = swap.value(args), swap.value(kwargs)
-            modes = [_quiet_log("torch._subclasses.fake_tensor"), mode, _EagerChecks(),
-                     FakeDevices(device or (world.target if world else None), swap)]
+            modes = [mode, _EagerChecks(), FakeDevices(device or (world.target if world else None), swap)]
         with contextlib.ExitStack() as stack:
+            log = logging.getLogger("torch._subclasses.fake_tensor")  # it logs each meta kernel that fails, as errors
+            stack.callback(setattr, log, "disabled", log.disabled)
+            log.disabled = True
             for entered in (warnings.catch_warnings(), contextlib.redirect_stdout(quiet),
                             contextlib.redirect_stderr(quiet), *modes, watch(model)):
                 stack.enter_context(entered)
@@ -365,7 +375,7 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
         reading.problems.append({"kind": "meta-tensor" if no_data else kind, "where": where, "severity": "error",
                                  "message": failed(what, exc)})
     except Exception as exc:  # an op fake tensors cannot run, or the step's own error: said, not guessed past
-        if must_call_model and not calls[0] and not is_device_mismatch(exc) and not isinstance(exc, _NO_FAKE):
+        if must_call_model and not calls and not is_device_mismatch(exc) and not isinstance(exc, _NO_FAKE):
             return None  # it failed before reaching the model: not the step (a function around explain())
         at = _stopped_at(exc)
         what = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}" if str(exc) else type(exc).__name__
@@ -386,18 +396,7 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
             for buffer, value in saved:
                 if buffer.device == value.device and buffer.shape == value.shape:
                     buffer.copy_(value)
-    return reading if calls[0] > 0 or reading.ran != "ran" or not must_call_model else None
-
-
-@contextlib.contextmanager
-def _quiet_log(name: str) -> Any:
-    """Logger NAME silenced for the block (fake tensors log each meta kernel that fails, as errors)."""
-    logger = logging.getLogger(name)
-    old, logger.disabled = logger.disabled, True
-    try:
-        yield
-    finally:
-        logger.disabled = old
+    return reading if calls or reading.ran != "ran" or not must_call_model else None
 
 
 class _Unreachable(RuntimeError):

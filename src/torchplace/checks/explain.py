@@ -133,9 +133,8 @@ def explain(model: torch.nn.Module, *inputs: Any, optimizer: torch.optim.Optimiz
         forward = dry_run.run((model, args, {}), model, [], result, target, kind="mismatch") or dry_run.StepRun()
     stopped = forward is not None and forward.ran.startswith(("stopped", "not run"))
     failing = any(r.ran == "device mismatch" for r in (reading, forward) if r is not None)
-    if args and target is None and not dry_run.faking() and (stopped or (found and not failing)):
-        # the real forward: fake tensors stopped at an op that needs data or a wrapper they do not run
-        # (torch.compile), or accepted what placement calls odd (a CPU index into a CUDA index_add): torch judges
+    if args and target is None and dry_run.WORLD.get() is None and (stopped or (found and not failing)):
+        # the real forward: fake tensors stopped (data, torch.compile) or accepted what placement calls odd
         real = dry_run.run((model, args, {}), model, [], result, kind="mismatch", real=True) or dry_run.StepRun()
         if stopped and real.ran == "ran" and forward is not None:
             real.problems = [{**p, "message": p["message"].replace("the rest was not checked",
