@@ -11,14 +11,15 @@ holder by holder, and `name_holder` turns the few that grew into the user's name
 local or global variable of the user's frames (`seen`), an attribute path (`trainer.cache`,
 `model.encoder.cache`), a module attribute, with the line that grows it when its source says.
 
-A container holding another anonymous container that holds tensors (`cache.append((x, y))`)
-is credited with what its entries hold, one level down. Tensors held only by local variables
-of running frames have no holder here; tensors saved only inside an autograd graph (a running
+What holds holders (`cache.append((x, y))`, a dict of objects with tensors, a weak cache of
+models) is credited with what they hold, up to `_LEVELS` levels up; `grown` names the nearest, or
+a container whose growth is spread over its entries. Tensors held only by local variables of
+running frames have no holder here; tensors saved only inside an autograd graph (a running
 total summed without `.item()`) are named, when no holder grew, by the tensor at the graph's root
 that the user keeps (`graph_roots`, `name_root`): "autograd graph of tensor `total`".
 
-These walks cost a pass over the heap (about 0.1 s per 200k objects): `track_memory` runs them
-at its baseline and, at the end, only when memory grew.
+These walks cost a pass over the heap and one per level up (about 0.3 s per 200k objects):
+`track_memory` runs them at its baseline and, at the end, only when memory grew.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from ..units import format_bytes
 _CONTAINERS = (dict, list, set, frozenset, tuple, collections.deque)
 _SKIP = (types.FrameType, types.FunctionType, types.CodeType, types.ModuleType, type)
 # torch, torchplace, the standard library and installed packages (a test runner's, a trainer library's)
+_FEW = 100  # holders few enough to find what references them with gc.get_referrers (a heap scan per holder)
 _LEVELS = 6  # holders above the tensors' own, at most: a dict of objects holding a module holding parameters
 _MAX_GRAPH_NODES = 20_000  # an autograd graph is walked this far at most
 _LIBRARIES = (*user_code.LIBRARY, user_code.STDLIB_DIR, *user_code.SITE_DIRS)
@@ -58,7 +60,8 @@ class Holding:
     kind: str
     tensors: int
     nbytes: int
-    parts: frozenset[int] = frozenset()  # ids of the anonymous containers whose tensors it is credited with
+    parts: frozenset[int] = frozenset()  # ids of the holders (nearer the tensors) whose tensors it is credited with
+    container: bool = True  # a dict, list, set, deque or tuple (else an object, holding in attributes)
 
 
 @dataclass
@@ -128,9 +131,15 @@ def holdings(keep: Callable[[torch.Tensor], bool], own: set[int] = frozenset(), 
         # with what a back-reference reaches); a container of tensors also with the containers beside them
         attribute_dicts: set[int] = set()
         level = dict.fromkeys(found, 0)
+        last = list(found.values())
+        in_above = set(map(id, above))
         for depth in range(1, _LEVELS + 1):
+            if not last:
+                break
             new = []
-            for obj in above:
+            # what references the holders found last: asked of the collector (in C) when they are few
+            nearby = [r for r in gc.get_referrers(*last) if id(r) in in_above] if len(last) <= _FEW else above
+            for obj in nearby:
                 container = issubclass(type(obj), _CONTAINERS)
                 if id(obj) in level and not (depth == 1 and container):
                     continue
@@ -152,18 +161,19 @@ def holdings(keep: Callable[[torch.Tensor], bool], own: set[int] = frozenset(), 
                 if id(obj) not in level:
                     new.append(obj)
             level.update((id(obj), depth) for obj in new)
-            above = [obj for obj in above if id(obj) not in level]
-            if not new:
-                break
+            if nearby is not above:
+                nearby.clear()
+            last = new
+        last.clear()
+        above.clear()
         # a container subclass's attributes (a transformers ModelOutput is a dict whose fields are
         # also attributes) are that object's, not a second holder of the same tensors
         for i in attribute_dicts:
             del held[i], found[i]
         for credited in parts.values():
             credited -= attribute_dicts
-        above.clear()
-        out = {i: Holding(_kind(found[i]), len(s), sum(s.values()), frozenset(parts.get(i, ())))
-               for i, s in held.items()}
+        out = {i: Holding(_kind(found[i]), len(s), sum(s.values()), frozenset(parts.get(i, ())),
+                          issubclass(type(found[i]), _CONTAINERS)) for i, s in held.items()}
         if objects is not None:
             objects.update(found)
         found.clear()
@@ -175,7 +185,7 @@ def holdings(keep: Callable[[torch.Tensor], bool], own: set[int] = frozenset(), 
 def _is_data(tp: type) -> bool:
     """TP's objects may hold data for the user: a container, or an object with attributes (a callback, a cell, a
     descriptor, a weak reference may reference data but do not hold it)."""
-    return issubclass(tp, _CONTAINERS) or bool(tp.__dictoffset__) or any("__slots__" in vars(c) for c in tp.__mro__[:-1])
+    return issubclass(tp, _CONTAINERS) or bool(tp.__dictoffset__) or any("__slots__" in vars(c) for c in tp.__mro__)
 
 
 def _kind(obj: Any) -> str:
@@ -191,8 +201,10 @@ def grown(before: dict[int, Holding], after: dict[int, Holding], min_bytes: int)
     """(id, bytes grown, tensors added) for the holders that grew by MIN_BYTES or more, most first.
 
     A holder is compared with the one of the same id and kind at the start (ids of dead objects
-    are reused), else with nothing. A container credited with a part that itself grew as much
-    (an object's or a frame's variables holding the growing dict) is left out: the part is named.
+    are reused), else with nothing. What is credited with parts that grew is left out, and the parts
+    named: a container when one part grew half as much (a dict holding the growing list), an object when
+    its parts together did (growing lists in its attributes); a container whose growth is spread over
+    many entries (a dict gaining an object a step) is named.
     """
     out: dict[int, tuple[int, int, int]] = {}
     for key, now in after.items():
@@ -202,8 +214,10 @@ def grown(before: dict[int, Holding], after: dict[int, Holding], min_bytes: int)
         growth = now.nbytes - start.nbytes
         if growth >= min_bytes:
             out[key] = (key, growth, now.tensors - start.tensors)
+    grew = {key: growth for key, growth, _ in out.values()}
     for key in list(out):
-        if any(part in out and out[part][1] * 2 >= out[key][1] for part in after[key].parts):
+        part_growth = [grew[part] for part in after[key].parts if part in grew]
+        if part_growth and (max if after[key].container else sum)(part_growth) * 2 >= grew[key]:
             del out[key]
     return sorted(out.values(), key=lambda item: item[1], reverse=True)
 
