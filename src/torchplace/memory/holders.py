@@ -443,7 +443,7 @@ def _nbytes(t: torch.Tensor) -> int:
         return 0
 
 
-_GROWS = (r"(\[[^\]]*\]\s*=[^=]|\.(append|appendleft|add|extend|update|insert|setdefault|put)\("
+_GROWS = (r"(\[(?:[^\[\]]|\[[^\]]*\])*\]\s*=[^=]|\.(append|appendleft|add|extend|update|insert|setdefault|put)\("
           r"|\s*\+=|\s*=\s*torch\.(cat|stack))")
 
 
