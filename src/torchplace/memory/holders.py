@@ -18,7 +18,7 @@ running frames have no holder here; tensors saved only inside an autograd graph 
 total summed without `.item()`) are named, when no holder grew, by the tensor at the graph's root
 that the user keeps (`graph_roots`, `name_root`): "autograd graph of tensor `total`".
 
-These walks cost a pass over the heap and one per level up (about 0.3 s per 200k objects):
+These walks cost a pass over the heap and one per level up (about 0.5 s per 200k objects, 2 cores):
 `track_memory` runs them at its baseline and, at the end, only when memory grew.
 """
 
