@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+import weakref
 from pathlib import Path
 
 import pytest
@@ -172,6 +173,46 @@ def test_holders_are_named_by_attribute_path():
     found = {g.name: (g.where, g.growth_bytes, g.added_tensors) for g in tracker.report.grew}
     assert found == {"list `trainer.outputs`": (line_of("self.outputs.append("), 22 * 8 * 2**20, 44),
                      "dict `model.1.memory`": (line_of("model[1].memory[step] ="), 22 * 4 * 2**20, 22)}
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.preds: list = []
+        self.targets: list = []
+        self.scores: list = []
+
+
+def test_an_object_whose_attributes_grow_alike_names_its_attributes():
+    """Growth spread over an object's three lists names the lists (what grows), not the object above them."""
+    x = torch.randn(2**20)  # 4 MiB
+    metrics = Metrics()
+    with pytest.warns(MemoryLeakWarning):
+        with track_memory("cpu") as tracker:
+            for _ in range(16):
+                metrics.preds.append(x + 1)
+                metrics.targets.append(x + 2)
+                metrics.scores.append(x + 3)
+                tracker.step()
+    names = {g.name for g in tracker.report.grew}
+    assert names == {"list `metrics.preds`", "list `metrics.targets`", "list `metrics.scores`"}, names
+
+
+class Key:
+    """A weak-referenceable key without tensors."""
+
+
+def test_a_weak_key_cache_is_named_by_its_own_name():
+    """A WeakKeyDictionary whose keys stay alive: named by the user's variable, never by its inner `.data`."""
+    x = torch.randn(2**20)  # 4 MiB
+    keys, cache = [], weakref.WeakKeyDictionary()
+    with pytest.warns(MemoryLeakWarning):
+        with track_memory("cpu") as tracker:
+            for _ in range(16):
+                keys.append(Key())
+                cache[keys[-1]] = x * 2  # the leak: every key is kept
+                tracker.step()
+    grew = tracker.report.grew
+    assert [(g.name, g.where) for g in grew] == [("WeakKeyDictionary `cache`", line_of("cache[keys[-1]] = x * 2"))]
 
 
 def test_tensor_attribute_that_grows_is_named():

@@ -11,14 +11,15 @@ holder by holder, and `name_holder` turns the few that grew into the user's name
 local or global variable of the user's frames (`seen`), an attribute path (`trainer.cache`,
 `model.encoder.cache`), a module attribute, with the line that grows it when its source says.
 
-A container holding another anonymous container that holds tensors (`cache.append((x, y))`)
-is credited with what its entries hold, one level down. Tensors held only by local variables
-of running frames have no holder here; tensors saved only inside an autograd graph (a running
+What holds holders (`cache.append((x, y))`, a dict of objects with tensors, a weak cache of
+models) is credited with what they hold, up to `_LEVELS` levels up; `grown` names the nearest, or
+a container whose growth is spread over its entries. Tensors held only by local variables of
+running frames have no holder here; tensors saved only inside an autograd graph (a running
 total summed without `.item()`) are named, when no holder grew, by the tensor at the graph's root
 that the user keeps (`graph_roots`, `name_root`): "autograd graph of tensor `total`".
 
-These walks cost a pass over the heap (about 0.1 s per 200k objects): `track_memory` runs them
-at its baseline and, at the end, only when memory grew.
+These walks cost a pass over the heap and one per level up (about 0.5 s per 200k objects, 2 cores):
+`track_memory` runs them at its baseline and, at the end, only when memory grew.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ import inspect
 import linecache
 import os
 import re
+import sys
 import types
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +47,8 @@ from ..units import format_bytes
 _CONTAINERS = (dict, list, set, frozenset, tuple, collections.deque)
 _SKIP = (types.FrameType, types.FunctionType, types.CodeType, types.ModuleType, type)
 # torch, torchplace, the standard library and installed packages (a test runner's, a trainer library's)
+_FEW = 100  # holders few enough to find what references them with gc.get_referrers (a heap scan per holder)
+_LEVELS = 6  # holders above the tensors' own, at most: a dict of objects holding a module holding parameters
 _MAX_GRAPH_NODES = 20_000  # an autograd graph is walked this far at most
 _LIBRARIES = (*user_code.LIBRARY, user_code.STDLIB_DIR, *user_code.SITE_DIRS)
 
@@ -55,7 +60,8 @@ class Holding:
     kind: str
     tensors: int
     nbytes: int
-    parts: frozenset[int] = frozenset()  # ids of the anonymous containers whose tensors it is credited with
+    parts: frozenset[int] = frozenset()  # ids of the holders (nearer the tensors) whose tensors it is credited with
+    container: bool = True  # a dict, list, set, deque or tuple (else an object, holding in attributes)
 
 
 @dataclass
@@ -104,49 +110,82 @@ def holdings(keep: Callable[[torch.Tensor], bool], own: set[int] = frozenset(), 
         held: dict[int, dict[int, int]] = {}  # id(holder) -> storage -> bytes
         found: dict[int, Any] = {}
         parts: dict[int, set[int]] = {}
+        above: list[Any] = []  # what may hold holders: containers and objects with attributes, not a module's globals
+        data: dict[type, bool] = {}
         for obj in heap:
             tp = type(obj)
             if id(obj) in skip or issubclass(tp, (torch.Tensor, *_SKIP)):
                 continue
+            is_data = data.get(tp)
+            if is_data is None:
+                is_data = data[tp] = _is_data(tp)
+            if is_data and not _is_namespace(obj):
+                above.append(obj)
             refs = gc.get_referents(obj)
             if sizes.keys().isdisjoint(map(id, refs)):
                 continue
             held[id(obj)] = dict(sizes[id(r)] for r in refs if id(r) in sizes)
             found[id(obj)] = obj
-        # one level up: a container of anonymous containers ({step: (x, y)}, [[a, b], ...])
-        inner = {i for i, o in found.items() if issubclass(type(o), _CONTAINERS)}
+        # levels up: what holds holders ({step: (x, y)}, a dict of objects with tensors, a cache of modules),
+        # each credited with what the holders one level nearer the tensors among its references hold (never
+        # with what a back-reference reaches); a container of tensors also with the containers beside them
         attribute_dicts: set[int] = set()
-        if inner:
-            skip |= {id(held), id(found), id(inner), id(parts), id(attribute_dicts)}
-            for obj in heap:
-                if id(obj) in skip or not issubclass(type(obj), _CONTAINERS) or _is_namespace(obj):
+        level = dict.fromkeys(found, 0)
+        last = list(found.values())
+        in_above = set(map(id, above))
+        for depth in range(1, _LEVELS + 1):
+            if not last:
+                break
+            new = []
+            # what references the holders found last: asked of the collector (in C) when they are few
+            nearby = [r for r in gc.get_referrers(*last) if id(r) in in_above] if len(last) <= _FEW else above
+            for obj in nearby:
+                container = issubclass(type(obj), _CONTAINERS)
+                if id(obj) in level and not (depth == 1 and container):
                     continue
                 refs = gc.get_referents(obj)
-                if inner.isdisjoint(map(id, refs)):
+                if level.keys().isdisjoint(map(id, refs)):
+                    continue
+                below = [r for r in refs if level.get(id(r), depth) < depth and r is not obj
+                         and (id(obj) not in level or issubclass(type(r), _CONTAINERS))]
+                if not below:
                     continue
                 mine = held.setdefault(id(obj), {})
                 found.setdefault(id(obj), obj)
                 credited = parts.setdefault(id(obj), set())
-                for r in refs:
-                    if id(r) in inner and id(r) != id(obj):
-                        mine.update(held[id(r)])
-                        credited.add(id(r))
-                        if type(r) is dict and type(obj) not in _CONTAINERS and _attributes(obj) is r:
-                            attribute_dicts.add(id(r))
-            # a container subclass's attributes (a transformers ModelOutput is a dict whose fields are
-            # also attributes) are that object's, not a second holder of the same tensors
-            for i in attribute_dicts:
-                del held[i], found[i]
-            for credited in parts.values():
-                credited -= attribute_dicts
-        out = {i: Holding(_kind(found[i]), len(s), sum(s.values()), frozenset(parts.get(i, ())))
-               for i, s in held.items()}
+                for r in below:
+                    mine.update(held[id(r)])
+                    credited.add(id(r))
+                    if type(r) is dict and container and type(obj) not in _CONTAINERS and _attributes(obj) is r:
+                        attribute_dicts.add(id(r))
+                if id(obj) not in level:
+                    new.append(obj)
+            level.update((id(obj), depth) for obj in new)
+            if nearby is not above:
+                nearby.clear()
+            last = new
+        last.clear()
+        above.clear()
+        # a container subclass's attributes (a transformers ModelOutput is a dict whose fields are
+        # also attributes) are that object's, not a second holder of the same tensors
+        for i in attribute_dicts:
+            del held[i], found[i]
+        for credited in parts.values():
+            credited -= attribute_dicts
+        out = {i: Holding(_kind(found[i]), len(s), sum(s.values()), frozenset(parts.get(i, ())),
+                          issubclass(type(found[i]), _CONTAINERS)) for i, s in held.items()}
         if objects is not None:
             objects.update(found)
         found.clear()
         return out
     finally:
         heap.clear()
+
+
+def _is_data(tp: type) -> bool:
+    """TP's objects may hold data for the user: a container, or an object with attributes (a callback, a cell, a
+    descriptor, a weak reference may reference data but do not hold it)."""
+    return issubclass(tp, _CONTAINERS) or bool(tp.__dictoffset__) or any("__slots__" in vars(c) for c in tp.__mro__)
 
 
 def _kind(obj: Any) -> str:
@@ -162,8 +201,10 @@ def grown(before: dict[int, Holding], after: dict[int, Holding], min_bytes: int)
     """(id, bytes grown, tensors added) for the holders that grew by MIN_BYTES or more, most first.
 
     A holder is compared with the one of the same id and kind at the start (ids of dead objects
-    are reused), else with nothing. A container credited with a part that itself grew as much
-    (an object's or a frame's variables holding the growing dict) is left out: the part is named.
+    are reused), else with nothing. What is credited with parts that grew is left out, and the parts
+    named: a container when one part grew half as much (a dict holding the growing list), an object when
+    its parts together did (growing lists in its attributes); a container whose growth is spread over
+    many entries (a dict gaining an object a step) is named.
     """
     out: dict[int, tuple[int, int, int]] = {}
     for key, now in after.items():
@@ -173,8 +214,10 @@ def grown(before: dict[int, Holding], after: dict[int, Holding], min_bytes: int)
         growth = now.nbytes - start.nbytes
         if growth >= min_bytes:
             out[key] = (key, growth, now.tensors - start.tensors)
+    grew = {key: growth for key, growth, _ in out.values()}
     for key in list(out):
-        if any(part in out and out[part][1] * 2 >= out[key][1] for part in after[key].parts):
+        part_growth = [grew[part] for part in after[key].parts if part in grew]
+        if part_growth and (max if after[key].container else sum)(part_growth) * 2 >= grew[key]:
             del out[key]
     return sorted(out.values(), key=lambda item: item[1], reverse=True)
 
@@ -269,11 +312,13 @@ def user_frames(frame: types.FrameType | None) -> list[types.FrameType]:
 def name_holder(obj: Any, frames: list[types.FrameType], ignore: set[int]) -> tuple[str, str | None]:
     """The user's name for holder OBJ ("dict `seen`", "list `trainer.cache`") and the line that
     grows it ("train.py:42"), searched in FRAMES' variables, then in what references OBJ."""
+    weak = _weak_owner(obj) if type(obj) in (dict, set) else None
+    obj = obj if weak is None else weak  # a weak dict's or set's own dict or set: named by the weak one
     kind = type(obj).__name__
     path, attr, origin = _path(obj, frames, ignore | {id(frames)}, depth=3)
     # an object with tensors in its attributes (a container subclass too: a ModelOutput's fields)
     tensors = {k: v for k, v in _attributes(obj).items() if issubclass(type(v), torch.Tensor)}
-    if issubclass(type(obj), _CONTAINERS) and (type(obj) in _CONTAINERS or not tensors):
+    if weak is not None or issubclass(type(obj), _CONTAINERS) and (type(obj) in _CONTAINERS or not tensors):
         if path is None:
             return f"a {kind} of {len(obj)} items", None
         return f"{kind} `{path}`", _growth_line(path.rsplit(".", 1)[-1].split("[")[0], origin, frames)
@@ -301,7 +346,7 @@ def _path(obj: Any, frames: list[types.FrameType], ignore: set[int], depth: int)
         for scope in (frame.f_locals, frame.f_globals):
             for key, value in scope.items():
                 if value is obj and not key.startswith("__"):
-                    return key, None, frame
+                    return key, None, frame if scope is frame.f_locals else _module(scope) or frame
     for frame in frames:  # attributes of the user's modules (nn.Module trees included)
         for scope in (frame.f_locals, frame.f_globals):
             for key, value in list(scope.items()):
@@ -322,13 +367,14 @@ def _path(obj: Any, frames: list[types.FrameType], ignore: set[int], depth: int)
             if type(ref) is dict and "__builtins__" in ref and "__name__" in ref:
                 key = next((k for k, v in ref.items() if v is obj), None)
                 if key is not None:
-                    return f"{ref['__name__']}.{key}", key, None
+                    return f"{ref['__name__']}.{key}", key, _module(ref)
             elif isinstance(ref, dict):  # a plain dict, or a module's hook dict (an OrderedDict)
-                owner = next((o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref), None)
+                owner = _owner(ref)
                 key = next((k for k, v in ref.items() if v is obj), None)
-                if owner is not None and key is not None:
+                if owner is not None and key is not None:  # an attribute, of an object or of a class
+                    cls = owner if isinstance(owner, type) else type(owner)
                     outer, _, _ = _path(owner, frames, ignore | {id(ref)}, depth - 1)
-                    return f"{outer or type(owner).__name__}.{key}", key, type(owner)
+                    return f"{outer or cls.__name__}.{key}", key, cls
                 if key is not None:
                     outer, _, origin = _path(ref, frames, ignore | {id(ref)}, depth - 1)
                     if outer:
@@ -359,6 +405,26 @@ def _attributes(obj: Any) -> dict[str, Any]:
     return attrs if type(attrs) is dict else {}
 
 
+def _owner(d: dict) -> Any:
+    """The object whose attributes D is (its `__dict__`), or the class whose namespace D is; else None."""
+    for o in gc.get_referrers(d):
+        if getattr(o, "__dict__", None) is d or isinstance(o, type) and any(r is d for r in gc.get_referents(vars(o))):
+            return o
+    return None
+
+
+def _weak_owner(inner: dict | set) -> Any:
+    """The WeakKeyDictionary, WeakValueDictionary or WeakSet whose entries INNER holds, else None."""
+    weak = (weakref.WeakKeyDictionary, weakref.WeakValueDictionary, weakref.WeakSet)
+    return next((r for r in gc.get_referrers(inner) if isinstance(r, weak) and r.data is inner), None)
+
+
+def _module(namespace: dict) -> types.ModuleType | None:
+    """The module whose globals NAMESPACE is: where a global's growth line is searched."""
+    module = sys.modules.get(namespace.get("__name__", ""))
+    return module if module is not None and vars(module) is namespace else None
+
+
 def storage_ptr(t: torch.Tensor) -> int:
     """T's storage address; 0 for a tensor without memory of its own: meta, sparse, a fake tensor (explain runs
     steps under FakeTensorMode, and one may still be alive), a wrapper subclass."""
@@ -377,7 +443,7 @@ def _nbytes(t: torch.Tensor) -> int:
         return 0
 
 
-_GROWS = (r"(\[[^\]]*\]\s*=[^=]|\.(append|appendleft|add|extend|update|insert|setdefault|put)\("
+_GROWS = (r"(\[(?:[^\[\]]|\[[^\]]*\])*\]\s*=[^=]|\.(append|appendleft|add|extend|update|insert|setdefault|put)\("
           r"|\s*\+=|\s*=\s*torch\.(cat|stack))")
 
 
@@ -387,7 +453,8 @@ def _growth_line(name: str, origin: Any, frames: list[types.FrameType]) -> str |
     assigned in ORIGIN."""
     grows = re.compile(rf"\b{re.escape(name)}(?:{_GROWS}|\s*=\s*{re.escape(name)}\s*\+)")  # or `total = total + x`
     assigned = re.compile(rf"\b{re.escape(name)}\s*=[^=]")
-    places = [origin] + [f for f in frames if f is not origin]
+    places = [*_classes(origin)] if isinstance(origin, type) else [origin]
+    places += [f for f in frames if f is not origin]
     for pattern in (grows, assigned):
         for place in places:
             found = _search(pattern, place)
@@ -396,14 +463,31 @@ def _growth_line(name: str, origin: Any, frames: list[types.FrameType]) -> str |
     return None
 
 
+def _classes(cls: type) -> list[type]:
+    """CLS, then its bases and subclasses of the user's code: the methods that may grow `self.NAME` (an attribute
+    of the class, or of an instance, grown in a base class's method or a subclass's)."""
+    found, stack = [cls, *cls.__mro__[1:]], [cls]
+    while stack:
+        for sub in type.__subclasses__(stack.pop()):
+            if sub not in found:
+                found.append(sub)
+                stack.append(sub)
+    return [c for c in found if _is_users(getattr(sys.modules.get(c.__module__), "__file__", None))]
+
+
+def _is_users(filename: str | None) -> bool:
+    """FILENAME is the user's code: not torch's, torchplace's, the standard library's or an installed package's."""
+    return bool(filename) and (filename.startswith(user_code.SPECIMENS) or not filename.startswith(_LIBRARIES))
+
+
 def _search(pattern: re.Pattern[str], place: Any) -> str | None:
     if place is None:
         return None
     is_frame = issubclass(type(place), types.FrameType)
     try:
-        if is_frame and place.f_code.co_name == "<module>":  # the whole script, not its first statement
-            filename = place.f_code.co_filename
-            lines, first = linecache.getlines(filename, place.f_globals), 1
+        if isinstance(place, types.ModuleType) or is_frame and place.f_code.co_name == "<module>":  # the whole file
+            filename = place.__file__ if isinstance(place, types.ModuleType) else place.f_code.co_filename
+            lines, first = linecache.getlines(filename, vars(place) if not is_frame else place.f_globals), 1
         else:
             target = place.f_code if is_frame else place
             lines, first = inspect.getsourcelines(target)
@@ -497,6 +581,8 @@ def _dict_entry(d: dict, key: Any, ignore: set[int]) -> str:
             continue
         if getattr(ref, "__dict__", None) is d:
             return f"{type(ref).__name__}.{key.strip(chr(39))}"
+        if isinstance(ref, type) and any(r is d for r in gc.get_referents(vars(ref))):  # a class attribute
+            return f"{ref.__name__}.{key.strip(chr(39))}"
         if isinstance(ref, dict):  # D is an attribute of an object, e.g. a module's _parameters
             attr = next((k for k, v in ref.items() if v is d), None)
             if attr is None:
