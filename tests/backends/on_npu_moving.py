@@ -98,7 +98,7 @@ def test_strict_names_an_npu_vs_cpu_mismatch(strict_leaves_nothing_behind):
     message = str(info.value)
     # the module, both devices and torch's own words; the op's line is the back end's Python
     # dispatch frame here (a back end in C++ has none, and the line is the model's)
-    assert "Sequential.1" in message and "npu:0" in message and "on cpu" in message
+    assert "model.1" in message and "npu:0" in message and "on cpu" in message  # the path from the user's variable
     assert "Expected all tensors to be on the same device" in message
 
 
