@@ -180,3 +180,30 @@ def test_message_reads_in_one_go():
 def test_rejects_what_is_not_a_module():
     with pytest.raises(TypeError, match="nn.Module"):
         tp.watch(F.relu)
+
+
+class _Shadows:
+    def __init__(self, tensors):
+        self.shadow = list(tensors)
+
+
+def _compare(live: _Shadows, loaded: _Shadows) -> None:
+    for a, b in zip(live.shadow, loaded.shadow):
+        torch.add(a, b)
+
+
+def test_a_loop_variable_or_a_librarys_local_is_named_by_the_object_that_holds_it():
+    """`b` of a zip() loop and `self.loc` inside torch.distributions: named by where the user's objects hold that
+    very tensor (`loaded.shadow[0]`, `self.base.loc`), not by the loop's or the library's name alone."""
+    err = mismatch(_compare, _Shadows([torch.ones(2, device="meta")]), _Shadows([torch.ones(2)]))
+    assert tensor(err.report, "b").origin == "loaded.shadow[0] in _compare()"
+
+    class Flow:
+        def __init__(self) -> None:
+            self.base = torch.distributions.Normal(torch.zeros(2), torch.ones(2), validate_args=False)
+
+        def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+            return self.base.log_prob(x)
+
+    err = mismatch(Flow().log_prob, torch.zeros(2, device="meta"))
+    assert tensor(err.report, "self.loc").origin == "self.base.loc in log_prob()"

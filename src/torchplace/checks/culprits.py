@@ -6,6 +6,7 @@ the user wrote, and optimizer state left on another device. Runs only after an e
 from __future__ import annotations
 
 import ast
+import itertools
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
@@ -49,8 +50,7 @@ class Operand:
 
     def describe(self) -> str:
         shape = "[" + ", ".join(map(str, self.shape)) + "]"
-        text = f"{self.label}: {self.device} {self.dtype} {shape}" if self.kind != "inline" else \
-            f"{self.label}: {self.device}"
+        text = f"{self.label}: {self.device}" + (f" {self.dtype} {shape}" if self.kind != "inline" else "")
         if self.source != self.label:
             text += f" ({self.source})"
         if self.made:
@@ -123,22 +123,19 @@ def user_modules(user_frames: list[FrameType]) -> Iterator[tuple[str, torch.nn.M
                 yield label, module
 
 
-def _attributes(name: str, value: Any) -> list[tuple[str, torch.nn.Module]]:
-    """(`name.key`, module) for each module a plain object holds as an attribute."""
-    if not hasattr(value, "__dict__") or isinstance(value, (type, ModuleType, FunctionType, MethodType)):
+def _attributes(name: str, value: Any, kind: type = torch.nn.Module) -> list[tuple[str, Any]]:
+    """(`name.key`, module) for each module (or KIND) a plain object holds as an attribute."""
+    held = getattr(value, "__dict__", None)  # a class's is no dict
+    if not isinstance(held, dict) or isinstance(value, (ModuleType, FunctionType, MethodType)):
         return []
-    try:
-        return [(f"{name}.{k}", v) for k, v in list(vars(value).items())[:256] if isinstance(v, torch.nn.Module)]
-    except TypeError:
-        return []
+    return [(f"{name}.{k}", v) for k, v in list(held.items())[:256] if isinstance(v, kind)]
 
 
 def _find_module(root: torch.nn.Module, label: str, target: torch.nn.Module) -> str | None:
     """The path of `target` under `root`, through registered submodules or plain lists, tuples and dicts."""
     for name, module in root.named_modules(remove_duplicate=False):
-        prefix = f"{label}.{name}" if name else label
         if module is target:
-            return prefix
+            return f"{label}.{name}" if name else label
     for name, module in root.named_modules():
         prefix = f"{label}.{name}" if name else label
         for key, value in vars(module).items():
@@ -180,13 +177,13 @@ def origins_of(chain: list[torch.nn.Module], user_frames: list[FrameType],
             for path, tensor in _flatten(value, name):
                 tier = 1 if plain else 2 if _POSITION.search(path) else 0
                 found[tier].append((id(tensor), ("local" if plain else "batch", f"{path} {where}")))
-    for tier in found:
-        for key, origin in tier:
-            out.setdefault(key, origin)
+    for key, origin in itertools.chain(*found):
+        out.setdefault(key, origin)
     return out
 
 
 _POSITION = re.compile(r"\[\d+\]")  # an index into a list or tuple, not a key
+_NO_NAME = re.compile(r"\._|\(")  # a private attribute, or a key that prints as a call (a tensor's repr)
 
 
 def trace_assignment(info: Operand, op_frame: FrameType, user: tuple[FrameType, int, int] | None,
@@ -195,9 +192,7 @@ def trace_assignment(info: Operand, op_frame: FrameType, user: tuple[FrameType, 
     torch factory call without a device. Reads the function's source; runs only after an error."""
     if info.made:  # already found where the user's code further out made it
         return
-    candidates: list[tuple[str, FrameType]] = []
-    if info.origin and " at " in info.origin and user is not None:
-        candidates.append((info.origin.split(" at ", 1)[0], user[0]))
+    candidates = [(info.origin.split(" at ", 1)[0], user[0])] if info.origin and " at " in info.origin and user else []
     candidates.append((info.label, op_frame))
     if info.origin and " in " in info.origin:  # `state[0] in BiLSTM.forward()`: the variable in that frame
         name = re.split(r"[\[. ]", info.origin, maxsplit=1)[0]
@@ -219,27 +214,21 @@ def misplaced_state(optimizer: torch.optim.Optimizer, root: torch.nn.Module | No
     parameter (0-dim CPU counters such as Adam's 'step' are where torch keeps them)."""
     names = {id(p): f"{root_label}.{n}" for n, p in root.named_parameters(remove_duplicate=False)} if root else {}
     out = []
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            for key, value in optimizer.state.get(param, {}).items():
-                if not isinstance(value, torch.Tensor) or value.device == param.device or (
-                        value.device.type == "cpu" and value.dim() == 0):
-                    continue
-                out.append(f"{names.get(id(param), 'a parameter')}[{key!r}] on {value.device} "
-                           f"(parameter on {param.device})")
+    for param in (p for group in optimizer.param_groups for p in group["params"]):
+        for key, value in optimizer.state.get(param, {}).items():
+            if not isinstance(value, torch.Tensor) or value.device == param.device or (
+                    value.device.type == "cpu" and value.dim() == 0):
+                continue
+            out.append(f"{names.get(id(param), 'a parameter')}[{key!r}] on {value.device} "
+                       f"(parameter on {param.device})")
     return out
 
 
 def _where(frame: FrameType) -> str:
-    owner = frame.f_locals.get("self")
-    name = frame.f_code.co_name
+    owner, name = frame.f_locals.get("self"), frame.f_code.co_name
     if name == "<module>":
         return f"in {fr.short_path(frame.f_code.co_filename)}"
     return f"in {type(owner).__name__}.{name}()" if isinstance(owner, torch.nn.Module) else f"in {name}()"
-
-
-def contains(root: torch.nn.Module, module: torch.nn.Module) -> bool:
-    return any(m is module for m in root.modules())
 
 
 def _flatten(value: Any, path: str, depth: int = 4) -> Iterator[tuple[str, torch.Tensor]]:
@@ -288,9 +277,35 @@ def operands(op_frame: FrameType, expression: str | None, user: tuple[FrameType,
     tensors = {id(v): v for _, v in named if isinstance(v, torch.Tensor)}
     for key, info in found.items():
         if key in tensors and info.kind in ("local", "value", "batch"):
-            inner = (op_frame, user[0] if user else None)
-            _made_outside(info, tensors[key], [f for f in outer if not any(f is g for g in inner)])
+            _made_outside(info, tensors[key], [f for f in outer if f is not op_frame and not (user and f is user[0])])
+        tensor, own = tensors.get(key), (info.origin or "").split(" ")[0]  # a library's local, or a loop variable
+        loop = info.kind == "local" and any(g.f_locals.get(own) is tensor and _iterated(own, g) for g in outer)
+        if tensor is not None and (loop or info.origin is None and fr.is_library(op_frame.f_code.co_filename)):
+            info.origin = held_path(tensor, reversed(outer)) or info.origin
     return list(found.values())
+
+
+def held_path(target: torch.Tensor, frames: Iterator[FrameType]) -> str | None:
+    """Where the user's objects hold TARGET itself (`self.preconditioner[0][0] in step()`), innermost frame first:
+    modules' tensors and locals' attributes two deep, and the containers those are; a loop variable holds nothing."""
+    for frame in frames:
+        for name, value in list(frame.f_locals.items())[:256]:
+            attrs = _attributes(name, value, object)  # through an attribute: a list of batches says no more than a loop
+            for label, obj in [(name, value)] * isinstance(value, torch.nn.Module) + attrs + [
+                    a for n, v in attrs[:16] for a in _attributes(n, v, object)][:512]:
+                g = itertools.chain(obj.named_parameters(label), obj.named_buffers(label)) if isinstance(
+                    obj, torch.nn.Module) else tensors_with_paths(obj, label, depth=3, items=64)
+                at = next((p for p, t in g if t is target and not _NO_NAME.search(p)), "")
+                if at and not _iterated(name, frame):
+                    return f"{at} {_where(frame)}"
+    return None
+
+
+def _iterated(name: str, frame: FrameType) -> bool:
+    """Whether NAME is a loop's (or with's, or comprehension's) variable: no argument, no assignment."""
+    code = frame.f_code
+    return code.co_name != "<module>" and name not in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount] \
+        and fr.assignment_of(name, frame) is None
 
 
 def _made_outside(info: Operand, tensor: torch.Tensor, frames: list[FrameType]) -> None:

@@ -101,8 +101,9 @@ def is_users_own(filename: str) -> bool:
     return is_user(filename) and not is_installed(filename)
 
 
-def assignment_of(name: str, frame: FrameType, depth: int = 0) -> tuple[int, str, str | None] | None:
-    """The last `name = ...` in frame's function before the running line: (line, source, factory note).
+def assignment_of(name: str, frame: FrameType, depth: int = 0,
+                  before: int = 1 << 30) -> tuple[int, str, str | None] | None:
+    """The last `name = ...` of frame's function before the running line and line BEFORE: (line, source, factory note).
 
     The note says when the right-hand side makes a tensor with a torch factory that gives no
     device (it lands on the CPU) or an index-less one (whichever GPU is current).
@@ -111,18 +112,15 @@ def assignment_of(name: str, frame: FrameType, depth: int = 0) -> tuple[int, str
         return None
     try:
         lines, start = inspect.getsourcelines(frame.f_code)
-    except (OSError, TypeError):
-        return None
-    try:
         tree = ast.parse(textwrap.dedent("".join(lines)))
-    except SyntaxError:
+    except (OSError, TypeError, SyntaxError):
         return None
     found = []
     for node in ast.walk(tree):
         targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
             node, (ast.AnnAssign, ast.AugAssign)) else []
         names = {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-        if name in names and start + node.lineno - 1 <= frame.f_lineno:
+        if name in names and start + node.lineno - 1 <= frame.f_lineno and start + node.lineno - 1 < before:
             found.append(node)
     # the latest, passing over `name = other` where other holds something else now (a branch not taken) and the
     # running line's own (it has not stored yet, unless a loop ran it before)
@@ -133,11 +131,11 @@ def assignment_of(name: str, frame: FrameType, depth: int = 0) -> tuple[int, str
                          and frame.f_locals[n.value.id] is not value)), None)
     if best is None:
         return None
-    text = " ".join(ast.unparse(best).split())
-    return start + best.lineno - 1, text, _made_by(getattr(best, "value", None), frame, depth)
+    line = start + best.lineno - 1
+    return line, " ".join(ast.unparse(best).split()), _made_by(getattr(best, "value", None), frame, depth, line)
 
 
-def _made_by(value: ast.AST | None, frame: FrameType, depth: int) -> str | None:
+def _made_by(value: ast.AST | None, frame: FrameType, depth: int, line: int) -> str | None:
     """The factory note of a right-hand side: its own factory call, else (a step or two further) the factory that
     made a local tensor (or list of them) it reads, or the one a function of the user's it calls returns."""
     note = _factory_note(value)
@@ -145,7 +143,7 @@ def _made_by(value: ast.AST | None, frame: FrameType, depth: int) -> str | None:
         return note
     for node in ast.walk(value):
         if isinstance(node, ast.Name) and isinstance(frame.f_locals.get(node.id), (torch.Tensor, list, tuple)):
-            found = assignment_of(node.id, frame, depth + 1)
+            found = assignment_of(node.id, frame, depth + 1, line)  # `w = w.unsqueeze(0)`: the `w` before
             if found is not None and found[2]:
                 return f"{found[2]} (`{found[1]}` at line {found[0]})"
         if isinstance(node, ast.Call):
@@ -205,9 +203,8 @@ def inline_factories(expression: str | None) -> list[tuple[str, str]]:
             continue
         assert isinstance(node, ast.Call)
         spec = next((k.value for k in node.keywords if k.arg == "device"), None)
-        if spec is None and func == "torch.tensor" and node.args and isinstance(node.args[0], ast.Constant):
-            continue
-        if spec is not None and not (isinstance(spec, ast.Constant) and isinstance(spec.value, str)):
+        if spec is None and func == "torch.tensor" and node.args and isinstance(node.args[0], ast.Constant) or (
+                spec is not None and not (isinstance(spec, ast.Constant) and isinstance(spec.value, str))):
             continue
         try:
             device = str(torch.device(spec.value)) if spec is not None else str(torch.get_default_device())
@@ -229,10 +226,9 @@ def traceback_entries(tb: TracebackType | None) -> list[tuple[FrameType, int, in
 def stack_entries(start: FrameType | None) -> list[tuple[FrameType, int, int]]:
     """The live stack from the outermost frame down to `start`, in traceback order."""
     out = []
-    frame = start
-    while frame is not None:
-        out.append((frame, frame.f_lineno, frame.f_lasti))
-        frame = frame.f_back
+    while start is not None:
+        out.append((start, start.f_lineno, start.f_lasti))
+        start = start.f_back
     out.reverse()
     return out
 
@@ -243,8 +239,7 @@ def caller_frame() -> FrameType | None:
 
 
 def site_of(frame: FrameType, lineno: int | None = None, lasti: int | None = None) -> Site:
-    lineno = frame.f_lineno if lineno is None else lineno
-    lasti = frame.f_lasti if lasti is None else lasti
+    lineno, lasti = frame.f_lineno if lineno is None else lineno, frame.f_lasti if lasti is None else lasti
     return Site(frame.f_code.co_filename, lineno, frame.f_code.co_name, expression_at(frame, lineno, lasti))
 
 
@@ -295,15 +290,13 @@ def named_values(expression: str | None, frame: FrameType) -> list[tuple[str, An
 
 
 def parse_expression(expression: str) -> ast.AST | None:
-    for text in (expression, expression.rstrip(":"), f"({expression})"):
+    for text, mode in ((expression, "eval"), (expression.rstrip(":"), "eval"), (f"({expression})", "eval"),
+                       (expression, "exec")):
         try:
-            return ast.parse(text, mode="eval")
+            return ast.parse(text, mode=mode)
         except SyntaxError:
             continue
-    try:
-        return ast.parse(expression)
-    except SyntaxError:
-        return None
+    return None
 
 
 def _evaluate(node: ast.AST, frame: FrameType, functions: bool = False) -> Any:

@@ -273,7 +273,7 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
     if chain:
         report.module = names.path(chain[-1]) or culprits.module_path(chain, root, root_label)
         report.module_type = type(chain[-1]).__name__
-        if "[" in (report.module or "") and (root is None or not culprits.contains(root, chain[-1])):
+        if "[" in (report.module or "") and (root is None or all(m is not chain[-1] for m in root.modules())):
             report.unregistered = report.module
     origins = culprits.origins_of(chain, user_frames, names)
     traced = compiled.user_frames_in_message(report.torch_message)  # torch.compile traced the forward
