@@ -19,8 +19,7 @@ CORPORA = {name: diagnose.load_corpus(HERE / f"{name}.py")
            for name in ("corpus_public", "corpus_outside", "corpus_outside2")}
 UNSCORED = "not yet scored on two GPUs"
 MISSED = "missed on the H200 (cuda:0 vs cpu), 2026-12-02"
-GPU_MISSES = {("dataparallel_net_never_moved", None), ("dqn_state_from_numpy", None),  # corpus_outside
-              ("online_label_smoothing_not_moved", "explain")}  # corpus_outside2
+GPU_MISSES = {("dataparallel_net_never_moved", None), ("dqn_state_from_numpy", None)}  # corpus_outside
 
 
 @pytest.fixture(autouse=True)

@@ -162,7 +162,7 @@ def test_env_switch_on_a_gpu():
     model = Toy().to(CUDA0)
     enable_from_env({"TORCHPLACE_STRICT": "1"})
     try:
-        with pytest.raises(tp.DeviceMismatchError, match=r"Toy\.layers\.0\.proj"):
+        with pytest.raises(tp.DeviceMismatchError, match=r"model\.layers\.0\.proj"):
             forward_loss(model, batch_on("cpu"))
         with pytest.raises(tp.DeviceError, match=at("to-cuda")):
             to_cuda_string(torch.ones(1))

@@ -156,11 +156,11 @@ class _EagerChecks(TorchDispatchMode):
 
 @functools.cache
 def _no_check() -> frozenset[str]:
-    """The aten ops torch lets take tensors on several devices (`device_check: NoCheck` in its
-    native_functions.yaml: TensorIterator's CPU scalars, indices, copies); empty where that file is missing."""
+    """The aten ops torch lets take tensors on several devices (`device_check: NoCheck` in native_functions.yaml,
+    and the CTC ops' `Tensor input_lengths` forms: lengths read on the host); empty where that file is missing."""
     yaml = Path(torchgen.__file__).parent / "packaged/ATen/native/native_functions.yaml"  # shipped with torch
-    names = [e.split("(", 1)[0] for e in yaml.read_text().split("\n- func: ")
-             if "device_check: NoCheck" in e] if yaml.is_file() else []
+    names = [e.split("(", 1)[0] for e in yaml.read_text().split("\n- func: ") if "device_check: NoCheck" in e
+             or "Tensor input_lengths" in e.split("\n", 1)[0]] if yaml.is_file() else []
     return frozenset(n if "." in n else f"{n}.default" for n in names)
 
 
