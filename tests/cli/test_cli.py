@@ -82,7 +82,7 @@ def test_version_and_help():
 
 
 def test_bench_checkpoint_sizes_none_measures_the_layouts_only(tmp_path):
-    """`--sizes none` is what --help offers for a run of model-shaped states alone (it was refused as a size of zero)."""
+    """`--sizes none` is what --help offers for a run of model-shaped states alone (it was refused as size zero)."""
     from torchplace.cli import main
 
     out = tmp_path / "out"
