@@ -223,7 +223,8 @@ def save(path: str | os.PathLike[str] | nn.Module | Mapping[str, Any], f: str | 
 
     In a process group rank 0 writes, with no collective: `if rank == 0: save(...)` works, and a call
     on another rank writes nothing and returns once rank 0 has saved the same path (its RNG states are
-    not in the file unless `all_ranks=True`). A sharded model (FSDP, DTensor) needs every rank: called on
+    not in the file unless `all_ranks=True`), or warns and returns where rank 0 does not begin that save
+    within TORCHPLACE_SAVE_JOIN_S (60 s). A sharded model (FSDP, DTensor) needs every rank: called on
     some ranks only, save raises within TORCHPLACE_SAVE_JOIN_S (60 s) naming the ranks absent, as with `all_ranks=True`.
     `torchplace.save_async` saves with training going on while the file is written (every rank calls it).
 
