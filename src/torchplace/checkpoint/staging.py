@@ -167,6 +167,7 @@ class HostStaging:
             early.wait()
         groups = _groups(planned)
         tensors = planned.tensors
+        self._targets = {}  # a new layout: the slab views kept are those of this one alone (bounded)
         queued = self._queue(groups, lambda e, _: tensors[e.key])
         assert queued is not None  # every entry's tensor is PLANNED's
         keys = [e.key for e in planned.entries]
