@@ -142,9 +142,17 @@ def _build_and_judge(case: Any, main: Any, other: Any, tool: str, out: Outcome) 
 
 
 def _explain(program: Any) -> Any:
+    """explain() as a user calls it: from their own code, beside the call that runs the model, where their
+    variables name the model and what lives beside it (the step's closure: `resampler`, `accuracy`)."""
     from ..checks.explain import explain
 
-    return explain(program.model, *program.inputs, optimizer=program.optimizer)
+    code, cells = getattr(program.run, "__code__", None), getattr(program.run, "__closure__", None) or ()
+    if code is None:
+        return explain(program.model, *program.inputs, optimizer=program.optimizer)
+    scope = {**dict(zip(code.co_freevars, (c.cell_contents for c in cells))), "_explain": explain, "_p": program}
+    exec(compile("_report = _explain(_p.model, *_p.inputs, optimizer=_p.optimizer)", code.co_filename, "exec"),
+         program.run.__globals__, scope)
+    return scope["_report"]
 
 
 def _run_under(tool: str, program: Any) -> tuple[str, bool]:
