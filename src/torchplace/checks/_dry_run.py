@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torchgen  # type: ignore[import-untyped]
 from torch._subclasses import fake_tensor as ft
+from torch.distributions import Distribution
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 from torch.nn.parallel import DistributedDataParallel
@@ -357,6 +358,8 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
             log = logging.getLogger("torch._subclasses.fake_tensor")  # it logs each meta kernel that fails, as errors
             stack.callback(setattr, log, "disabled", log.disabled)
             log.disabled = True
+            stack.callback(Distribution.set_default_validate_args, Distribution._validate_args)
+            Distribution.set_default_validate_args(False)  # it checks values (data fake tensors lack), not devices
             for entered in (warnings.catch_warnings(), contextlib.redirect_stdout(quiet),
                             contextlib.redirect_stderr(quiet), *modes, watch(model)):
                 stack.enter_context(entered)
