@@ -30,8 +30,8 @@ from typing import Any
 import torch
 import torchgen  # type: ignore[import-untyped]
 from torch._subclasses import fake_tensor as ft
-from torch.distributions import Distribution
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.distributions import Distribution
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_pre_hook
