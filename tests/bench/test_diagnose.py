@@ -20,10 +20,14 @@ for_pair = R.for_pair
 
 
 @R.mistake("example/project#1", "w")
-def step_breaks_before_the_model(dev, other):
-    model = torch.nn.Linear(2, 2).to(dev)
+def breaks(dev, other):
+    raise ValueError("this case cannot be built")
 
-    x = torch.ones(1, 2, device=other)
+
+@R.mistake("example/project#3", "torch.ones")
+def step_fails_before_it_explains(dev, other):
+    model = torch.nn.Linear(2, 2).to(dev)
+    x = torch.ones(1, 2, device=dev)
 
     def step():
         torch.ones(1, 2, device=dev) + torch.ones(1, 2, device=other)  # fails before it explains
@@ -38,6 +42,13 @@ def mixes_devices(dev, other):
     model = torch.nn.Linear(2, 2).to(dev)
     x = torch.ones(1, 2, device=other)
     return Program(model, lambda: model(x), (x,))
+
+
+@R.mistake("example/project#4", "x", "net")
+def held_as_net(dev, other):
+    net = torch.nn.Linear(2, 2).to(dev)
+    x = torch.ones(1, 2, device=other)
+    return Program(net, lambda: net(x), (x,))
 '''
 
 
@@ -46,7 +57,25 @@ def test_a_case_that_breaks_is_scored_as_a_miss_with_its_reason_and_the_others_a
     path.write_text(CORPUS)
     corpus = diagnose.load_corpus(path)
     outcomes = {(o.case, o.tool): o for o in diagnose.score_all(["cpu-meta"], corpus)}
-    broke = outcomes["step_breaks_before_the_model", "explain"]
+    broke = outcomes["breaks", "explain"]
     assert not broke.full and not broke.named
     assert all(outcomes["mixes_devices", tool].named for tool in diagnose.TOOLS)
-    assert broke.unjudged.startswith("LookupError: the step failed before it reached explain_here()"), broke
+    assert broke.unjudged == "ValueError: this case cannot be built", broke
+
+
+def test_a_step_that_fails_before_the_users_explain_line_is_handed_to_explain(tmp_path):
+    path = tmp_path / "corpus_early.py"
+    path.write_text(CORPUS)
+    corpus = diagnose.load_corpus(path)
+    [case] = [c for c in corpus.CASES if c.name == "step_fails_before_it_explains"]
+    out = diagnose.score(case, "cpu-meta", "explain", corpus)
+    assert out.named and not out.unjudged and "the step fails (run on fake tensors)" in out.text, out
+
+
+def test_explain_is_called_from_the_users_code_so_their_variable_names_the_model(tmp_path):
+    path = tmp_path / "corpus_names.py"
+    path.write_text(CORPUS)
+    corpus = diagnose.load_corpus(path)
+    [case] = [c for c in corpus.CASES if c.name == "held_as_net"]
+    out = diagnose.score(case, "cpu-meta", "explain", corpus)
+    assert out.full and "inside module net (Linear)" in out.text, out.text

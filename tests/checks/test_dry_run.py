@@ -304,3 +304,41 @@ def test_a_checkpoint_of_fake_cuda_tensors_is_saved_and_loaded():
         torch.save({"d": torch.ones(3, device="cuda")}, buffer)
         buffer.seek(0)
         assert torch.load(buffer, map_location="cpu")["d"].shape == (3,)
+
+
+class Mixup(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = Toy()
+
+    def forward(self, x):
+        lam = torch.distributions.Beta(1.0, 1.0).sample((x.shape[0], 1))  # validated by its values, on the CPU
+        return self.net(lam * x)
+
+
+def test_a_distribution_checks_its_arguments_values_which_fake_tensors_lack_so_the_run_goes_on_to_its_sample():
+    model, x = Mixup().to(M), torch.randn(4, 8, device=M)
+    [problem] = [p for p in tp.explain(model, x, step=model).problems if p["severity"] == "error"]
+    assert problem["where"] == "model" and "lam on cpu (the rest on meta)" in problem["message"]
+    assert torch.distributions.Distribution._validate_args  # put back after the run
+
+
+def zeros_state(x):
+    return torch.zeros(1, x.shape[0], 8)
+
+
+class WithHelper(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = zeros_state(x)
+        return self.proj(x + h[0])
+
+
+def test_a_tensor_a_helper_returns_is_named_with_the_helper_that_made_it():
+    [problem] = [p for p in tp.explain(WithHelper().to(M), torch.randn(2, 8, device=M)).problems
+                 if p["severity"] == "error"]
+    assert "made by `return torch.zeros(1, x.shape[0], 8)` in zeros_state() at tests/checks/test_dry_run.py:" in \
+        problem["message"], problem["message"]

@@ -133,7 +133,10 @@ def score(case: Any, pair: str, tool: str, corpus: Any) -> Outcome:
 def _build_and_judge(case: Any, main: Any, other: Any, tool: str, out: Outcome) -> None:
     program = case.build(main, other)
     if tool == "explain":
-        result = program.explain() if program.explain else _explain(program)
+        try:
+            result = program.explain() if program.explain else _explain(program)
+        except LookupError:  # the step failed before the user's explain() line: explain() is handed the step
+            result = _explain(program, step=True)
         found = [p for p in result.problems if p["severity"] in ("error", "warning")]
         out.text = "\n".join(f"[{p['severity']}] {p['kind']} {p['where']}: {p['message']}" for p in found)
         out.alarm = bool(found)
@@ -141,10 +144,19 @@ def _build_and_judge(case: Any, main: Any, other: Any, tool: str, out: Outcome) 
         out.text, out.alarm = _run_under(tool, program)
 
 
-def _explain(program: Any) -> Any:
+def _explain(program: Any, step: bool = False) -> Any:
+    """explain() as a user calls it: from their own code, beside the call that runs the model, where their
+    variables name the model and what lives beside it (the step's closure: `resampler`, `accuracy`); with STEP,
+    handed the step (as its report asks where the step fails before the user's explain() line)."""
     from ..checks.explain import explain
 
-    return explain(program.model, *program.inputs, optimizer=program.optimizer)
+    code, cells = getattr(program.run, "__code__", None), getattr(program.run, "__closure__", None) or ()
+    call = "_explain(_p.model, step=_p.run)" if step else "_explain(_p.model, *_p.inputs, optimizer=_p.optimizer)"
+    if code is None:
+        return eval(call, {"_explain": explain, "_p": program})
+    scope = {**dict(zip(code.co_freevars, (c.cell_contents for c in cells))), "_explain": explain, "_p": program}
+    exec(compile(f"_report = {call}", code.co_filename, "exec"), program.run.__globals__, scope)
+    return scope["_report"]
 
 
 def _run_under(tool: str, program: Any) -> tuple[str, bool]:

@@ -31,6 +31,7 @@ import torch
 import torchgen  # type: ignore[import-untyped]
 from torch._subclasses import fake_tensor as ft
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.distributions import Distribution
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -108,17 +109,14 @@ def _call_of(frame: FrameType) -> tuple[Any, tuple[Any, ...], dict[str, Any]] | 
     func = next((f for f in candidates if isinstance(f, types.FunctionType) and f.__code__ is code), None)
     if func is None:
         return None
-    n = code.co_argcount + code.co_kwonlyargcount
-    names, kwonly = code.co_varnames[: code.co_argcount], code.co_varnames[code.co_argcount: n]
-    varargs = code.co_varnames[n] if code.co_flags & inspect.CO_VARARGS else None
-    varkw = code.co_varnames[n + bool(varargs)] if code.co_flags & inspect.CO_VARKEYWORDS else None
-    wanted = [*names, *kwonly, *(v for v in (varargs, varkw) if v)]
+    kinds = {p.name: p.kind for p in inspect.signature(func, follow_wrapped=False).parameters.values()}
     stored = {i.argval for i in dis.get_instructions(code)
               if i.opname in ("STORE_FAST", "STORE_DEREF", "DELETE_FAST") and i.offset < frame.f_lasti}
-    if any(name not in local or name in stored for name in wanted):
+    if any(name not in local or name in stored for name in kinds):
         return None  # an argument the function reassigned before this line: its value at the call is lost
-    args = tuple(local[a] for a in names) + tuple(local[varargs] if varargs else ())
-    return func, args, {**{k: local[k] for k in kwonly}, **(local[varkw] if varkw else {})}
+    one, many = inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD  # *args, **kwargs
+    return func, tuple(v for n, k in kinds.items() if k <= one for v in (local[n] if k == one else (local[n],))), {
+        key: v for n, k in kinds.items() if k > one for key, v in (local[n] if k == many else {n: local[n]}).items()}
 
 
 _NO_CPU_SCALAR = {"cat.default", "stack.default", *(f"clamp{k}.Tensor" for k in ("", "_", "_min", "_max"))}
@@ -357,6 +355,8 @@ def run(call: tuple[Any, tuple[Any, ...], dict[str, Any]], model: torch.nn.Modul
             log = logging.getLogger("torch._subclasses.fake_tensor")  # it logs each meta kernel that fails, as errors
             stack.callback(setattr, log, "disabled", log.disabled)
             log.disabled = True
+            stack.callback(Distribution.set_default_validate_args, Distribution._validate_args)
+            Distribution.set_default_validate_args(False)  # it checks values (data fake tensors lack), not devices
             for entered in (warnings.catch_warnings(), contextlib.redirect_stdout(quiet),
                             contextlib.redirect_stderr(quiet), *modes, watch(model)):
                 stack.enter_context(entered)

@@ -357,6 +357,7 @@ def note_birth(tensor: torch.Tensor, name: str, device: Any) -> None:
         site = fr.site_of(frame)
         tree = fr.parse_expression(site.line)  # the statement, as trace_assignment() gives one
         code = " ".join(ast.unparse(tree).split()) if tree is not None else site.expression
-        births[id(tensor)] = (tensor, f"`{code}` at {fr.short_path(site.filename)}:{site.lineno}",
+        where = f" in {site.function}()" if code.startswith("return ") else ""  # a helper's result: which helper
+        births[id(tensor)] = (tensor, f"`{code}`{where} at {fr.short_path(site.filename)}:{site.lineno}",
                               None if device is not None else
                               f"torch.{name}(...) without a device, so on the {tensor.device.type.upper()}")

@@ -172,11 +172,8 @@ def _judge(found: list[Finding], runs: list[Any]) -> list[dict[str, str]]:
 
 def _is_companion(value: Any) -> bool:
     """A loss, metric or scheduler passed beside the inputs: a module, or an object holding tensors."""
-    if isinstance(value, torch.nn.Module):
-        return True
-    if isinstance(value, (torch.Tensor, dict, list, tuple)) or not hasattr(value, "__dict__"):
-        return False
-    return any(isinstance(v, torch.Tensor) for v in vars(value).values())
+    return isinstance(value, torch.nn.Module) or not isinstance(value, (torch.Tensor, dict, list, tuple)) and any(
+        isinstance(v, torch.Tensor) for v in getattr(value, "__dict__", {}).values())
 
 
 def describe(tensor: torch.Tensor) -> dict[str, Any]:
