@@ -49,7 +49,8 @@ def _params(kind: str) -> list:
                                                    ("corpus_outside2", 10, 5), ("corpus_heldout", 12, 6),
                                                    ("corpus_heldout2", 15, 8), ("corpus_heldout3", 34, 16),
                                                    ("corpus_heldout4", 29, 14),
-                                                   ("corpus_heldout5", 31, 16)])
+                                                   ("corpus_heldout5", 31, 16),
+                                                   ("corpus_heldout6", 30, 15)])
 def test_the_corpus_is_big_enough_and_cites_its_sources(name, mistakes, legal):
     """Held-out parts are loaded for their size and sources only, never scored here."""
     path = HERE / f"{name}.py"
@@ -70,9 +71,10 @@ def test_the_outside_corpus_cites_reports_no_other_corpus_here_cites():
     assert not public & set(outside) and len(set(outside)) == len(outside)
 
 
-@pytest.mark.parametrize("name", ["corpus_outside2", "corpus_heldout3", "corpus_heldout4", "corpus_heldout5"])
+@pytest.mark.parametrize("name", ["corpus_outside2", "corpus_heldout3", "corpus_heldout4", "corpus_heldout5",
+                                  "corpus_heldout6"])
 def test_the_newer_parts_cite_reports_no_other_corpus_cites(name):
-    """corpus_outside2.py and corpus_heldout3-5.py (issue 31) cite reports, forum threads and pages that no other
+    """corpus_outside2.py and corpus_heldout3-6.py (issue 31) cite reports, forum threads and pages that no other
     corpus here cites, nor each other, and no source twice."""
     path = HERE / f"{name}.py"
     if not path.exists():
