@@ -429,7 +429,7 @@ def _copy_window(buf: torch.Tensor, w0: int, w1: int, order: Sequence[TensorEntr
     """Queue one copy per tensor overlapping the data range [W0, W1) held in BUF (ORDER: the entries
     sorted by start, ENDS their ends); return the events that mark the copies done (CPU tensors are
     copied at once)."""
-    used = set()
+    copies: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor]]] = {}
     for e in order[bisect.bisect_right(ends, w0):]:
         if e.start >= w1:
             break
@@ -437,11 +437,15 @@ def _copy_window(buf: torch.Tensor, w0: int, w1: int, order: Sequence[TensorEntr
         tensor, src = flat[e.key][lo - e.start:hi - e.start], buf[lo - w0:hi - w0]
         if tensor.device.type != "cuda":
             tensor.copy_(src)
-            continue
-        s = streams(tensor.device)
-        with torch.cuda.stream(s):  # cuda-only: the copy queues on the CUDA stream made above
-            tensor.copy_(src, non_blocking=True)
-        used.add(s)
+        else:
+            copies.setdefault(tensor.device, []).append((tensor, src))
+    used = []
+    for device, pairs in copies.items():  # the stream entered once a device, not once a tensor (~20 us each)
+        s = streams(device)
+        with torch.cuda.stream(s):  # cuda-only: the copies queue on the CUDA stream made above
+            for tensor, src in pairs:
+                tensor.copy_(src, non_blocking=True)
+        used.append(s)
     return done_events(used)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import numbers
+import os
 import re
 import sys
 import unicodedata
@@ -23,6 +24,8 @@ from ..hardware.accelerator import accelerator
 from ..hardware.facts import Facts
 from ..hardware.topology import Topology
 from ..hardware.visible import VisibleMap, map_visible
+
+_SETTLED: dict[tuple[int, str | None, str | None], tuple[VisibleMap, int, list[str]]] = {}  # Machine.live's
 
 DeviceSpec: TypeAlias = str | int | torch.device | None
 
@@ -46,10 +49,18 @@ class Machine:
 
     @classmethod
     def live(cls) -> Machine:
-        visible = map_visible()
         has_cuda = torch.backends.cuda.is_built() if hasattr(torch.backends, "cuda") else False
-        notes: list[str] = []
-        count = cuda_device_count(visible, notes) if has_cuda else 0
+        # once CUDA runs in this process, which GPUs it sees is settled: read NVML (~2 ms) once per environment
+        key = (os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("CUDA_DEVICE_ORDER"))
+        started = has_cuda and torch.cuda.is_initialized()  # cuda-only: CUDA_VISIBLE_DEVICES is read at CUDA's start
+        settled = _SETTLED.get(key) if started else None
+        if settled is None:
+            visible, notes = map_visible(), list[str]()
+            count = cuda_device_count(visible, notes) if has_cuda else 0
+            if started:
+                _SETTLED[key] = visible, count, notes
+        else:
+            visible, count, notes = settled[0], settled[1], list(settled[2])
         accel, accel_count = accelerator()
         if accel == "cuda":
             accel, accel_count = None, 0
