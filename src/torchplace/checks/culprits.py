@@ -196,18 +196,17 @@ _POSITION = re.compile(r"\[\d+\]")  # an index into a list or tuple, not a key
 _NO_NAME = re.compile(r"\._|\(")  # a private attribute, or a key that prints as a call (a tensor's repr)
 
 
-def trace_assignment(info: Operand, op_frame: FrameType, user: tuple[FrameType, int, int] | None,
-                     frames: Sequence[FrameType] = ()) -> None:
+def trace_assignment(info: Operand, op_frame: FrameType, frames: Sequence[FrameType] = ()) -> None:
     """Where a local culprit was assigned (`h0 = torch.zeros(...)` at file:line), and whether that is a
     torch factory call without a device. Reads the function's source; runs only after an error."""
     if info.made:  # already found where the user's code further out made it
         return
-    candidates = [(info.origin.split(" at ", 1)[0], user[0])] if info.origin and " at " in info.origin and user else []
-    candidates.append((info.label, op_frame))
-    if info.origin and " in " in info.origin:  # `state[0] in BiLSTM.forward()`: the variable in that frame
-        name = re.split(r"[\[. ]", info.origin, maxsplit=1)[0]
-        candidates += [(name, f) for f in frames if name in f.f_locals]
-    for name, frame in candidates:
+    # the variable the origin names (`edge_index at net.py:12`, `state[0] in BiLSTM.forward()`) in the frames of
+    # that file that hold it; then the op's own name for it
+    name, _, where = (info.origin or "").partition(" at ")
+    name, where = re.split(r"[\[.( ]", name, maxsplit=1)[0], where.rpartition(":")[0]
+    held = [(name, f) for f in frames if name in f.f_locals and where in ("", fr.short_path(f.f_code.co_filename))]
+    for name, frame in held + [(info.label, op_frame)] if where else [(info.label, op_frame)] + held:
         if not name.isidentifier() or fr.is_library(frame.f_code.co_filename):
             continue
         found = fr.assignment_of(name, frame)
@@ -269,12 +268,6 @@ def operands(op_frame: FrameType, expression: str | None, user: tuple[FrameType,
         if present and device not in present and len(found) < 64:
             found[-len(found) - 1] = Operand(label=source, device=device, dtype="?", shape=(), kind="inline",
                                              origin="made inside the expression")
-    if user is not None and user[0] is not op_frame:  # the user's names for the same tensors
-        for label, value in fr.named_values(fr.expression_at(*user), user[0]):
-            if isinstance(value, torch.Tensor) and id(value) in found:
-                info = found[id(value)]
-                if info.origin is None or info.kind == "local":
-                    info.origin = f"{label} at {fr.short_path(user[0].f_code.co_filename)}:{user[1]}"
     tensors = {id(v): v for _, v in named if isinstance(v, torch.Tensor)}
     for key, info in found.items():
         passed = key in tensors and info.kind in ("local", "value") and _name_passed(info, tensors[key], op_frame, at)
@@ -336,7 +329,7 @@ def _name_passed(info: Operand, tensor: torch.Tensor, frame: FrameType, at: dict
         info.made, info.factory = f"`{source}` at {where}:{line}", fr.factory_note(source)
         return True
     info.origin = f"{source} at {where}:{line}"
-    if found is not None:
+    if found is not None and found[2]:  # made without a device
         info.made, info.factory = f"`{found[1]}` at {where}:{found[0]}", found[2]
     return True
 

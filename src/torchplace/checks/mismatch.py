@@ -302,7 +302,7 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
             if t.scalar and report.expected_device and t.device != report.expected_device:
                 t.scalar, t.refused_scalar = False, True
     for t in report.culprits if not traced else ():
-        culprits.trace_assignment(t, op_frame, user, list(reversed(user_frames)))
+        culprits.trace_assignment(t, op_frame, list(reversed(user_frames)))
     stale = {t.device for t in report.culprits if t.kind in ("local", "value") and t.made and not t.factory}
     if root is not None:  # a culprit computed in the failing code likely comes from a module's cache: shown first
         cached = [culprits.operand_info(p, x, origins) for p, x in plain_attributes(root, root_label)]
