@@ -302,11 +302,12 @@ def ema_update(model: nn.Module, ema: nn.Module, x: torch.Tensor) -> None:
     explain_here(model, x, ema)
     with torch.no_grad():
         for e, p in zip(ema.parameters(), model.parameters()):
-            e.mul_(0.99).add_(p.detach() * 0.01)
-    return ema(x)  # case: ema_copy_not_moved
+            e.mul_(0.99).add_(p.detach() * 0.01)  # case: ema_copy_not_moved
+    return ema(x)
 
 
-# an EMA copy of the model made with copy.deepcopy before model.to(): it stays on the CPU
+# an EMA copy of the model made with copy.deepcopy before model.to(): it stays on the CPU (torch refuses the in-place
+# update of its CPU parameters with the GPU model's: the line is the update's, not the EMA's forward after it)
 @R.mistake("JDAI-CV/fast-reid#690", "ema", "ema", pairs=GPU)
 def ema_copy_not_moved(dev: torch.device, other: torch.device) -> Program:
     import copy

@@ -187,8 +187,9 @@ class TokenLearnerViT(nn.Module):
         return self.head(self.token_learner(self.patch_embed(x)).mean(1))
 
 
-# "self.tokenizers = [SpatialAttention() for _ in range(S)] -> nn.ModuleList([...])"
-@R.mistake("rish-16/tokenlearner-pytorch#4", "tokenizers", "model.token_learner.tokenizers.0")
+# "self.tokenizers = [SpatialAttention() for _ in range(S)] -> nn.ModuleList([...])"; a plain list is no module path,
+# so the path is what the code indexes, tokenizers[0], as the shipped corpus's blocks[0] of tokenlearner-pytorch#5
+@R.mistake("rish-16/tokenlearner-pytorch#4", "tokenizers", "model.token_learner.tokenizers[0]")
 def tokenlearner_tokenizers_plain_list(dev: torch.device, other: torch.device) -> Program:
     model = TokenLearnerViT().to(dev)
     x = randn(2, 4, 4, 3, device=dev)

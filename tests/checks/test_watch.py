@@ -207,3 +207,59 @@ def test_a_loop_variable_or_a_librarys_local_is_named_by_the_object_that_holds_i
 
     err = mismatch(Flow().log_prob, torch.zeros(2, device="meta"))
     assert tensor(err.report, "self.loc").origin == "self.base.loc in log_prob()"
+
+
+class _Distiller(torch.nn.Module):
+    """A distillation model that keeps its teacher out of the module tree (set past nn.Module's __setattr__)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.student = torch.nn.Linear(8, 8)
+        object.__setattr__(self, "teacher", torch.nn.Sequential(torch.nn.Linear(8, 8)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.student(x) + self.teacher(x)
+
+
+def test_a_module_kept_as_a_plain_attribute_is_named_through_it():
+    """model.to() never sees the teacher: the path goes through the attribute, the fix says to register it."""
+    model = _Distiller()
+    model.student.to("meta")
+    err = mismatch(model, torch.randn(2, 8, device="meta"), model=model)
+    assert err.report.module == "model.teacher.0"
+    assert "parameter model.teacher.0.weight" in str(err)
+    assert "Fix: register model.teacher as a submodule" in str(err)
+
+
+def _score(logits: torch.Tensor) -> torch.Tensor:
+    marks = torch.tensor([0, 2])
+    return F.cross_entropy(logits, marks.long())
+
+
+def _step(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+    return model(images)
+
+
+def _line(text: str) -> str:
+    """'test_watch.py:LINE' of the line of this file that ends with TEXT."""
+    lines = open(__file__).read().splitlines()
+    return f"test_watch.py:{next(n for n, line in enumerate(lines, 1) if line.endswith(text))}"
+
+
+def test_a_culprit_passed_into_a_call_is_named_as_the_callers_code_wrote_it():
+    """torch's `target` is what the user passed (`marks.long()`), made by a factory without a device; an input
+    handed down through calls is named where the user's code got it (a loop's `images`), not a forward's `x`."""
+    err = mismatch(_score, torch.zeros(2, 3, device="meta"))
+    target = tensor(err.report, "target")
+    assert target.origin.startswith("marks.long() at ") and target.origin.endswith(_line("marks.long())"))
+    assert target.made.startswith("`marks = torch.tensor([0, 2])`") and "without a device" in target.factory
+
+    model, batches = Toy().to("meta"), [torch.randn(2, 8)]
+
+    def loop() -> None:
+        for images in batches:
+            _step(model, images)  # passes images
+
+    err = mismatch(loop, model=model)
+    origin = tensor(err.report, "input").origin
+    assert origin.startswith("images at ") and origin.endswith(_line("# passes images"))

@@ -96,13 +96,17 @@ class ModuleNames:
     def __init__(self, model: torch.nn.Module | None, chain: list[torch.nn.Module], frames: list[FrameType]) -> None:
         held = list(user_modules([e[0] for e in fr.stack_entries(frames[0].f_back)] + frames if frames else []))
         self.root = unwrap(model) if model is not None else unwrap(chain[0]) if chain else None
-        self.spaces, self.label = held, "model"
+        self.spaces, self.label, self.holders = held, "model", dict[int, str]()
         if self.root is not None:
             self.label = self.path(self.root) or ("model" if model is not None else type(self.root).__name__)
             self.spaces = [(self.label, self.root), *held]
 
     def path(self, target: torch.nn.Module) -> str | None:
-        return next((found for label, module in self.spaces if (found := _find_module(module, label, target))), None)
+        """TARGET's path; where a plain attribute, list or dict hides it from .to(), that is kept in `holders`."""
+        found = next((f for label, module in self.spaces if (f := _find_module(module, label, target, set()))), None)
+        if found is not None and found[1]:
+            self.holders[id(target)] = found[1]
+        return found[0] if found else None
 
 
 def user_modules(user_frames: list[FrameType]) -> Iterator[tuple[str, torch.nn.Module]]:
@@ -131,22 +135,28 @@ def _attributes(name: str, value: Any, kind: type = torch.nn.Module) -> list[tup
     return [(f"{name}.{k}", v) for k, v in list(held.items())[:256] if isinstance(v, kind)]
 
 
-def _find_module(root: torch.nn.Module, label: str, target: torch.nn.Module) -> str | None:
-    """The path of `target` under `root`, through registered submodules or plain lists, tuples and dicts."""
+def _find_module(root: torch.nn.Module, label: str, target: torch.nn.Module,
+                 seen: set[int]) -> tuple[str, str | None] | None:
+    """(path of TARGET under ROOT, the plain attribute that hides it from ROOT.to() or None): through registered
+    submodules, then modules kept in plain attributes, lists, tuples and dicts (`model.teacher`, `model.heads[0]`)."""
+    seen.add(id(root))
     for name, module in root.named_modules(remove_duplicate=False):
         if module is target:
-            return f"{label}.{name}" if name else label
+            return (f"{label}.{name}" if name else label), None
     for name, module in root.named_modules():
         prefix = f"{label}.{name}" if name else label
         for key, value in vars(module).items():
-            if key in MODULE_INTERNALS or not isinstance(value, (list, tuple, dict)):
+            if key in MODULE_INTERNALS:
                 continue
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            for index, item in list(items)[:256]:
-                if isinstance(item, torch.nn.Module):
-                    for sub, m in item.named_modules(remove_duplicate=False):
-                        if m is target:
-                            return f"{prefix}.{key}[{index!r}]" + (f".{sub}" if sub else "")
+            holder = f"{prefix}.{key}"
+            items = [(holder, value)] if isinstance(value, torch.nn.Module) else [
+                (f"{holder}[{k!r}]", v) for k, v in list(value.items() if isinstance(value, dict) else enumerate(
+                    value) if isinstance(value, (list, tuple)) else ())[:256]]
+            for item_label, item in items:
+                found = _find_module(item, item_label, target, seen) if isinstance(
+                    item, torch.nn.Module) and id(item) not in seen else None
+                if found is not None:
+                    return found[0], found[1] or holder
     return None
 
 
@@ -155,7 +165,7 @@ def origins_of(chain: list[torch.nn.Module], user_frames: list[FrameType],
     """id(tensor) -> (kind, where it came from); the modules' own tensors first (the model's, then those of the
     modules the user's code holds: an EMA copy, a loss), then the batch."""
     out: dict[int, tuple[str, str]] = {}
-    modules = names.spaces + [(type(m).__name__, m) for m in chain if names.path(m) is None]
+    modules = names.spaces + [(names.path(m) or type(m).__name__, m) for m in chain]  # those hidden from .to() too
     for label, module in modules:
         for name, sub in module.named_modules():
             prefix = f"{label}.{name}" if name else label
@@ -186,18 +196,17 @@ _POSITION = re.compile(r"\[\d+\]")  # an index into a list or tuple, not a key
 _NO_NAME = re.compile(r"\._|\(")  # a private attribute, or a key that prints as a call (a tensor's repr)
 
 
-def trace_assignment(info: Operand, op_frame: FrameType, user: tuple[FrameType, int, int] | None,
-                     frames: Sequence[FrameType] = ()) -> None:
+def trace_assignment(info: Operand, op_frame: FrameType, frames: Sequence[FrameType] = ()) -> None:
     """Where a local culprit was assigned (`h0 = torch.zeros(...)` at file:line), and whether that is a
     torch factory call without a device. Reads the function's source; runs only after an error."""
     if info.made:  # already found where the user's code further out made it
         return
-    candidates = [(info.origin.split(" at ", 1)[0], user[0])] if info.origin and " at " in info.origin and user else []
-    candidates.append((info.label, op_frame))
-    if info.origin and " in " in info.origin:  # `state[0] in BiLSTM.forward()`: the variable in that frame
-        name = re.split(r"[\[. ]", info.origin, maxsplit=1)[0]
-        candidates += [(name, f) for f in frames if name in f.f_locals]
-    for name, frame in candidates:
+    # the variable the origin names (`edge_index at net.py:12`, `state[0] in BiLSTM.forward()`) in the frames of
+    # that file that hold it; then the op's own name for it
+    name, _, where = (info.origin or "").partition(" at ")
+    name, where = re.split(r"[\[.( ]", name, maxsplit=1)[0], where.rpartition(":")[0]
+    held = [(name, f) for f in frames if name in f.f_locals and where in ("", fr.short_path(f.f_code.co_filename))]
+    for name, frame in held + [(info.label, op_frame)] if where else [(info.label, op_frame)] + held:
         if not name.isidentifier() or fr.is_library(frame.f_code.co_filename):
             continue
         found = fr.assignment_of(name, frame)
@@ -238,7 +247,9 @@ def _flatten(value: Any, path: str, depth: int = 4) -> Iterator[tuple[str, torch
 
 
 def operands(op_frame: FrameType, expression: str | None, user: tuple[FrameType, int, int] | None,
-             origins: dict[int, tuple[str, str]], outer: Sequence[FrameType] = ()) -> list[Operand]:
+             origins: dict[int, tuple[str, str]], outer: Sequence[FrameType] = (),
+             at: dict[int, tuple[int, int]] | None = None) -> list[Operand]:
+    at = at or {}
     found: dict[int, Operand] = {}
     named = fr.named_values(expression, op_frame)
     if not named:  # no expression to read: every tensor the frame holds
@@ -257,32 +268,70 @@ def operands(op_frame: FrameType, expression: str | None, user: tuple[FrameType,
         if present and device not in present and len(found) < 64:
             found[-len(found) - 1] = Operand(label=source, device=device, dtype="?", shape=(), kind="inline",
                                              origin="made inside the expression")
-    if user is not None and user[0] is not op_frame:  # the user's names for the same tensors
-        for label, value in fr.named_values(fr.expression_at(*user), user[0]):
-            if isinstance(value, torch.Tensor) and id(value) in found:
-                info = found[id(value)]
-                if info.origin is None or info.kind == "local":  # `inputs.ids`: named by the caller's variable
-                    head, dot, rest = label.partition(".")
-                    held = [n for f in outer for n, v in f.f_locals.items()
-                            if dot and v is user[0].f_locals.get(head, info) and n not in ("self", head)]
-                    where = f"{fr.short_path(user[0].f_code.co_filename)}:{user[1]}"
-                    info.origin = f"{held[0] + dot + rest if held else label} at {where}"
-        # a tensor made in the user's call itself (`self.encoder(torch.eye(n))`): the one factory there on its device
-        made_here = fr.inline_factories(fr.expression_at(*user))
-        for info in found.values():
-            mine = [source for source, device in made_here if device == info.device]
-            if info.origin is None and info.made is None and info.kind == "value" and len(mine) == 1:
-                where = f"{fr.short_path(user[0].f_code.co_filename)}:{user[1]}"
-                info.made, info.factory = f"`{mine[0]}` at {where}", fr.factory_note(mine[0])
     tensors = {id(v): v for _, v in named if isinstance(v, torch.Tensor)}
     for key, info in found.items():
-        if key in tensors and info.kind in ("local", "value", "batch"):
+        passed = key in tensors and info.kind in ("local", "value") and _name_passed(info, tensors[key], op_frame, at)
+        if key in tensors and info.kind in ("local", "value", "batch") and not passed:
             _made_outside(info, tensors[key], [f for f in outer if f is not op_frame and not (user and f is user[0])])
         tensor, own = tensors.get(key), (info.origin or "").split(" ")[0]  # a library's local, or a loop variable
         loop = info.kind == "local" and any(g.f_locals.get(own) is tensor and _iterated(own, g) for g in outer)
         if tensor is not None and (loop or info.origin is None and fr.is_library(op_frame.f_code.co_filename)):
             info.origin = held_path(tensor, reversed(outer)) or info.origin
     return list(found.values())
+
+
+def passed_in(tensor: torch.Tensor, frame: FrameType, at: dict[int, tuple[int, int]]) -> tuple[str, FrameType,
+                                                                                              int] | None:
+    """What the user's code passed into the call FRAME runs for TENSOR, as it wrote it, followed out through the
+    callers that pass it (or the object holding it) on as an argument: `images` of `image_step(model, images)`,
+    `sent1.ids` for a forward's `inputs.ids`, `torch.from_numpy(state)`; with the frame and line that wrote it.
+    AT: id(frame) -> (line, instruction) where the traceback has them (a frame still running has moved on)."""
+    found, target, suffix, want = None, tensor, "", None
+    while True:
+        code = frame.f_code
+        name = next((n for n in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+                     if frame.f_locals.get(n) is target and want in (None, n)), None)
+        caller = frame.f_back  # past the call machinery, and a torch function mode's re-run of the same function
+        while caller is not None and (fr.is_plumbing(caller) or fr.is_internal(caller.f_code.co_filename)):
+            caller = caller.f_back
+        if name and caller is not None and caller.f_code is code:
+            frame = caller
+            continue
+        line, lasti = at.get(id(caller), (caller.f_lineno, caller.f_lasti)) if caller is not None else (0, 0)
+        node = fr.argument_source(caller, line, lasti, frame, name) if name and caller is not None else None
+        text = ast.unparse(node) if node is not None else ""
+        since = fr.assignment_of(name, frame) if node is not None else None  # but for the running line's own
+        if node is None or since and since[0] != frame.f_lineno and dict(fr.named_values(text, caller)).get(text) \
+                is not target:  # an argument assigned since: only where the caller's text reads so
+            return found
+        found = (text + suffix, caller, line) if fr.is_users_own(caller.f_code.co_filename) else found
+        head = node
+        while isinstance(head, (ast.Attribute, ast.Subscript)):  # `inputs.ids`: where `inputs` came from
+            head = head.value
+        if not (isinstance(head, ast.Name) and head.id in caller.f_locals) or head is not node and isinstance(
+                caller.f_locals[head.id], torch.Tensor):  # a tensor's slice is no name for it further out
+            return found
+        target, suffix, frame, want = caller.f_locals[head.id], text[len(head.id):] + suffix, caller, head.id
+
+
+def _name_passed(info: Operand, tensor: torch.Tensor, frame: FrameType, at: dict[int, tuple[int, int]]) -> bool:
+    """INFO named by what the user's code passed into FRAME's call, and where that code made it (False: not passed)."""
+    step = passed_in(tensor, frame, at)
+    if step is None or info.made:
+        return False
+    source, caller, line = " ".join(step[0].split()), step[1], step[2]
+    where, node = fr.short_path(caller.f_code.co_filename), fr.parse_expression(source)
+    head = node.body if isinstance(node, ast.Expression) else None
+    while isinstance(head, (ast.Call, ast.Attribute, ast.Subscript)):  # `target_new.float()`: target_new
+        head = head.func if isinstance(head, ast.Call) else head.value
+    found = fr.assignment_of(head.id, caller) if isinstance(head, ast.Name) and head.id in caller.f_locals else None
+    if found is None and fr.factory_note(source):  # made in the call itself
+        info.made, info.factory = f"`{source}` at {where}:{line}", fr.factory_note(source)
+        return True
+    info.origin = f"{source} at {where}:{line}"
+    if found is not None and found[2]:  # made without a device
+        info.made, info.factory = f"`{found[1]}` at {where}:{found[0]}", found[2]
+    return True
 
 
 def held_path(target: torch.Tensor, frames: Iterator[FrameType]) -> str | None:

@@ -264,6 +264,27 @@ def expression_at(frame: FrameType, lineno: int, lasti: int) -> str | None:
     return line or None
 
 
+def argument_source(caller: FrameType, lineno: int, lasti: int, callee: FrameType, name: str) -> ast.expr | None:
+    """The expression CALLER's call at (LINENO, LASTI) passes as argument NAME of the function CALLEE runs
+    (`target_new.float()` for `target` of `F.cross_entropy(x, target_new.float())`); a bound `self` is not written."""
+    tree = parse_expression(expression_at(caller, lineno, lasti) or "")
+    call = tree.body if isinstance(tree, ast.Expression) else None
+    if not isinstance(call, ast.Call):
+        return None
+    keyword = next((k.value for k in call.keywords if k.arg == name), None)
+    code = callee.f_code
+    params = code.co_varnames[:code.co_argcount]
+    if keyword is not None or name not in params or any(isinstance(a, ast.Starred) for a in call.args):
+        return keyword
+    func = _evaluate(call.func, caller, functions=True)
+    base = _evaluate(call.func.value, caller) if isinstance(call.func, ast.Attribute) else _UNKNOWN
+    first = callee.f_locals.get(params[0], _UNKNOWN)
+    bound = first is not _UNKNOWN and (first is func or first is base or isinstance(func, type) and isinstance(
+        first, func))  # `model(x)`, `obj.method(x)`, `Cls(x)`
+    index = params.index(name) - bound
+    return call.args[index] if 0 <= index < len(call.args) else None
+
+
 def named_values(expression: str | None, frame: FrameType) -> list[tuple[str, Any]]:
     """Every name, attribute chain and constant subscript in `expression`, with its value.
 

@@ -105,7 +105,7 @@ class MismatchReport:
     expected_device: str | None = None
     model_split: list[str] = field(default_factory=list)  # "model.head on meta", when the model spans devices
     calls: list[fr.Site] = field(default_factory=list)  # the user's frames, outermost first
-    unregistered: str | None = None  # "model.heads" when the module was found in a plain list or dict
+    unregistered: str | None = None  # "model.heads" when the module was found in a plain attribute, list or dict
     optimizer_state: list[str] = field(default_factory=list)  # "model.fc.weight['exp_avg'] on cpu (parameter on ...)"
     meta: tuple[str, Fix | None] | None = None  # (why, fix) when meta tensors (no data) meet real ones
     root: str = "model"  # the model as the user's code holds it (`t_net`, `predictor.net`): module paths start there
@@ -172,11 +172,13 @@ class MismatchReport:
             out.append(Fix("move the model first, then build the optimizer (Module.to does not move optimizer "
                            "state)", "or load the optimizer's state_dict after the move: it follows each parameter",
                            "optimizer-state"))
-        if self.unregistered:
-            kind = "dict" if self.unregistered.endswith("]") and "['" in self.unregistered else "list"
-            container = self.unregistered.rsplit("[", 1)[0]
-            out.append(Fix(f"make {container} nn.{'ModuleDict' if kind == 'dict' else 'ModuleList'}(...): a plain "
-                           f"Python {kind} hides its modules from {self.root}.to()"))
+        if self.unregistered:  # the path after it says what holds the module: a list ([0]), a dict (['key']) or not
+            after = (self.module or "")[len(self.unregistered):]
+            kind = "dict" if after.startswith("['") else "list" if after.startswith("[") else None
+            out.append(Fix(f"make {self.unregistered} nn.{'ModuleDict' if kind == 'dict' else 'ModuleList'}(...): a "
+                           f"plain Python {kind} hides its modules from {self.root}.to()") if kind else
+                       Fix(f"register {self.unregistered} as a submodule (a plain attribute set past nn.Module's "
+                           f"__setattr__, or add_module): {self.root}.to() does not move it"))
         groups: dict[tuple[str, str], list[Operand]] = {}
         for t in self.culprits:
             key = _cause(t, bool(self.unregistered), bool(self.meta), self.root)
@@ -221,7 +223,8 @@ def _fix_for(kind: str, owner: str, tensors: list[Operand], target: str, root: s
         made = [t.made.rpartition(" at ") for t in tensors if t.made]
         sites = ", ".join(f"{code.strip('`').split('=')[0].strip() if '=' in code else t.label} at {site}"
                           for (code, _, site), t in zip(made, tensors))
-        return Fix(f"pass device= to the {owner} that makes {sites} (e.g. device=x.device)",
+        return Fix(f"add .to(x.device) to the {owner} that makes {sites}: it takes no device" if owner.startswith(
+            "torch.from_numpy") else f"pass device= to the {owner} that makes {sites} (e.g. device=x.device)",
                    anchor="made-without-a-device")
     if kind == "scalar":
         return Fix(f"make {names} on {target}: torch.stack and torch.cat do not move 0-dim CPU tensors",
@@ -273,8 +276,7 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
     if chain:
         report.module = names.path(chain[-1]) or culprits.module_path(chain, root, root_label)
         report.module_type = type(chain[-1]).__name__
-        if "[" in (report.module or "") and (root is None or all(m is not chain[-1] for m in root.modules())):
-            report.unregistered = report.module
+        report.unregistered = names.holders.get(id(chain[-1]))
     origins = culprits.origins_of(chain, user_frames, names)
     traced = compiled.user_frames_in_message(report.torch_message)  # torch.compile traced the forward
     call = (op_frame, report.site.expression)  # where the compiled model was called: its arguments count too
@@ -285,7 +287,8 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
             report.module = f"{root_label}.{found[0]}" if found[0] else root_label
             report.module_type = type(found[1]).__name__
             op_frame, user = compiled.static_frame(found[1], traced[-1]), None
-    report.tensors = operands(op_frame, report.site.expression, user, origins, user_frames)
+    report.tensors = operands(op_frame, report.site.expression, user, origins, user_frames,
+                              {id(e[0]): (e[1], e[2]) for e in entries})
     report.expected_device = expected_device(report.tensors, root, report.torch_message)
     if traced:  # the traced locals are not known: the call's arguments, and the devices the message names
         seen = {t.label for t in report.tensors}
@@ -299,7 +302,7 @@ def diagnose(exc: BaseException, model: torch.nn.Module | None = None,
             if t.scalar and report.expected_device and t.device != report.expected_device:
                 t.scalar, t.refused_scalar = False, True
     for t in report.culprits if not traced else ():
-        culprits.trace_assignment(t, op_frame, user, list(reversed(user_frames)))
+        culprits.trace_assignment(t, op_frame, list(reversed(user_frames)))
     stale = {t.device for t in report.culprits if t.kind in ("local", "value") and t.made and not t.factory}
     if root is not None:  # a culprit computed in the failing code likely comes from a module's cache: shown first
         cached = [culprits.operand_info(p, x, origins) for p, x in plain_attributes(root, root_label)]
